@@ -1,0 +1,108 @@
+"""Read and write HF-format model directories (config.json + safetensors), safely.
+
+Loading never executes code: safetensors, or `torch.load(weights_only=True)` for legacy `.bin`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from specpress.errors import CheckpointError
+
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def read_config(path: Path | str) -> dict[str, Any]:
+    """config.json of a model dir (or the file itself) as a dict, with clear errors."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise CheckpointError(f"{path} does not exist; pass a model directory holding config.json")
+    cfg_path = path / "config.json" if path.is_dir() else path
+    if not cfg_path.is_file():
+        raise CheckpointError(f"{path} holds no config.json; is it a Hugging Face model directory?")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{cfg_path} is not valid JSON ({exc}); restore or regenerate it") from None
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{cfg_path} must hold a JSON object, found {type(cfg).__name__}")
+    return cfg
+
+
+def read_weights(path: Path | str) -> dict[str, Tensor]:
+    """All tensors of a model dir: model.safetensors, a sharded index, or a legacy .bin."""
+    path = Path(path).expanduser()
+    single = path / "model.safetensors"
+    index = path / "model.safetensors.index.json"
+    if single.is_file():
+        return _load_safetensors(single)
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, AttributeError) as exc:
+            raise CheckpointError(f"{index} is not a valid safetensors index ({exc})") from None
+        out: dict[str, Tensor] = {}
+        for shard in shards:
+            out.update(_load_safetensors(path / shard))
+        return out
+    for legacy in ("pytorch_model.bin", "model.pt"):
+        f = path / legacy
+        if f.is_file():
+            try:
+                sd = torch.load(f, map_location="cpu", weights_only=True)
+            except Exception as exc:  # torch raises many types for corrupt pickles
+                raise CheckpointError(f"{f} could not be read safely ({exc})") from None
+            return dict(sd)
+    raise CheckpointError(f"{path} holds no weights (model.safetensors, model.safetensors.index.json "
+                          f"or pytorch_model.bin)")
+
+
+def _load_safetensors(f: Path) -> dict[str, Tensor]:
+    if not f.is_file():
+        raise CheckpointError(f"{f} is missing (named in the shard index)")
+    try:
+        return load_file(str(f))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{f} is not a readable safetensors file ({exc}); re-download or rebuild it") from None
+
+
+def check_finite(weights: Mapping[str, Tensor], source: Path | str) -> None:
+    for name, t in weights.items():
+        if t.is_floating_point() and not torch.isfinite(t).all():
+            raise CheckpointError(f"{source}: tensor {name!r} holds NaN or inf values; the checkpoint is corrupt")
+
+
+def load_into(module: nn.Module, weights: Mapping[str, Tensor], source: Path | str,
+              *, optional: tuple[str, ...] = ()) -> None:
+    """Copy `weights` into `module` (built on any device, meta included) after checking names and shapes.
+
+    `optional` names keys the module has but the checkpoint may omit (tied weights).
+    """
+    expected = {k: v for k, v in module.state_dict().items()}
+    given = {k: v for k, v in weights.items() if not k.endswith(IGNORED_SUFFIXES)}
+    missing = [k for k in expected if k not in given and k not in optional]
+    unexpected = [k for k in given if k not in expected]
+    if missing:
+        raise CheckpointError(f"{source}: missing tensor(s) {', '.join(missing[:5])}"
+                              f"{' …' if len(missing) > 5 else ''} ({len(missing)} in all)")
+    if unexpected:
+        raise CheckpointError(f"{source}: unexpected tensor(s) {', '.join(unexpected[:5])}"
+                              f"{' …' if len(unexpected) > 5 else ''}; does config.json match the weights?")
+    for k, t in given.items():
+        if tuple(t.shape) != tuple(expected[k].shape):
+            raise CheckpointError(f"{source}: tensor {k!r} has shape {tuple(t.shape)}, "
+                                  f"config.json implies {tuple(expected[k].shape)}")
+    module.load_state_dict(given, strict=False, assign=True)
+
+
+def save_weights(weights: Mapping[str, Tensor], f: Path, metadata: Mapping[str, str] | None = None) -> None:
+    """safetensors with shared storage broken apart (tied weights are saved once by the caller)."""
+    save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(f),
+              metadata=dict(metadata or {"format": "pt"}))

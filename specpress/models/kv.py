@@ -1,0 +1,58 @@
+"""A preallocated KV cache shared by the target and the drafters.
+
+Layout: k, v [L, B, Hkv, capacity, D]; slots [0, length) are valid. After a tree verify the
+runtime keeps only the accepted path: `compact(base, keep)` moves slots base+keep[i] to base+i.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+
+class KVCache:
+    def __init__(self, layers: int, batch: int, kv_heads: int, capacity: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+        shape = (layers, batch, kv_heads, capacity, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[3]
+
+    def write(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store k/v [B, Hkv, T, D] at slots [length, length+T); return views of slots [0, length+T)."""
+        start, end = self.length, self.length + k.shape[2]
+        self.k[layer, :, :, start:end] = k
+        self.v[layer, :, :, start:end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def crop(self, length: int) -> None:
+        """Forget every slot at or after `length`."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot crop a cache of length {self.length} to {length}")
+        self.length = length
+
+    def compact(self, base: int, keep: Sequence[int]) -> None:
+        """Keep new-token slots base+keep[0], base+keep[1], … at base, base+1, …; drop the rest.
+
+        `keep` indexes the tokens written since `base` (e.g. tree nodes), in the order to keep.
+        """
+        keep_t = torch.as_tensor(list(keep), dtype=torch.long, device=self.k.device)
+        if keep_t.numel() and (int(keep_t.min()) < 0 or base + int(keep_t.max()) >= self.length):
+            raise ValueError(f"compact: keep {list(keep)} outside the {self.length - base} slots after {base}")
+        n = keep_t.numel()
+        if n:
+            src = base + keep_t
+            self.k[:, :, :, base:base + n] = self.k.index_select(3, src)
+            self.v[:, :, :, base:base + n] = self.v.index_select(3, src)
+        self.length = base + n
+
+    def clone(self) -> "KVCache":
+        other = KVCache.__new__(KVCache)
+        other.k, other.v, other.length = self.k.clone(), self.v.clone(), self.length
+        return other

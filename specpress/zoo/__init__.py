@@ -1,0 +1,1 @@
+"""The built-in tiny target: a byte-level BPE and a Llama trained on this machine's Python stdlib."""
