@@ -6,6 +6,8 @@ Loading never executes code: safetensors, or `torch.load(weights_only=True)` for
 from __future__ import annotations
 
 import json
+import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -62,6 +64,55 @@ def read_weights(path: Path | str) -> dict[str, Tensor]:
             return dict(sd)
     raise CheckpointError(f"{path} holds no weights (model.safetensors, model.safetensors.index.json "
                           f"or pytorch_model.bin)")
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One stored tensor, as its file describes it (no data read)."""
+
+    dtype: str  # safetensors dtype name: F32, BF16, I64, BOOL, …
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+def weight_files(path: Path | str) -> list[Path]:
+    """The weight files of a model dir in load order ([] when it holds none)."""
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        return []
+    if (path / "model.safetensors").is_file():
+        return [path / "model.safetensors"]
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, AttributeError) as exc:
+            raise CheckpointError(f"{index} is not a valid safetensors index ({exc})") from None
+        return [path / s for s in shards]
+    return [path / f for f in ("pytorch_model.bin", "model.pt") if (path / f).is_file()][:1]
+
+
+def tensor_index(path: Path | str) -> dict[str, TensorInfo]:
+    """Name -> dtype/shape/bytes of every stored tensor, from safetensors headers (legacy .bin: loaded)."""
+    out: dict[str, TensorInfo] = {}
+    for f in weight_files(path):
+        if f.suffix != ".safetensors":
+            for k, t in read_weights(path).items():
+                out[k] = TensorInfo(str(t.dtype).removeprefix("torch."), tuple(t.shape), t.numel() * t.element_size())
+            return out
+        if not f.is_file():
+            raise CheckpointError(f"{f} is missing (named in the shard index)")
+        try:
+            with f.open("rb") as fh:
+                n = struct.unpack("<Q", fh.read(8))[0]
+                header = json.loads(fh.read(n))
+        except (struct.error, json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
+            raise CheckpointError(f"{f} is not a readable safetensors file ({exc}); re-download or rebuild it") from None
+        for k, v in header.items():
+            if k != "__metadata__":
+                begin, end = v["data_offsets"]
+                out[k] = TensorInfo(v["dtype"], tuple(v["shape"]), int(end) - int(begin))
+    return out
 
 
 def _load_safetensors(f: Path) -> dict[str, Tensor]:

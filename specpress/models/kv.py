@@ -11,6 +11,8 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from specpress.errors import UsageError
+
 
 class KVCache:
     def __init__(self, layers: int, batch: int, kv_heads: int, capacity: int, head_dim: int,
@@ -30,6 +32,13 @@ class KVCache:
         self.k[layer, :, :, start:end] = k
         self.v[layer, :, :, start:end] = v
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def reserve(self, t: int) -> int:
+        """Check that `t` more tokens fit; return the current length (the slot the first one takes)."""
+        if self.length + t > self.capacity:
+            raise UsageError(f"KV cache holds {self.capacity} tokens; {self.length + t} needed "
+                             f"(allocate a larger cache with new_cache(max_len))")
+        return self.length
 
     def crop(self, length: int) -> None:
         """Forget every slot at or after `length`."""

@@ -213,3 +213,28 @@ def causal_mask(t: int, past: int, device: torch.device | str = "cpu") -> Tensor
     """Bool [T, past+T]: new token i sees every cached slot and new tokens 0..i."""
     full = torch.ones(t, past + t, dtype=torch.bool, device=device)
     return torch.cat([full[:, :past], torch.tril(full[:, past:])], dim=1)
+
+
+def resolve_positions(positions: Tensor | None, b: int, t: int, past: int, device: torch.device) -> Tensor:
+    """positions [B, T] or [T] (default past..past+T-1) -> [B, T]."""
+    if positions is None:
+        positions = torch.arange(past, past + t, device=device)
+    if positions.shape[-1] != t:
+        raise ValueError(f"positions must cover the {t} new tokens, got shape {tuple(positions.shape)}")
+    return positions[None].expand(b, t) if positions.dim() == 1 else positions
+
+
+def resolve_mask(mask: Tensor | None, t: int, past: int, device: torch.device, *, causal: bool = True,
+                 queries: int | None = None) -> Tensor | None:
+    """An attention mask argument -> bool [B|1, 1, Q, past+T] for `attention`, or None (see all).
+
+    mask: bool [Q, past+T] or [B, Q, past+T], True = may attend; Q = `queries` (default T).
+    With no mask: causal over the new tokens when `causal` (None when T == 1), else None.
+    """
+    q = t if queries is None else queries
+    if mask is None:
+        return causal_mask(t, past, device)[None, None] if causal and t > 1 else None
+    if mask.dim() not in (2, 3) or tuple(mask.shape[-2:]) != (q, past + t):
+        raise ValueError(f"mask must be [{q}, {past + t}] or [B, {q}, {past + t}] (queries x (past + new)), "
+                         f"got {tuple(mask.shape)}")
+    return mask[None, None] if mask.dim() == 2 else mask[:, None]

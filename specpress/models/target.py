@@ -17,7 +17,8 @@ from torch import Tensor, nn
 
 from specpress.errors import CheckpointError, ConfigError, UsageError
 from specpress.models.kv import KVCache
-from specpress.models.layers import MLP, RMSNorm, RopeConfig, Rotary, apply_rotary, attention, causal_mask
+from specpress.models.layers import (MLP, RMSNorm, RopeConfig, Rotary, apply_rotary, attention, resolve_mask,
+                                     resolve_positions)
 
 ARCHITECTURES = {
     # architecture -> (model_type, q/k/v bias default, o bias default, q/k norm)
@@ -185,14 +186,17 @@ class TargetOutput:
 
 
 class TargetAttention(nn.Module):
-    def __init__(self, cfg: TargetConfig) -> None:
+    """Llama/Qwen attention; `in_dim` overrides the input width (EAGLE-3's midlayer reads 2H)."""
+
+    def __init__(self, cfg: TargetConfig, in_dim: int | None = None) -> None:
         super().__init__()
         h, nq, nkv, d = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         assert nkv is not None and d is not None
         self.nq, self.nkv, self.d = nq, nkv, d
-        self.q_proj = nn.Linear(h, nq * d, bias=bool(cfg.qkv_bias))
-        self.k_proj = nn.Linear(h, nkv * d, bias=bool(cfg.qkv_bias))
-        self.v_proj = nn.Linear(h, nkv * d, bias=bool(cfg.qkv_bias))
+        i = in_dim or h
+        self.q_proj = nn.Linear(i, nq * d, bias=bool(cfg.qkv_bias))
+        self.k_proj = nn.Linear(i, nkv * d, bias=bool(cfg.qkv_bias))
+        self.v_proj = nn.Linear(i, nkv * d, bias=bool(cfg.qkv_bias))
         self.o_proj = nn.Linear(nq * d, h, bias=bool(cfg.o_bias))
         if cfg.qk_norm:
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
@@ -279,20 +283,10 @@ class TargetModel(nn.Module):
         logits: "all" | "last" | "none".
         """
         b, t = input_ids.shape
-        past = cache.length if cache is not None else 0
+        past = cache.reserve(t) if cache is not None else 0
         dev = input_ids.device
-        if positions is None:
-            positions = torch.arange(past, past + t, device=dev)
-        if positions.dim() == 1:
-            positions = positions[None].expand(b, t)
-        if mask is None:
-            mask4 = None if t == 1 else causal_mask(t, past, dev)[None, None]
-        else:
-            if mask.shape[-2:] != (t, past + t):
-                raise ValueError(f"mask must be [T, past+T] = [{t}, {past + t}], got {tuple(mask.shape)}")
-            mask4 = mask[None, None] if mask.dim() == 2 else mask[:, None]
-        if cache is not None and past + t > cache.capacity:
-            raise UsageError(f"KV cache holds {cache.capacity} tokens; {past + t} needed")
+        positions = resolve_positions(positions, b, t, past, dev)
+        mask4 = resolve_mask(mask, t, past, dev)
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, x.dtype)
         n_layers = len(self.model.layers)

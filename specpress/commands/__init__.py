@@ -1,0 +1,1 @@
+"""Click commands, one module per verb; imported lazily by specpress.cli."""

@@ -1,0 +1,20 @@
+"""The tokenizer of a model directory (`tokenizer.json`, read with the `tokenizers` library)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specpress.errors import CheckpointError, UsageError
+
+
+def load_tokenizer(model_dir: str | Path):  # -> tokenizers.Tokenizer
+    from tokenizers import Tokenizer
+
+    f = Path(model_dir).expanduser() / "tokenizer.json"
+    if not f.is_file():
+        raise UsageError(f"{model_dir} has no tokenizer.json, so text prompts cannot be encoded; "
+                         f"give prompts as {{\"input_ids\": [...]}} or add the tokenizer")
+    try:
+        return Tokenizer.from_file(str(f))
+    except Exception as exc:  # tokenizers raises a plain Exception subclass for bad files
+        raise CheckpointError(f"{f} could not be read ({exc})") from None

@@ -1,0 +1,44 @@
+"""The CLI contract: lazy loading, every command listed, clean errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from click.testing import CliRunner
+
+from specpress.cli import COMMANDS, cli
+
+
+def test_help_imports_no_torch():
+    code = ("import sys\nfrom specpress.cli import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "assert 'torch' not in sys.modules, 'specpress --help imported torch'\nprint('OK')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith("OK")
+
+
+def test_help_lists_every_command():
+    res = CliRunner().invoke(cli, ["--help"])
+    assert res.exit_code == 0
+    for name in COMMANDS:
+        assert name in res.output
+
+
+def test_every_command_loads_and_has_help():
+    runner = CliRunner()
+    for name in COMMANDS:
+        res = runner.invoke(cli, [name, "--help"])
+        assert res.exit_code == 0, (name, res.output)
+        assert "Usage:" in res.output
+
+
+def test_missing_target_is_a_clean_error(tmp_path):
+    p = tmp_path / "p.jsonl"
+    p.write_text('{"input_ids": [1]}\n')
+    proc = subprocess.run([sys.executable, "-m", "specpress.cli", "bench", "--target", str(tmp_path / "nope"),
+                           "--prompts", str(p), "--max-new-tokens", "3"], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error:") and "does not exist" in proc.stderr
+    assert "Traceback" not in proc.stderr
