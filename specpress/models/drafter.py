@@ -1,6 +1,6 @@
 """What every drafter family shares: the config base, the module base, and the family registry.
 
-A family is five things registered under one name: its config class, its module class, a reader
+A family registers four things under its name: its config class, its module class, a reader
 (public config.json -> config) and a writer (config -> public config.json). Module state_dict keys
 ARE the family's public checkpoint names (`fc.weight`, `midlayer.*`, `model.layers.{L}.eh_proj.weight`),
 so weights need no renaming on the way in or out.
@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from specpress.errors import CheckpointError, ConfigError, UsageError
 from specpress.models.io import load_into
 from specpress.models.kv import KVCache
-from specpress.models.layers import RopeConfig
+from specpress.models.layers import RopeConfig, resolve_mask, resolve_positions
 from specpress.models.target import TargetConfig
 
 if TYPE_CHECKING:
@@ -249,7 +249,23 @@ class Drafter(nn.Module):
             raise UsageError(f"target taps {missing} were not computed; run the target with taps=drafter.taps")
         return torch.cat([taps[i] for i in self.taps], dim=-1)
 
+    def embed(self, ids: Tensor) -> Tensor:
+        """ids [B, T] -> the target's embeddings [B, T, H] in the drafter's compute dtype."""
+        return self.shared.embed_tokens(ids).to(self.compute_param().dtype)
+
+    def head(self, x: Tensor) -> Tensor:
+        """x [B, T, H] -> logits [B, T, V] through the target's lm_head (in the head's dtype)."""
+        head = self.shared.lm_head
+        return head(x.to(head.weight.dtype))
+
     # -- caches -----------------------------------------------------------------------------------
+
+    def step_inputs(self, cache: KVCache | None, b: int, t: int, positions: Tensor | None, mask: Tensor | None,
+                    device: torch.device, *, causal: bool = True) -> tuple[int, Tensor, Tensor | None]:
+        """Check room in `cache`; return (past length, positions [B, T], mask [B|1, 1, T, past+T] | None)."""
+        past = cache.reserve(t) if cache is not None else 0
+        return past, resolve_positions(positions, b, t, past, device), resolve_mask(mask, t, past, device,
+                                                                                   causal=causal)
 
     def cache_dims(self) -> tuple[int, int, int]:
         """(attention layers, kv heads, head dim) of this drafter's KV cache."""

@@ -1,0 +1,1 @@
+"""Compression verbs: distill, prune, quantize."""

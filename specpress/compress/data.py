@@ -1,0 +1,87 @@
+"""Training and calibration data: text files, JSON lines, or a directory of text/code files.
+
+Everything becomes one token stream (documents joined by EOS); batches are windows drawn from it
+by a seeded generator, so a run is deterministic for its seed and can resume at any step.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import torch
+
+from specpress.errors import DataError
+
+TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst", ".c", ".h", ".js", ".ts", ".java", ".go", ".rs", ".json", ".toml",
+                 ".yaml", ".yml", ".cfg", ".sh")
+
+
+def _jsonl_texts(path: Path) -> Iterable[str]:
+    for n, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
+        if isinstance(obj, dict) and isinstance(obj.get("text"), str):
+            yield obj["text"]
+        elif isinstance(obj, dict) and isinstance(obj.get("messages"), list):
+            parts = [m.get("content", "") for m in obj["messages"] if isinstance(m, dict)]
+            yield "\n".join(p for p in parts if isinstance(p, str))
+        else:
+            raise DataError(f'{path}:{n}: each line needs "text" (a string) or "messages" (chat turns)')
+
+
+def read_texts(path: str | Path) -> list[str]:
+    """Documents from a text file, a .jsonl file ("text" or chat "messages"), or a directory (recursive)."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise DataError(f"data path {path} does not exist")
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
+        texts = [f.read_text(errors="replace") for f in files]
+    elif path.suffix in (".jsonl", ".ndjson"):
+        texts = list(_jsonl_texts(path))
+    else:
+        try:
+            texts = [path.read_text()]
+        except UnicodeDecodeError:
+            raise DataError(f"{path} is not a UTF-8 text file; give text, .jsonl, or a directory of text") from None
+    texts = [t for t in texts if t.strip()]
+    if not texts:
+        raise DataError(f"{path} holds no text (empty files, or no {', '.join(TEXT_SUFFIXES[:4])}… files)")
+    return texts
+
+
+def encode_stream(texts: list[str], tokenizer: Any, eos_id: int) -> np.ndarray:
+    """One int32 stream: doc0 EOS doc1 EOS …"""
+    ids: list[int] = []
+    for enc in tokenizer.encode_batch(texts, add_special_tokens=False):
+        ids.extend(enc.ids)
+        ids.append(eos_id)
+    return np.asarray(ids, dtype=np.int32)
+
+
+@dataclass(frozen=True)
+class WindowSampler:
+    """Deterministic [B, T] windows from a token stream: batch `step` depends only on (seed, step)."""
+
+    stream: np.ndarray
+    seq_len: int
+    batch: int
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.stream) < self.seq_len + 1:
+            raise DataError(f"data has {len(self.stream)} tokens, fewer than one window of {self.seq_len + 1}; "
+                            f"give more data or a shorter sequence length")
+
+    def batch_at(self, step: int) -> torch.Tensor:
+        rng = np.random.default_rng([self.seed, step])
+        starts = rng.integers(0, len(self.stream) - self.seq_len, size=self.batch)
+        return torch.from_numpy(np.stack([self.stream[s:s + self.seq_len] for s in starts]).astype(np.int64))

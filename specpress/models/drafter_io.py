@@ -1,0 +1,145 @@
+"""Save and load drafter artifacts: config.json in the family's public layout + a `specpress` block,
+and model.safetensors under the public key names.
+
+The `specpress` block: {family, format_version, config_version, target (fingerprint of the target it
+was built for), steps (the ordered compression steps applied, each a JSON object)}. Public checkpoints
+without it load too: the family is told from `architectures` and telltale fields (see detect_family).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Collection, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from specpress.artifacts import atomic_dir, write_json
+from specpress.errors import CheckpointError, ConfigError
+from specpress.models.drafter import Drafter, get_family
+from specpress.models.io import check_finite, read_config, read_weights, save_weights, tensor_index
+from specpress.models.layers import Rotary
+
+if TYPE_CHECKING:
+    from specpress.models.target import TargetModel
+
+FORMAT_VERSION = 1
+EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
+
+
+def detect_family(cfg: Mapping[str, Any], weight_names: Collection[str] | None = None,
+                  source: str = "config.json") -> str:
+    """The drafter family of a config.json (+ the tensor names, when known).
+
+    A `specpress` block wins. Else: EAGLE-3 architectures or `draft_vocab_size` -> eagle3;
+    `DFlashDraftModel` / `dflash_config` -> dflash; `num_nextn_predict_layers` -> mtp; a Llama-style
+    config whose weights hold `fc.weight` (or, with no weights, that has EAGLE-1's `bias` field) -> eagle;
+    any other supported HF decoder -> lm.
+    """
+    block = cfg.get("specpress")
+    if isinstance(block, Mapping) and block.get("family"):
+        return str(block["family"])
+    archs = cfg.get("architectures") or []
+    arch = archs[0] if archs else ""
+    if arch in EAGLE3_ARCHITECTURES or "draft_vocab_size" in cfg:
+        return "eagle3"
+    if arch == "DFlashDraftModel" or "dflash_config" in cfg:
+        return "dflash"
+    if "num_nextn_predict_layers" in cfg:
+        return "mtp"
+    if weight_names is not None and weight_names:
+        if "fc.weight" in weight_names:
+            return "eagle"
+    elif "bias" in cfg:
+        return "eagle"
+    from specpress.models.target import ARCHITECTURES
+
+    if arch in ARCHITECTURES or cfg.get("model_type") in {v[0] for v in ARCHITECTURES.values()}:
+        return "lm"
+    raise ConfigError(f"{source}: cannot tell which drafter family this is (architectures {archs}); "
+                      f"known families: eagle, eagle3, mtp, dflash, lm")
+
+
+def save_drafter(model: Drafter, out: str | Path, *, provenance: Sequence[Mapping[str, Any]] | None = None,
+                 force: bool = False, dtype: torch.dtype | None = None, include_shared: bool = False) -> Path:
+    """Write `out`/config.json + model.safetensors atomically; return `out`.
+
+    provenance: the ordered compression steps (default: model.provenance, what it was loaded with);
+    dtype: the stored float dtype (default: the drafter's); include_shared: also store the target's
+    embedding/head under the family's public names (for loaders that expect them, e.g. vLLM EAGLE-1).
+    """
+    fam = get_family(model.family)
+    steps = [dict(s) for s in (model.provenance if provenance is None else provenance)]
+    try:
+        json.dumps(steps)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"provenance steps must be JSON objects ({exc})") from None
+    sd = model.public_state_dict()
+    if include_shared:
+        for key, role in model.shared_keys().items():
+            sd[key] = getattr(model.shared, role).weight.detach().clone()
+    dt = dtype or model.compute_param().dtype
+    sd = {k: (v.to(dt) if v.is_floating_point() else v) for k, v in sd.items()}
+    cfg = fam.writer(model.config)
+    cfg["torch_dtype"] = str(dt).removeprefix("torch.")
+    cfg["specpress"] = {"family": model.family, "format_version": FORMAT_VERSION,
+                        "config_version": model.config.version, "target": model.target_fingerprint,
+                        "steps": steps}
+    out = Path(out).expanduser()
+    with atomic_dir(out, force=force) as tmp:
+        write_json(tmp / "config.json", cfg)
+        save_weights(sd, tmp / "model.safetensors")
+    return out
+
+
+def read_drafter_config(path: str | Path) -> tuple[str, Any, dict[str, Any]]:
+    """(family, family config, the raw config.json) of a drafter dir or a bare config.json."""
+    path = Path(path).expanduser()
+    cfg = read_config(path)
+    source = str(path / "config.json" if path.is_dir() else path)
+    names = set(tensor_index(path)) if path.is_dir() else None
+    family = detect_family(cfg, names, source)
+    block = cfg.get("specpress") or {}
+    if int(block.get("format_version", FORMAT_VERSION)) > FORMAT_VERSION:
+        raise CheckpointError(f"{source}: artifact format_version {block['format_version']} is newer than this "
+                              f"specpress reads ({FORMAT_VERSION}); upgrade specpress")
+    return family, get_family(family).reader(cfg, source), cfg
+
+
+def load_drafter(path: str | Path, target: "TargetModel | None" = None, *,
+                 dtype: torch.dtype | str = torch.float32, device: torch.device | str | None = None) -> Drafter:
+    """Load a drafter dir (ours or a public one), checking names, shapes and finiteness.
+
+    With `target`, the drafter is attached to it (its dims, vocab and layer count must match).
+    Tensors the drafter shares with the target (embed_tokens, lm_head) are dropped if present.
+    """
+    from specpress.device import parse_dtype, pick_device
+
+    path = Path(path).expanduser()
+    family, config, raw = read_drafter_config(path)
+    fam = get_family(family)
+    weights = read_weights(path)
+    check_finite(weights, path)
+    dt = parse_dtype(dtype)
+    with torch.device("meta"):
+        model = fam.model_cls(config)  # type: ignore[call-arg]
+    shared = model.shared_keys()
+    weights = {k: (v.to(dt) if v.is_floating_point() else v) for k, v in weights.items() if k not in shared}
+    model.load_public(weights, str(path))
+    _rebuild_rotaries(model)
+    block = raw.get("specpress") or {}
+    model.provenance = tuple(block.get("steps") or ())
+    model.target_fingerprint = block.get("target")
+    dev = target.lm_head.weight.device if target is not None and device is None else pick_device(
+        None if device is None else str(device))
+    model = model.to(dev).eval()
+    return model.attach_target(target) if target is not None else model
+
+
+def _rebuild_rotaries(model: nn.Module) -> None:
+    """Rotary tables are non-persistent buffers: rebuild them off the meta device after loading."""
+    for name, mod in list(model.named_modules()):
+        if isinstance(mod, Rotary):
+            parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
+            setattr(parent, name.rpartition(".")[2], Rotary(mod.rope, mod.head_dim, mod.max_positions))

@@ -1,0 +1,107 @@
+"""`inspect`: what an artifact holds (family, parameter count, bytes as stored, dtype, provenance).
+
+Works on an artifact dir, a public checkpoint dir, or a bare config.json. Parameters are counted on a
+model built on the meta device (no memory, seconds even for 8B-scale configs); `params` counts what the
+drafter stores itself (shared target embeddings / heads excluded, int buffers such as d2t excluded).
+`bytes` is read from the safetensors headers of the drafter's own tensors when weights exist, else the
+size its dtype implies; tensors shared with the target that a checkpoint carries anyway are reported
+apart as `shared_bytes`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from specpress.errors import ConfigError
+from specpress.models.io import read_config, tensor_index
+
+_ST_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn",
+              "F8_E5M2": "float8_e5m2", "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
+              "BOOL": "bool"}
+
+
+def _config_dtype(cfg: dict[str, Any]) -> torch.dtype:
+    name = cfg.get("torch_dtype") or cfg.get("dtype") or "float32"
+    dt = getattr(torch, str(name).removeprefix("torch."), None)
+    return dt if isinstance(dt, torch.dtype) else torch.float32
+
+
+def _implied_bytes(model: nn.Module, dtype: torch.dtype) -> int:
+    """Bytes of the module's state_dict if floats were stored in `dtype` (other tensors as they are)."""
+    size = torch.empty((), dtype=dtype, device="meta").element_size()
+    seen: set[int] = set()
+    total = 0
+    for t in model.state_dict(keep_vars=True).values():
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        total += t.numel() * (size if t.is_floating_point() else t.element_size())
+    return total
+
+
+def _params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())  # parameters() yields a tied weight once
+
+
+def inspect_artifact(path: str | Path) -> dict[str, Any]:
+    """Summary dict: path, family, architecture, params, bytes, bytes_source ("weights" | "dtype"),
+    shared_bytes, dtype, bits_per_param, format_version, target, provenance (the steps)."""
+    from specpress.models.drafter_io import read_drafter_config
+    from specpress.models.target import TargetConfig, TargetModel
+
+    path = Path(path).expanduser()
+    cfg = read_config(path)
+    source = str(path / "config.json" if path.is_dir() else path)
+    index = tensor_index(path) if path.is_dir() else {}
+    block = cfg.get("specpress") if isinstance(cfg.get("specpress"), dict) else {}
+    is_target = not block and _plain_decoder(cfg, set(index))
+    shared: dict[str, str] = {}
+    with torch.device("meta"):
+        if is_target:
+            family = "target"
+            model: nn.Module = TargetModel(TargetConfig.from_hf(cfg, source=source))
+        else:
+            from specpress.models.drafter import get_family
+
+            family, config, _ = read_drafter_config(path)
+            model = get_family(family).model_cls(config)  # type: ignore[call-arg]
+            shared = model.shared_keys()  # type: ignore[operator]
+    params = _params(model)
+    own = {k: v for k, v in index.items() if k not in shared}
+    if own:
+        nbytes, source_kind = sum(v.nbytes for v in own.values()), "weights"
+        floats = Counter(v.dtype for v in own.values() if v.dtype.startswith(("F", "BF")))
+        dtype = _ST_DTYPES.get(floats.most_common(1)[0][0], "?") if floats else str(_config_dtype(cfg))
+    else:
+        dt = _config_dtype(cfg)
+        nbytes, source_kind, dtype = _implied_bytes(model, dt), "dtype", str(dt).removeprefix("torch.")
+    archs = cfg.get("architectures") or []
+    return {
+        "path": str(path),
+        "family": family,
+        "architecture": archs[0] if archs else cfg.get("model_type"),
+        "params": params,
+        "bytes": nbytes,
+        "bytes_source": source_kind,
+        "shared_bytes": sum(v.nbytes for k, v in index.items() if k in shared),
+        "dtype": dtype,
+        "bits_per_param": round(8 * nbytes / params, 3) if params else None,
+        "format_version": (block or {}).get("format_version"),
+        "target": (block or {}).get("target"),
+        "provenance": list((block or {}).get("steps") or []),
+    }
+
+
+def _plain_decoder(cfg: dict[str, Any], names: set[str]) -> bool:
+    """A plain HF decoder config (not any drafter's public layout): inspected as a target."""
+    from specpress.models.drafter_io import detect_family
+
+    try:
+        return detect_family(cfg, names or None) == "lm"
+    except ConfigError:  # not a decoder we know: the drafter path reports it
+        return False

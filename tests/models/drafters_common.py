@@ -1,0 +1,72 @@
+"""Shared by the drafter tests: tiny configs per family, a tiny random target, and per-family runners."""
+
+from __future__ import annotations
+
+import torch
+
+from specpress.models.dflash import DFlashConfig
+from specpress.models.drafter import build_drafter
+from specpress.models.eagle import EagleConfig
+from specpress.models.eagle3 import Eagle3Config
+from specpress.models.lm import LMConfig
+from specpress.models.mtp import MTPConfig
+from specpress.models.target import TargetConfig, TargetModel
+
+V, H, F, L = 61, 32, 40, 8
+SHAPE = dict(vocab_size=V, hidden_size=H, intermediate_size=F, num_attention_heads=4, num_key_value_heads=2,
+             max_position_embeddings=128)
+CONFIGS = {
+    "eagle": EagleConfig(**SHAPE),
+    "eagle3": Eagle3Config(**SHAPE, draft_vocab_size=24),
+    "mtp": MTPConfig(**SHAPE, num_target_layers=L),
+    "dflash": DFlashConfig(**SHAPE, num_hidden_layers=2, num_target_layers=L, block_size=4, mask_token_id=0),
+    "lm": LMConfig(vocab_size=V, hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=2,
+                   num_key_value_heads=1, max_position_embeddings=128),
+}
+FAMILIES = list(CONFIGS)
+
+
+def randomize(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Norm weights away from 1 and larger weights, so that a wrong norm or order shows numerically."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(torch.rand(p.shape, generator=g) + 0.5)
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * (0.6 / p.shape[-1] ** 0.5 if p.dim() > 1 else 0.1))
+    return model.eval()
+
+
+def tiny_target() -> TargetModel:
+    """An 8-layer random Llama target (hidden 32): EAGLE-3's taps 2, L//2, L-3 are distinct."""
+    torch.manual_seed(0)
+    cfg = TargetConfig(**SHAPE, num_hidden_layers=L)
+    t = randomize(TargetModel(cfg), 0)
+    with torch.no_grad():
+        t.model.embed_tokens.weight.normal_(0, 1)
+    return t
+
+
+def make(family: str, target: TargetModel, seed: int = 1):
+    d = randomize(build_drafter(CONFIGS[family]), seed).attach_target(target)
+    if family == "eagle3":
+        d.set_draft_vocab(torch.randperm(V, generator=torch.Generator().manual_seed(seed))[:24].sort().values)
+    return d
+
+
+IDS = torch.randint(1, V, (1, 12), generator=torch.Generator().manual_seed(5))
+
+
+@torch.no_grad()
+def run(d, target: TargetModel, ids: torch.Tensor = IDS, **kw) -> torch.Tensor:
+    """The family's main output on a prompt (no cache unless given in kw)."""
+    out = target(ids, taps=d.taps)
+    if d.family == "lm":
+        return d(ids, **kw).logits
+    if d.family == "dflash":
+        c = ids.shape[1] - 1
+        return d(d.fuse_taps(out.taps)[:, :c], d.make_block(ids[:, c]), **kw)
+    hidden = d.fuse_taps(out.taps) if d.family == "eagle3" else out.hidden
+    logits, g = d(hidden[:, :-1], ids[:, 1:], **kw)
+    return torch.cat([logits, g], dim=-1)
