@@ -42,3 +42,19 @@ def test_missing_target_is_a_clean_error(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.startswith("error:") and "does not exist" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_inspect_bare_public_eagle3_config(tmp_path):
+    import json
+
+    cfg = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 1, "vocab_size": 128256,
+           "draft_vocab_size": 32000, "rms_norm_eps": 1e-5, "torch_dtype": "float16",
+           "max_position_embeddings": 8192, "rope_theta": 500000.0}
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps(cfg))
+    res = CliRunner().invoke(cli, ["inspect", str(f), "--json"])
+    assert res.exit_code == 0, res.output
+    info = json.loads(res.output)
+    assert info["family"] == "eagle3"
+    assert abs(info["params"] - 424.7e6) / 424.7e6 < 0.005  # algorithms.md: 424.7M for Llama-3.1-8B
