@@ -1,0 +1,90 @@
+"""The speculative loop: prefill, then rounds of draft -> one target verify forward -> accept.
+
+    prefill(target, prompt)                    # the first token comes from the prefill logits
+    while budget and no EOS:
+        proposal = session.propose(root)       # a draft tree under the last committed token
+        out = verify_forward(target, tree)     # one target forward over every tree node
+        result = verify(tree, out.logits)      # lossless accept rule (greedy or rejection sampling)
+        target_cache.compact(past, accepted)   # keep exactly the accepted path
+        session.accept(proposal, result, out)  # the drafter keeps its side consistent
+
+Every round emits len(accepted) tokens: the accepted drafts plus the target's own next token.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from specpress.models.target import TargetModel
+from specpress.runtime.drafting import DraftSession, check_policy, draft_slots, make_session
+from specpress.runtime.plain import check_fits
+from specpress.runtime.policy import Policy
+from specpress.runtime.sampling import SamplingParams, sample
+from specpress.runtime.verify import verify
+
+
+@dataclass
+class RoundStats:
+    accepted: int  # accepted draft tokens (bonus/correction token excluded)
+    drafted: int  # draft tokens in the tree (root excluded)
+    draft_ms: float
+    verify_ms: float
+    other_ms: float
+
+
+@dataclass
+class SpecGeneration:
+    tokens: list[int]
+    prefill_ms: float = 0.0
+    rounds: list[RoundStats] = field(default_factory=list)
+    total_ms: float = 0.0
+
+
+def first_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    if params.greedy:
+        return int(torch.argmax(logits))
+    return int(sample(logits, params, generator))
+
+
+@torch.inference_mode()
+def speculative_generate(target: TargetModel, drafter, prompt: Sequence[int], max_new_tokens: int, policy: Policy,
+                         params: SamplingParams = SamplingParams(), generator: torch.Generator | None = None,
+                         eos_ids: Sequence[int] | None = None) -> SpecGeneration:
+    """Decode with `drafter` proposing and `target` verifying; the output distribution is the target's."""
+    check_policy(drafter.family, policy)
+    eos = set(target.config.eos_ids if eos_ids is None else eos_ids)
+    margin = policy.num_draft_tokens + 2
+    capacity = check_fits(target, len(prompt), max_new_tokens + margin)
+    cache = target.new_cache(capacity)
+    session: DraftSession = make_session(drafter, capacity + draft_slots(policy))
+    dev = target.lm_head.weight.device
+    t_start = time.perf_counter()
+    out = target(torch.tensor([list(prompt)], device=dev), cache=cache, taps=session.taps)
+    tok = first_token(out.logits[0, -1], params, generator)
+    session.start(prompt, out, tok)
+    gen = SpecGeneration([tok], prefill_ms=(time.perf_counter() - t_start) * 1e3)
+    while len(gen.tokens) < max_new_tokens and gen.tokens[-1] not in eos:
+        t0 = time.perf_counter()
+        proposal = session.propose(gen.tokens[-1], policy, params, generator)
+        tree = proposal.tree
+        t1 = time.perf_counter()
+        past = cache.length
+        vout = target(tree.token_tensor(dev)[None], cache=cache, positions=tree.positions(past, dev),
+                      mask=tree.verify_mask(past, dev), taps=session.taps)
+        t2 = time.perf_counter()
+        result = verify(tree, vout.logits[0], params, generator, proposal.draft_probs)
+        cache.compact(past, result.accepted)
+        session.accept(proposal, result, vout)
+        for t in result.tokens:
+            gen.tokens.append(t)
+            if t in eos or len(gen.tokens) >= max_new_tokens:
+                break
+        t3 = time.perf_counter()
+        gen.rounds.append(RoundStats(result.num_accepted, tree.size - 1, (t1 - t0) * 1e3, (t2 - t1) * 1e3,
+                                     (t3 - t2) * 1e3))
+    gen.total_ms = (time.perf_counter() - t_start) * 1e3
+    return gen

@@ -1,0 +1,370 @@
+"""The draft tree: one object that gives every view of it the runtime and the exporters need.
+
+Node 0 is the root: the last accepted token, which the target has not processed yet. Nodes are in
+topological order (every parent before its children). For a verify forward over the tree with
+`past` tokens already in the target's KV cache, node i sits at position past + depth(i) and attends
+to the whole cache plus its own ancestors and itself.
+
+Views: `parents`, `depths`, `children`, `leaves`, `positions(past)`, `ancestor_mask()` (bool [N, N]),
+`attention_bias()` (0 / -inf), `packed_mask()` (TensorRT-LLM's `spec_decoding_packed_mask`: int32
+[N, ceil(N/32)], LSB-first, bit j%32 of word j//32 set when node i attends to node j), `verify_mask(past)`
+(bool [N, past+N]) and `retrieve_indices()` (root-to-leaf node paths, -1 padded).
+
+Builders: `DraftTree.from_choices` (static trees), `DraftTree.chain`, and `build_dynamic_tree` /
+`DynamicTreeBuilder` (EAGLE-2: the runtime calls the drafter once per level with an explicit mask).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from specpress.errors import UsageError
+from specpress.runtime.policy import (BlockPolicy, ChainPolicy, DynamicPolicy, MTPPolicy, Policy, TreePolicy,
+                                      validate_choices)
+
+Device = torch.device | str | None
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """parents[i] < i (parents[0] == -1); tokens[i] = node i's token id (None until a round fills them);
+    ranks[i] = node i's sibling rank in its parent's top-k (static trees; -1 for the root)."""
+
+    parents: tuple[int, ...]
+    tokens: tuple[int, ...] | None = None
+    ranks: tuple[int, ...] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        put = object.__setattr__
+        parents = tuple(int(p) for p in self.parents)
+        put(self, "parents", parents)
+        if not parents or parents[0] != -1:
+            raise UsageError(f"a draft tree needs a root with parent -1 at index 0, found parents {list(parents)}")
+        for i, p in enumerate(parents[1:], start=1):
+            if not 0 <= p < i:
+                raise UsageError(f"node {i} has parent {p}; parents must come before children (0 <= parent < i)")
+        for name in ("tokens", "ranks"):
+            value = getattr(self, name)
+            if value is not None:
+                value = tuple(int(t) for t in (value.tolist() if isinstance(value, Tensor) else value))
+                if len(value) != len(parents):
+                    raise UsageError(f"{name} has {len(value)} entries for a tree of {len(parents)} nodes")
+                put(self, name, value)
+
+    # ---- constructors -------------------------------------------------------------------------
+
+    @classmethod
+    def from_choices(cls, choices: Sequence[Sequence[int]]) -> "DraftTree":
+        """A static tree from `eagle_choices` paths (e.g. [[0],[1],[0,0]]); nodes sorted by (depth, path)."""
+        paths = validate_choices(choices)
+        index = {(): 0} | {p: i + 1 for i, p in enumerate(paths)}
+        parents = (-1,) + tuple(index[p[:-1]] for p in paths)
+        return cls(parents, ranks=(-1,) + tuple(p[-1] for p in paths))
+
+    @classmethod
+    def chain(cls, k: int, tokens: Sequence[int] | None = None) -> "DraftTree":
+        """Root plus k draft tokens in a line (k >= 0)."""
+        return cls((-1,) + tuple(range(k)), tokens=tokens, ranks=(-1,) + (0,) * k)
+
+    def with_tokens(self, tokens: Sequence[int] | Tensor) -> "DraftTree":
+        """The same structure with this round's tokens [N] (node 0 = the root token).
+
+        The structural views already computed (masks, paths) are shared, not recomputed.
+        """
+        out = DraftTree(self.parents, tuple(tokens.tolist() if isinstance(tokens, Tensor) else tokens), self.ranks)
+        for name in _STRUCTURE:
+            if name in self.__dict__:
+                out.__dict__[name] = self.__dict__[name]
+        return out
+
+    def to_choices(self) -> list[list[int]]:
+        """The `eagle_choices` paths of nodes 1..N-1 (needs ranks)."""
+        if self.ranks is None:
+            raise UsageError("this tree has no sibling ranks (built from parents alone); it has no choices form")
+        return [[self.ranks[j] for j in self.path(i)[1:]] for i in range(1, self.size)]
+
+    # ---- structure ----------------------------------------------------------------------------
+
+    @property
+    def size(self) -> int:
+        return len(self.parents)
+
+    def __len__(self) -> int:
+        return len(self.parents)
+
+    @cached_property
+    def depths(self) -> tuple[int, ...]:
+        d = [0] * self.size
+        for i in range(1, self.size):
+            d[i] = d[self.parents[i]] + 1
+        return tuple(d)
+
+    @property
+    def max_depth(self) -> int:
+        return max(self.depths)
+
+    @cached_property
+    def children(self) -> tuple[tuple[int, ...], ...]:
+        kids: list[list[int]] = [[] for _ in range(self.size)]
+        for i in range(1, self.size):
+            kids[self.parents[i]].append(i)
+        return tuple(tuple(k) for k in kids)
+
+    @cached_property
+    def leaves(self) -> tuple[int, ...]:
+        return tuple(i for i, k in enumerate(self.children) if not k)
+
+    def path(self, node: int) -> tuple[int, ...]:
+        """Node indices from the root to `node`, both included."""
+        out = [node]
+        while out[-1] != 0:
+            out.append(self.parents[out[-1]])
+        return tuple(reversed(out))
+
+    # ---- tensors ------------------------------------------------------------------------------
+
+    def token_tensor(self, device: Device = None) -> Tensor:
+        """tokens [N] long."""
+        if self.tokens is None:
+            raise UsageError("this draft tree has no tokens yet; fill them with with_tokens(...)")
+        return torch.tensor(self.tokens, dtype=torch.long, device=device)
+
+    def positions(self, past: int, device: Device = None) -> Tensor:
+        """[N] long: past + depth (the root sits right after the `past` cached tokens)."""
+        return torch.tensor(self.depths, dtype=torch.long, device=device) + past
+
+    @cached_property
+    def _mask(self) -> Tensor:
+        m = torch.eye(self.size, dtype=torch.bool)
+        for i in range(1, self.size):
+            m[i] |= m[self.parents[i]]
+        return m
+
+    def ancestor_mask(self, device: Device = None) -> Tensor:
+        """bool [N, N]: row i is True at i's ancestors and at i itself."""
+        return self._mask.to(device) if device is not None else self._mask.clone()
+
+    def attention_bias(self, dtype: torch.dtype = torch.float32, device: Device = None) -> Tensor:
+        """[N, N] additive bias: 0 where attending, -inf elsewhere."""
+        zero = torch.zeros((), dtype=dtype)
+        return torch.where(self._mask, zero, torch.tensor(float("-inf"), dtype=dtype)).to(device)
+
+    def packed_mask(self, device: Device = None) -> Tensor:
+        """int32 [N, ceil(N/32)]: bit j%32 of word j//32 of row i set when node i attends to node j."""
+        return pack_mask(self._mask).to(device)
+
+    def verify_mask(self, past: int, device: Device = None) -> Tensor:
+        """bool [N, past+N] for the target's verify forward: every cached slot, then the tree mask."""
+        full = torch.ones(self.size, past, dtype=torch.bool)
+        return torch.cat([full, self._mask], dim=1).to(device)
+
+    @cached_property
+    def leaf_paths(self) -> tuple[tuple[int, ...], ...]:
+        """Root-to-leaf node paths, one per leaf (in `leaves` order), unpadded."""
+        return tuple(self.path(leaf) for leaf in self.leaves)
+
+    @cached_property
+    def _retrieve(self) -> Tensor:
+        width = self.max_depth + 1
+        rows = [list(p) + [-1] * (width - len(p)) for p in self.leaf_paths]
+        return torch.tensor(rows, dtype=torch.long)
+
+    def retrieve_indices(self, device: Device = None) -> Tensor:
+        """long [num_leaves, max_depth+1]: row r = node path root -> leaves[r], padded with -1."""
+        return self._retrieve.to(device) if device is not None else self._retrieve.clone()
+
+
+_STRUCTURE = ("depths", "children", "leaves", "leaf_paths", "_mask", "_retrieve")
+
+
+def pack_mask(mask: Tensor) -> Tensor:
+    """bool [..., N] -> int32 [..., ceil(N/32)], LSB-first (TensorRT-LLM's packed spec-decoding mask)."""
+    n = mask.shape[-1]
+    words = (n + 31) // 32
+    padded = torch.zeros(*mask.shape[:-1], words * 32, dtype=torch.int64, device=mask.device)
+    padded[..., :n] = mask.to(torch.int64)
+    weights = torch.tensor([1 << b for b in range(32)], dtype=torch.int64, device=mask.device)
+    packed = (padded.view(*mask.shape[:-1], words, 32) * weights).sum(-1)
+    return torch.where(packed >= 1 << 31, packed - (1 << 32), packed).to(torch.int32)
+
+
+def unpack_mask(packed: Tensor, n: int) -> Tensor:
+    """int32 [..., W] -> bool [..., n] (inverse of `pack_mask`)."""
+    bits = (packed.to(torch.int64)[..., None] >> torch.arange(32, device=packed.device)) & 1
+    return bits.flatten(-2)[..., :n].bool()
+
+
+def tree_for_policy(policy: Policy) -> DraftTree | None:
+    """The fixed node structure a policy drafts into; None for `dynamic` (built per round)."""
+    if isinstance(policy, TreePolicy):
+        return DraftTree.from_choices(policy.choices)
+    if isinstance(policy, (ChainPolicy, MTPPolicy, BlockPolicy)):
+        return DraftTree.chain(policy.num_draft_tokens)
+    assert isinstance(policy, DynamicPolicy)
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# EAGLE-2 dynamic tree
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Frontier:
+    """One drafter call of the dynamic expansion: run these k nodes, return log-probs [k, V].
+
+    tokens [k] long: the nodes' token ids (target vocabulary), to embed.
+    parent_slots [k] long: the fed slot of each node's parent (-1 = the root), e.g. to pick the
+        parent's hidden state as EAGLE's input feature.
+    level: the nodes' depth in the tree (1 = children of the root); position = root position + level.
+    mask bool [k, fed + k]: over [the `fed` nodes of earlier calls, in feeding order ; these k nodes];
+        True at the node's fed ancestors and itself. The drafter's committed context (the accepted
+        tokens through the root) is visible to all; `full_mask(context)` prepends it.
+    """
+
+    tokens: Tensor
+    parent_slots: Tensor
+    level: int
+    mask: Tensor
+
+    @property
+    def fed(self) -> int:
+        """Nodes fed by earlier calls (the drafter's KV holds them after its committed context)."""
+        return self.mask.shape[1] - self.mask.shape[0]
+
+    def full_mask(self, context: int) -> Tensor:
+        """bool [k, context + fed + k]."""
+        ones = torch.ones(self.mask.shape[0], context, dtype=torch.bool, device=self.mask.device)
+        return torch.cat([ones, self.mask], dim=1)
+
+
+@dataclass(frozen=True)
+class DynamicDraft:
+    """The reranked EAGLE-2 tree.
+
+    scores [N] float: cumulative draft log-prob of each node (root 0).
+    fed_slots[i]: the drafter slot (feeding order) where node i was fed, -1 if never fed (root, leaves
+        of the last level and candidates outside the frontier).
+    """
+
+    tree: DraftTree
+    scores: Tensor
+    fed_slots: tuple[int, ...]
+
+
+class DynamicTreeBuilder:
+    """EAGLE-2 stepwise: top-k of the root, then `depth` expansions of the global top-k frontier by
+    cumulative log-prob, then rerank all candidates and keep the best `budget` (a connected subtree).
+
+        b = DynamicTreeBuilder(root_token, root_logprobs, depth=5, topk=8, budget=48)
+        while (f := b.next_frontier()) is not None:
+            b.expand(drafter(f))            # log-probs [k, V]
+        draft = b.finish()
+
+    token_map [V_draft] long (optional): draft-vocab index -> target token id (EAGLE-3's d2t applied).
+    """
+
+    def __init__(self, root_token: int, root_logprobs: Tensor, *, depth: int, topk: int, budget: int,
+                 token_map: Tensor | None = None) -> None:
+        policy = DynamicPolicy(depth, topk, budget)  # validates the ranges
+        self.depth, self.topk, self.budget = policy.depth, policy.topk, policy.budget
+        self.root_token = int(root_token)
+        self.token_map = token_map
+        self.device = root_logprobs.device
+        self._tokens: list[Tensor] = []   # per level, candidate token ids (target vocab)
+        self._scores: list[Tensor] = []   # per level, cumulative scores
+        self._parents: list[Tensor] = []  # per level, parent candidate id (-1 = root)
+        self._fed_cands: list[int] = []   # candidate id of each fed slot, in feeding order
+        self._count = 0
+        self._expansions = 0
+        tok, lp = self._topk(root_logprobs.reshape(1, -1))
+        self._add(tok[0], lp[0], torch.full((topk,), -1, dtype=torch.long, device=self.device))
+        self._frontier = torch.arange(topk, device=self.device)  # candidate ids
+        self._frontier_scores = lp[0]
+
+    def _topk(self, logprobs: Tensor) -> tuple[Tensor, Tensor]:
+        """[r, V] -> (target token ids [r, k], log-probs [r, k] clamped to <= 0)."""
+        if torch.isnan(logprobs).any():
+            raise UsageError("the drafter returned NaN log-probabilities")
+        if logprobs.shape[-1] < self.topk:
+            raise UsageError(f"topk={self.topk} exceeds the drafter's vocabulary of {logprobs.shape[-1]}")
+        top = torch.topk(logprobs.float(), self.topk, dim=-1)
+        ids = top.indices if self.token_map is None else self.token_map.to(self.device)[top.indices]
+        return ids, top.values.clamp(max=0.0)
+
+    def _add(self, tokens: Tensor, scores: Tensor, parents: Tensor) -> Tensor:
+        ids = torch.arange(self._count, self._count + tokens.numel(), device=self.device)
+        self._tokens.append(tokens.reshape(-1))
+        self._scores.append(scores.reshape(-1))
+        self._parents.append(parents.reshape(-1))
+        self._count += tokens.numel()
+        return ids
+
+    def next_frontier(self) -> Frontier | None:
+        """The next drafter call, or None once `depth` expansions are done."""
+        if self._expansions >= self.depth:
+            return None
+        tokens, parents = torch.cat(self._tokens), torch.cat(self._parents)
+        slot_of = {c: s for s, c in enumerate(self._fed_cands)}
+        fed, k = len(self._fed_cands), self.topk
+        mask = torch.zeros(k, fed + k, dtype=torch.bool)
+        parent_slots = []
+        for row, cand in enumerate(self._frontier.tolist()):
+            mask[row, fed + row] = True
+            p = int(parents[cand])
+            parent_slots.append(slot_of[p] if p >= 0 else -1)
+            while p >= 0:
+                mask[row, slot_of[p]] = True
+                p = int(parents[p])
+        return Frontier(tokens=tokens[self._frontier], parent_slots=torch.tensor(parent_slots, device=self.device),
+                        level=self._expansions + 1, mask=mask.to(self.device))
+
+    def expand(self, logprobs: Tensor) -> None:
+        """Take the drafter's log-probs [k, V] for the frontier just returned by next_frontier()."""
+        if self._expansions >= self.depth:
+            raise UsageError(f"expand() called after all {self.depth} expansions")
+        k = self.topk
+        if logprobs.shape[0] != k:
+            raise UsageError(f"expected log-probs for the {k} frontier nodes, found shape {tuple(logprobs.shape)}")
+        self._fed_cands.extend(self._frontier.tolist())
+        tok, lp = self._topk(logprobs)                             # [k, k]
+        cu = self._frontier_scores[:, None] + lp.to(self.device)   # [k, k] cumulative
+        ids = self._add(tok, cu, self._frontier[:, None].expand(k, k))
+        best = torch.topk(cu.reshape(-1), k).indices
+        self._frontier, self._frontier_scores = ids[best], cu.reshape(-1)[best]
+        self._expansions += 1
+
+    def finish(self) -> DynamicDraft:
+        """Rerank all candidates; keep the `budget` best, parents before children."""
+        tokens, scores, parents = torch.cat(self._tokens), torch.cat(self._scores), torch.cat(self._parents)
+        keep_n = min(self.budget, scores.numel())
+        # Stable sort: on equal scores the earlier candidate (a parent precedes its children) wins.
+        order = torch.sort(scores.cpu(), descending=True, stable=True).indices[:keep_n]
+        keep = torch.sort(order).values.tolist()
+        node_of = {-1: 0} | {c: i + 1 for i, c in enumerate(keep)}
+        par = parents.tolist()
+        missing = [c for c in keep if par[c] not in node_of]
+        assert not missing, f"dynamic tree not connected: candidates {missing} lost their parents"
+        slot_of = {c: s for s, c in enumerate(self._fed_cands)}
+        tree = DraftTree((-1,) + tuple(node_of[par[c]] for c in keep),
+                         tokens=(self.root_token,) + tuple(tokens[keep].tolist()))
+        node_scores = torch.cat([torch.zeros(1, device=self.device), scores[keep]])
+        return DynamicDraft(tree, node_scores, (-1,) + tuple(slot_of.get(c, -1) for c in keep))
+
+
+def build_dynamic_tree(expand_fn: Callable[[Frontier], Tensor], root_logprobs: Tensor, depth: int, topk: int,
+                       budget: int, *, root_token: int, token_map: Tensor | None = None) -> DynamicDraft:
+    """EAGLE-2 in one call: `expand_fn(frontier) -> log-probs [k, V]` is called `depth` times, in order.
+
+    root_logprobs [V]: the drafter's log-probs after the root.
+    """
+    builder = DynamicTreeBuilder(root_token, root_logprobs, depth=depth, topk=topk, budget=budget,
+                                 token_map=token_map)
+    while (frontier := builder.next_frontier()) is not None:
+        builder.expand(expand_fn(frontier))
+    return builder.finish()
