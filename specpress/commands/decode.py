@@ -15,86 +15,148 @@ SEED = click.option("--seed", type=int, default=0, show_default=True, help="Seed
 DTYPE = click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32", show_default=True)
 TARGET = click.option("--target", "target_dir", required=True, type=click.Path(path_type=Path),
                       help="Target model directory (HF format: config.json + model.safetensors).")
+DRAFTER = click.option("--drafter", "drafter_dir", type=click.Path(path_type=Path), default=None,
+                       help="Drafter artifact directory; without it the target decodes alone.")
+POLICY = click.option("--policy", default=None, metavar="P",
+                      help="chain:K | tree:[[0],[0,0],[1],...] | dynamic:depth=D,topk=K,budget=N | block:B | "
+                           "mtp:K  [default: chain:4; mtp:3 for mtp; block:8 for dflash]")
+STRICT = click.option("--strict", is_flag=True,
+                      help="Refuse a drafter built for a different target (default: warn and run).")
+BACKEND = click.option("--backend", type=click.Choice(["torch"]), default="torch", show_default=True,
+                       help="Where the drafter runs.")
 
 
 @click.command()
 @TARGET
+@DRAFTER
 @click.option("--prompt", required=True, help="Prompt text (encoded with the target's tokenizer.json).")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
+@POLICY
 @TEMPERATURE
 @TOP_K
 @TOP_P
 @SEED
 @DTYPE
-def run(target_dir: Path, prompt: str, max_new_tokens: int, temperature: float, top_k: int, top_p: float,
-        seed: int, dtype: str) -> None:
-    """Decode one prompt with the target and print the prompt and its continuation.
+@STRICT
+def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens: int, policy: str | None,
+        temperature: float, top_k: int, top_p: float, seed: int, dtype: str, strict: bool) -> None:
+    """Decode one prompt and print the prompt and its continuation (stderr: a tau / speed line).
 
     \b
-    Example:
+    Examples:
       specpress run --target ~/.cache/specpress/zoo/small --prompt "def parse_args(" --max-new-tokens 48
+      specpress run --target ~/.cache/specpress/zoo/small --drafter ./eagle3 --policy chain:4 --prompt "import os"
     """
     import torch
 
     from specpress.models.target import load_target
     from specpress.models.tokenizer import load_tokenizer
+    from specpress.runtime.bench import default_policy, load_drafter_for
+    from specpress.runtime.loop import speculative_generate
     from specpress.runtime.plain import decode_plain
+    from specpress.runtime.policy import parse_policy
     from specpress.runtime.prompts import encode
+    from specpress.runtime.sampling import SamplingParams
 
     target = load_target(target_dir, dtype=dtype)
     tok = load_tokenizer(target_dir)
     ids = encode(prompt, tok)
-    g = decode_plain(target, ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                     generator=torch.Generator().manual_seed(seed))
-    click.echo(prompt + tok.decode(g.tokens))
-    secs = g.decode_ms / 1e3
-    click.echo(f"[{len(g.tokens)} tokens, {len(g.tokens) / secs:.1f} tok/s, plain decoding (tau 1.00)]", err=True)
+    gen = torch.Generator().manual_seed(seed)
+    if drafter_dir is None:
+        g = decode_plain(target, ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                         generator=gen)
+        click.echo(prompt + tok.decode(g.tokens))
+        click.echo(f"[{len(g.tokens)} tokens, {len(g.tokens) / (g.decode_ms / 1e3):.1f} tok/s, plain decoding]",
+                   err=True)
+        return
+    drafter = load_drafter_for(target, drafter_dir, strict=strict, warn=lambda m: click.echo(m, err=True))
+    pol = parse_policy(policy or default_policy(drafter.family))
+    s = speculative_generate(target, drafter, ids, max_new_tokens, pol, SamplingParams(temperature, top_k, top_p),
+                             gen)
+    click.echo(prompt + tok.decode(s.tokens))
+    tau = 1 + sum(r.accepted for r in s.rounds) / max(1, len(s.rounds))
+    click.echo(f"[{len(s.tokens)} tokens, {len(s.tokens) / (s.total_ms / 1e3):.1f} tok/s, {pol}, tau {tau:.2f} "
+               f"over {len(s.rounds)} rounds; `specpress bench` measures speedup against plain decoding]", err=True)
 
 
 @click.command()
 @TARGET
+@DRAFTER
 @click.option("--prompts", "prompts_file", required=True, type=click.Path(path_type=Path),
               help='JSON lines: {"prompt": "text"} or {"input_ids": [..]} per line.')
 @click.option("--max-new-tokens", type=click.IntRange(min=1), required=True)
+@POLICY
 @TEMPERATURE
 @TOP_K
 @TOP_P
 @SEED
 @DTYPE
+@BACKEND
+@STRICT
 @click.option("--json", "json_out", type=click.Path(path_type=Path), help="Write the full metrics object here.")
-def bench(target_dir: Path, prompts_file: Path, max_new_tokens: int, temperature: float, top_k: int,
-          top_p: float, seed: int, dtype: str, json_out: Path | None) -> None:
-    """Decode every prompt of a file and report tokens/s (and, with a drafter, acceptance).
+def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_new_tokens: int, policy: str | None,
+          temperature: float, top_k: int, top_p: float, seed: int, dtype: str, backend: str, strict: bool,
+          json_out: Path | None) -> None:
+    """Decode every prompt of a file and report acceptance (tau, AR[k]), tokens/s and speedup.
 
-    Without a drafter this measures plain target decoding, the baseline of every speculative run;
-    at temperature 0 its outputs equal transformers' greedy generate.
+    With --drafter, each prompt is decoded speculatively AND plainly, interleaved in this process, so
+    `speedup` compares like with like; at temperature 0 every speculative output is checked against
+    plain greedy decoding (`lossless_mismatches` must be 0). Without a drafter this measures plain
+    target decoding (tau = 1); its outputs equal transformers' greedy generate.
 
     \b
-    Example:
+    Examples:
       specpress bench --target ~/.cache/specpress/zoo/small --prompts prompts.jsonl \\
-          --max-new-tokens 64 --temperature 0 --json plain.json
+          --max-new-tokens 64 --json plain.json
+      specpress bench --target ~/.cache/specpress/zoo/small --drafter ./eagle3 \\
+          --policy dynamic:depth=6,topk=8,budget=32 --prompts prompts.jsonl --max-new-tokens 64 --json e3.json
     """
     from rich.console import Console
-    from rich.progress import Progress
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from specpress.artifacts import write_json
-    from specpress.runtime.bench import bench_plain, load_bench_inputs
+    from specpress.runtime.bench import bench_plain, bench_speculative, default_policy, load_bench_inputs
+    from specpress.runtime.bench import load_drafter_for
+    from specpress.runtime.policy import parse_policy
 
-    target, prompts = load_bench_inputs(target_dir, prompts_file, dtype)
-    config = {"target": str(target_dir), "prompts_file": str(prompts_file), "dtype": dtype, "drafter": None,
-              "backend": "torch", "policy": None}
     console = Console(stderr=True)
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("decoding", total=len(prompts))
-        result = bench_plain(target, prompts, max_new_tokens, temperature=temperature, top_k=top_k,
-                             top_p=top_p, seed=seed, config=config,
-                             on_prompt=lambda i: progress.advance(task))
+    target, prompts = load_bench_inputs(target_dir, prompts_file, dtype)
+    config = {"target": str(target_dir), "prompts_file": str(prompts_file), "dtype": dtype,
+              "drafter": None if drafter_dir is None else str(drafter_dir), "backend": backend, "policy": None}
+    drafter = pol = None
+    if drafter_dir is not None:
+        from specpress.models.inspect import inspect_artifact
+
+        drafter = load_drafter_for(target, drafter_dir, strict=strict, warn=lambda m: console.print(m))
+        pol = parse_policy(policy or default_policy(drafter.family))
+        config["policy"] = str(pol)
+        drafter_bytes = int(inspect_artifact(drafter_dir)["bytes"])
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("decoding" if drafter is None else f"decoding ({pol}) + baseline",
+                                 total=len(prompts))
+        kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, config=config,
+                  on_prompt=lambda i: progress.advance(task))
+        if drafter is None:
+            result = bench_plain(target, prompts, max_new_tokens, **kw)
+        else:
+            result = bench_speculative(target, drafter, prompts, max_new_tokens, pol, drafter_bytes=drafter_bytes,
+                                       **kw)
     n_tok = sum(len(o) for o in result["outputs"])
-    console.print(f"{len(prompts)} prompts, {n_tok} tokens, {result['tokens_per_s']:.1f} tok/s "
-                  f"(median step {result['verify_ms']:.2f} ms), plain decoding")
+    if drafter is None:
+        console.print(f"{len(prompts)} prompts, {n_tok} tokens, {result['tokens_per_s']:.1f} tok/s "
+                      f"(median step {result['verify_ms']:.2f} ms), plain decoding")
+    else:
+        ar = " ".join(f"{a:.2f}" for a in result["ar"][:8])
+        lossless = result["lossless_mismatches"]
+        console.print(f"{len(prompts)} prompts, {n_tok} tokens, {pol}: tau {result['tau']:.2f}, AR[k] {ar}; "
+                      f"{result['tokens_per_s']:.1f} tok/s vs plain {result['baseline_tokens_per_s']:.1f} "
+                      f"(speedup {result['speedup']:.2f}x); round ms draft {result['draft_ms']:.2f} / verify "
+                      f"{result['verify_ms']:.2f} / other {result['other_ms']:.2f}"
+                      + ("" if lossless is None else f"; lossless mismatches {lossless}"))
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         write_json(json_out, result)
         console.print(f"wrote {json_out}")
     else:
-        click.echo(json.dumps({k: v for k, v in result.items() if k != "outputs"}, indent=2))
+        click.echo(json.dumps({k: v for k, v in result.items() if k not in ("outputs", "per_prompt")}, indent=2))

@@ -177,11 +177,18 @@ def as_int_tuple(v: Any, name: str) -> tuple[int, ...] | None:
     return tuple(v)
 
 
-def target_fingerprint(cfg: TargetConfig) -> dict[str, Any]:
-    """What a drafter records about the target it was built for: dims plus a hash of its config."""
+def target_fingerprint(cfg: TargetConfig, model: "TargetModel | None" = None) -> dict[str, Any]:
+    """What a drafter records about the target it was built for: dims, a hash of its config and, with
+    the model, a hash of its final norm and head weights (tells apart two trainings of one config)."""
     blob = json.dumps(cfg.to_hf(), sort_keys=True, default=str).encode()
-    return {"architecture": cfg.architecture, "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
-            "num_hidden_layers": cfg.num_hidden_layers, "config_sha256": hashlib.sha256(blob).hexdigest()[:16]}
+    out = {"architecture": cfg.architecture, "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+           "num_hidden_layers": cfg.num_hidden_layers, "config_sha256": hashlib.sha256(blob).hexdigest()[:16]}
+    if model is not None:
+        h = hashlib.sha256()
+        for t in (model.model.norm.weight, model.lm_head.weight):
+            h.update(t.detach().float().cpu().contiguous().numpy().tobytes())
+        out["weights_sha256"] = h.hexdigest()[:16]
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -209,6 +216,7 @@ class Drafter(nn.Module):
     # Metadata carried from load to save: the ordered compression steps, and the target it was built for.
     provenance: tuple[dict[str, Any], ...] = ()
     target_fingerprint: dict[str, Any] | None = None
+    fingerprint_mismatch: list[str] = []  # set by load_drafter(path, target): fields that differ
     _shared: SharedModules | None = None
 
     # -- target -----------------------------------------------------------------------------------
@@ -221,7 +229,7 @@ class Drafter(nn.Module):
         """Check dims against `target` and borrow its embed_tokens / lm_head (returns self)."""
         self.check_target(target.config)
         self._shared = SharedModules(target.model.embed_tokens, target.lm_head, target.config)
-        self.target_fingerprint = target_fingerprint(target.config)
+        self.target_fingerprint = target_fingerprint(target.config, target)
         return self
 
     @property

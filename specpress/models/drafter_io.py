@@ -134,7 +134,19 @@ def load_drafter(path: str | Path, target: "TargetModel | None" = None, *,
     dev = target.lm_head.weight.device if target is not None and device is None else pick_device(
         None if device is None else str(device))
     model = model.to(dev).eval()
-    return model.attach_target(target) if target is not None else model
+    if target is None:
+        return model
+    saved = model.target_fingerprint
+    model.attach_target(target)
+    model.fingerprint_mismatch = fingerprint_diff(saved, model.target_fingerprint)
+    return model
+
+
+def fingerprint_diff(saved: dict | None, current: dict | None) -> list[str]:
+    """Fields on which the target a drafter was built for differs from `current` (both recorded)."""
+    if not saved or not current:
+        return []
+    return [k for k in sorted(set(saved) & set(current)) if saved[k] != current[k]]
 
 
 def _rebuild_rotaries(model: nn.Module) -> None:

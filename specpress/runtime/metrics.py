@@ -34,3 +34,49 @@ def plain_metrics(outputs: list[list[int]], gen_ms: list[float], step_ms: list[f
         "outputs": outputs,
         "config": config,
     }
+
+
+def spec_metrics(spec: list[Any], plain: list[Any], config: dict[str, Any], drafter_bytes: int,
+                 greedy: bool) -> dict[str, Any]:
+    """Metrics of a speculative run with its plain baseline measured in the same process, interleaved.
+
+    spec: SpecGeneration per prompt; plain: Generation per prompt (same prompts, same order).
+    tau = 1 + accepted / rounds (tokens per target verify forward, bonus included);
+    ar[k-1] = P(accepted >= k) over rounds; draft/verify/other ms = mean per round;
+    speedup = plain ms/token / speculative ms/token over all prompts.
+    """
+    rounds = [r for g in spec for r in g.rounds]
+    n_rounds = len(rounds)
+    accepted = sum(r.accepted for r in rounds)
+    drafted = sum(r.drafted for r in rounds)
+    depth = max((r.accepted for r in rounds), default=0)
+    hist: dict[str, int] = {}
+    for r in rounds:
+        hist[str(r.accepted)] = hist.get(str(r.accepted), 0) + 1
+    spec_tokens = sum(len(g.tokens) for g in spec)
+    spec_s = sum(g.total_ms for g in spec) / 1e3
+    plain_tokens = sum(len(g.tokens) for g in plain)
+    plain_s = sum(g.decode_ms for g in plain) / 1e3
+    tps = spec_tokens / spec_s if spec_s else 0.0
+    base = plain_tokens / plain_s if plain_s else 0.0
+    per_prompt = [{"rounds": len(g.rounds), "accepted": sum(r.accepted for r in g.rounds),
+                   "tau": 1 + sum(r.accepted for r in g.rounds) / len(g.rounds) if g.rounds else None}
+                  for g in spec]
+    return {
+        "tau": 1 + accepted / n_rounds if n_rounds else 1.0,
+        "ar": [sum(r.accepted >= k for r in rounds) / n_rounds for k in range(1, depth + 1)] if n_rounds else [],
+        "histogram": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
+        "draft_acceptance_rate": accepted / drafted if drafted else 0.0,
+        "rounds": n_rounds,
+        "draft_ms": sum(r.draft_ms for r in rounds) / n_rounds if n_rounds else 0.0,
+        "verify_ms": sum(r.verify_ms for r in rounds) / n_rounds if n_rounds else 0.0,
+        "other_ms": sum(r.other_ms for r in rounds) / n_rounds if n_rounds else 0.0,
+        "tokens_per_s": tps,
+        "baseline_tokens_per_s": base,
+        "speedup": tps / base if base else 0.0,
+        "lossless_mismatches": sum(g.tokens != p.tokens for g, p in zip(spec, plain)) if greedy else None,
+        "drafter_bytes": drafter_bytes,
+        "per_prompt": per_prompt,
+        "outputs": [g.tokens for g in spec],
+        "config": config,
+    }

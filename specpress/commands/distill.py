@@ -1,0 +1,75 @@
+"""`specpress distill`: a thin layer over specpress.compress.distill."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+FAMILIES_HELP = "eagle, eagle3, mtp, dflash, lm"
+
+
+@click.command()
+@click.option("--target", "target_dir", required=True, type=click.Path(path_type=Path),
+              help="Target model directory (HF format with tokenizer.json).")
+@click.option("--family", required=True, help=f"Drafter family: {FAMILIES_HELP}.")
+@click.option("--data", "data_path", required=True, type=click.Path(path_type=Path),
+              help="Text file, .jsonl (\"text\" or chat \"messages\"), or a directory of text/code files.")
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Drafter directory to write.")
+@click.option("--steps", type=click.IntRange(min=1), help="Optimizer steps (the lr schedule's length).")
+@click.option("--minutes", type=click.FloatRange(min=0.01), help="Wall-clock budget (alone: sizes the schedule).")
+@click.option("--from", "from_dir", type=click.Path(path_type=Path),
+              help="A larger drafter of the same family to distill into the student (its outputs are matched).")
+@click.option("--resume", is_flag=True, help="Continue from <out>.partial/ left by an interrupted run.")
+@click.option("--force", is_flag=True, help="Replace an existing --out.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=1e-3, show_default=True)
+@click.option("--batch", type=click.IntRange(min=1), default=8, show_default=True, help="Windows per step.")
+@click.option("--seq-len", type=click.IntRange(min=4), default=128, show_default=True, help="Tokens per window.")
+@click.option("--hidden", type=click.IntRange(min=1), help="Student hidden size [target's; lm only may differ].")
+@click.option("--layers", type=click.IntRange(min=1), help="Student layers [eagle/eagle3/mtp 1, dflash 2, lm L/4].")
+@click.option("--ffn", type=click.IntRange(min=1), help="Student FFN width [target's].")
+@click.option("--heads", type=click.IntRange(min=1), help="Student attention heads [target's].")
+@click.option("--kv-heads", type=click.IntRange(min=1), help="Student KV heads [target's, or --heads].")
+@click.option("--draft-vocab", type=click.IntRange(min=1), help="eagle3 draft vocabulary [min(V, 32000)].")
+@click.option("--ttt-steps", type=click.IntRange(min=1), help="Unrolled draft steps [eagle3 3, eagle 1, mtp modules].")
+@click.option("--block-size", type=click.IntRange(min=2), default=8, show_default=True, help="dflash block size.")
+@click.option("--anchors", type=click.IntRange(min=1), default=16, show_default=True, help="dflash anchors per window.")
+@click.option("--mask-token-id", type=click.IntRange(min=0), help="dflash MASK id [0].")
+@click.option("--labels", type=click.Choice(["target", "data"]), default="target", show_default=True,
+              help="mtp/dflash: soft CE to the target's distribution, or CE on the data's next token.")
+@click.option("--checkpoint-minutes", type=click.FloatRange(min=0), default=2.0, show_default=True)
+@click.option("--cache-teacher", "cache_dir", type=click.Path(path_type=Path),
+              help="Cache the target's signals here (memory-mapped) and reuse them in later runs.")
+def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: int | None, minutes: float | None,
+            from_dir: Path | None, resume: bool, force: bool, seed: int, lr: float, batch: int, seq_len: int,
+            hidden: int | None, layers: int | None, ffn: int | None, heads: int | None, kv_heads: int | None,
+            draft_vocab: int | None, ttt_steps: int | None, block_size: int, anchors: int,
+            mask_token_id: int | None, labels: str, checkpoint_minutes: float, cache_dir: Path | None) -> None:
+    """Train a drafter against a target (or shrink a --from drafter) and write it to --out.
+
+    Losses: eagle SmoothL1 feature + 0.1 soft CE; eagle3 training-time test over --ttt-steps steps;
+    mtp soft CE per chained step; dflash block loss with random anchors; lm forward KL. Progress shows
+    the loss and acc@k (top-1 agreement with the target per draft position). Checkpoints go to
+    <out>.partial/ every --checkpoint-minutes; --resume continues an interrupted run.
+
+    \b
+    Example:
+      specpress distill --target ~/.cache/specpress/zoo/small --family eagle3 \\
+          --data /usr/lib/python3.11 --out drafters/eagle3 --minutes 8
+    """
+    from specpress.compress.distill import DistillConfig, distill_from_dirs
+    from specpress.errors import UsageError
+
+    if steps is None and minutes is None:
+        raise UsageError("give a budget: --steps N and/or --minutes M")
+    config = DistillConfig(family=family, steps=steps, minutes=minutes, lr=lr, batch=batch, seq_len=seq_len,
+                           seed=seed, hidden=hidden, layers=layers, ffn=ffn, heads=heads, kv_heads=kv_heads,
+                           draft_vocab=draft_vocab, ttt_steps=ttt_steps, block_size=block_size, anchors=anchors,
+                           mask_token_id=mask_token_id, labels=labels, checkpoint_minutes=checkpoint_minutes)
+    report = distill_from_dirs(target_dir, config, data_path, out, from_dir=from_dir, resume=resume, force=force,
+                               cache_dir=cache_dir, progress=True)
+    acc = " ".join(f"{a:.3f}" for a in report.agreement)
+    click.echo(f"{family} drafter written to {report.out}")
+    click.echo(f"  steps {report.steps}/{report.planned_steps} ({report.stopped_by})  loss {report.final_loss:.4f}  "
+               f"acc@k {'held-out' if report.heldout else 'train-data'} {acc}  {report.seconds:.0f} s")

@@ -1,0 +1,68 @@
+"""`bench --drafter`: the contract JSON, the lossless self-check, and the wrong-target guard."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from click.testing import CliRunner
+from drafters_common import make, tiny_target
+
+from specpress.cli import cli
+from specpress.models.drafter_io import save_drafter
+from specpress.models.target import save_target
+
+
+def setup(tmp_path, family="eagle3"):
+    target = tiny_target()
+    with torch.no_grad():
+        target.lm_head.weight[1] *= 25.0  # so a random drafter gets drafts accepted
+    tdir = save_target(target, tmp_path / "target")
+    ddir = save_drafter(make(family, target), tmp_path / family)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"input_ids": p}) for p in ([5, 9, 13, 2], [30, 31, 32], [7, 7])))
+    return target, tdir, ddir, prompts
+
+
+def test_bench_with_drafter_writes_contract(tmp_path):
+    _, tdir, ddir, prompts = setup(tmp_path)
+    out = tmp_path / "res.json"
+    res = CliRunner().invoke(cli, ["bench", "--target", str(tdir), "--drafter", str(ddir), "--prompts", str(prompts),
+                                   "--max-new-tokens", "20", "--policy", "dynamic:depth=3,topk=3,budget=8",
+                                   "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    d = json.loads(out.read_text())
+    assert d["lossless_mismatches"] == 0
+    assert d["tau"] > 1.0 and d["tau"] == 1 + sum(int(k) * v for k, v in d["histogram"].items()) / d["rounds"]
+    assert d["ar"] == sorted(d["ar"], reverse=True) and 0 < d["ar"][0] <= 1
+    assert d["drafter_bytes"] > 0 and d["speedup"] > 0 and d["baseline_tokens_per_s"] > 0
+    assert len(d["outputs"]) == 3 and d["config"]["policy"] == "dynamic:depth=3,topk=3,budget=8"
+
+
+def test_sampling_bench_runs(tmp_path):
+    _, tdir, ddir, prompts = setup(tmp_path, "lm")
+    out = tmp_path / "res.json"
+    res = CliRunner().invoke(cli, ["bench", "--target", str(tdir), "--drafter", str(ddir), "--prompts", str(prompts),
+                                   "--max-new-tokens", "12", "--temperature", "0.8", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())["lossless_mismatches"] is None
+
+
+def test_drafter_for_another_target_warns_or_refuses(tmp_path):
+    target, tdir, ddir, prompts = setup(tmp_path)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(1.01)  # "retrained": same config, other weights
+    other = save_target(target, tmp_path / "other-target")
+    args = ["bench", "--target", str(other), "--drafter", str(ddir), "--prompts", str(prompts),
+            "--max-new-tokens", "4"]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0 and "different target" in res.output
+    res = CliRunner().invoke(cli, args + ["--strict"])
+    assert res.exit_code != 0 and "different target" in str(res.exception)
+
+
+def test_bad_policy_shows_grammar(tmp_path):
+    _, tdir, ddir, prompts = setup(tmp_path)
+    res = CliRunner().invoke(cli, ["bench", "--target", str(tdir), "--drafter", str(ddir), "--prompts", str(prompts),
+                                   "--max-new-tokens", "4", "--policy", "chain:x"])
+    assert res.exit_code != 0 and "dynamic:depth=" in str(res.exception)
