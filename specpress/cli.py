@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "zoo": ("specpress.commands.zoo", "zoo", "Build the built-in tiny target (trained here on the Python stdlib)."),
     "inspect": ("specpress.commands.inspect", "inspect_cmd",
                 "Show family, parameters, bytes and provenance of a model or drafter."),
+    "distill": ("specpress.commands.distill", "distill", "Train a drafter against a target (or shrink a drafter)."),
     "run": ("specpress.commands.decode", "run", "Decode one prompt and print the text."),
     "bench": ("specpress.commands.decode", "bench", "Decode a prompt file and write the metrics JSON."),
 }

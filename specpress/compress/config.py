@@ -1,0 +1,127 @@
+"""DistillConfig: what one distillation run does (frozen, versioned, validated, strict from_dict)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Mapping
+
+from specpress.errors import ConfigError
+from specpress.models.drafter import get_family
+
+CHAINED = ("eagle", "eagle3", "mtp")
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """What one distillation run does. Frozen, validated on construction, strict from_dict (version 1).
+
+    Student shape (None = from the target): hidden, layers, ffn, heads, kv_heads. Family options:
+    draft_vocab (eagle3; default min(V, 32000)), ttt_steps (unrolled draft steps: eagle3 3 on CPU
+    (paper 7), eagle 1, mtp = its module count), block_size / anchors / gamma / mask_token_id (dflash),
+    feature_noise / feature_weight / ce_weight (eagle), step_decay (weight of unrolled step i = decay^i),
+    labels ("target" = soft CE to the target's distribution, "data" = CE on the data token; mtp, dflash),
+    teacher_weight (weight of the KL to a --from drafter).
+    """
+
+    version: ClassVar[int] = 1
+
+    family: str
+    steps: int | None = None
+    minutes: float | None = None
+    lr: float = 1e-3
+    warmup_ratio: float = 0.04
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    grad_clip: float | None = None
+    batch: int = 8
+    seq_len: int = 128
+    seed: int = 0
+    hidden: int | None = None
+    layers: int | None = None
+    ffn: int | None = None
+    heads: int | None = None
+    kv_heads: int | None = None
+    draft_vocab: int | None = None
+    ttt_steps: int | None = None
+    block_size: int = 8
+    anchors: int = 16
+    gamma: float | None = None
+    mask_token_id: int | None = None
+    feature_noise: float = 0.1
+    feature_weight: float = 1.0
+    ce_weight: float = 0.1
+    step_decay: float = 0.8
+    labels: str = "target"
+    teacher_weight: float = 1.0
+    checkpoint_minutes: float = 2.0
+    eval_batches: int = 4
+
+    def __post_init__(self) -> None:
+        get_family(self.family)  # unknown family -> ConfigError listing the known ones
+        if self.steps is None and self.minutes is None:
+            raise ConfigError("distill needs a budget: steps and/or minutes")
+        for name in ("steps", "batch", "seq_len", "hidden", "layers", "ffn", "heads", "kv_heads", "draft_vocab",
+                     "ttt_steps", "block_size", "anchors", "eval_batches"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise ConfigError(f"distill config field {name!r} must be a positive integer, found {v!r}")
+        for name in ("minutes", "lr", "gamma", "checkpoint_minutes"):
+            v = getattr(self, name)
+            if v is None:
+                continue
+            number = isinstance(v, (int, float)) and not isinstance(v, bool)
+            if not number or not (v > 0 or (v == 0 and name == "checkpoint_minutes")):  # 0: after every step
+                raise ConfigError(f"distill config field {name!r} must be a positive number, found {v!r}")
+        for name in ("weight_decay", "grad_clip", "feature_noise", "feature_weight", "ce_weight", "teacher_weight",
+                     "warmup_ratio", "min_lr_ratio"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0):
+                raise ConfigError(f"distill config field {name!r} must be a number >= 0, found {v!r}")
+        if not isinstance(self.step_decay, (int, float)) or not 0 < self.step_decay <= 1:
+            raise ConfigError(f"distill config: step_decay must be in (0, 1], found {self.step_decay!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ConfigError(f"distill config field 'seed' must be an integer, found {self.seed!r}")
+        if self.block_size < 2:
+            raise ConfigError(f"distill config: block_size must be >= 2 (anchor + drafts), found {self.block_size}")
+        if self.labels not in ("target", "data"):
+            raise ConfigError(f"distill config: labels must be 'target' or 'data', found {self.labels!r}")
+        if not 0 <= self.warmup_ratio < 1 or not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError("distill config: need 0 <= warmup_ratio < 1 and 0 <= min_lr_ratio <= 1")
+
+    def resolved_ttt_steps(self, drafter: Any = None) -> int:
+        """Unrolled draft steps: ttt_steps, else eagle3 3, mtp its module count (of `drafter` when given,
+        else --layers), others 1."""
+        if self.ttt_steps is not None:
+            return self.ttt_steps
+        if self.family == "mtp":
+            return drafter.config.num_nextn_predict_layers if drafter is not None else (self.layers or 1)
+        return 3 if self.family == "eagle3" else 1
+
+    def resolved_grad_clip(self) -> float:
+        if self.grad_clip is not None:
+            return self.grad_clip
+        return 0.5 if self.family in CHAINED else 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": self.version, **{f.name: getattr(self, f.name) for f in fields(self)}}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "DistillConfig":
+        d = dict(d)
+        ver = d.pop("version", cls.version)
+        if ver != cls.version:
+            raise ConfigError(f"distill config version {ver} is not readable; this specpress reads {cls.version}")
+        allowed = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - allowed)
+        if unknown:
+            raise ConfigError(f"unknown key(s) {', '.join(map(repr, unknown))} in distill config; "
+                              f"allowed: {', '.join(sorted(allowed))}")
+        return cls(**d)
+
+    def resume_key(self) -> dict[str, Any]:
+        """The fields a checkpoint must share to be resumed (budgets and bookkeeping may change)."""
+        d = self.to_dict()
+        for k in ("minutes", "checkpoint_minutes", "eval_batches"):
+            d.pop(k)
+        return d
+

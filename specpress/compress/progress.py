@@ -1,0 +1,50 @@
+"""The training progress bar of distill (rich, on stderr): step, loss and acc@k over the last batches."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Sequence
+
+from torch import Tensor
+
+
+class TrainProgress:
+    """`with TrainProgress(enabled, total, label, k) as bar: bar.update(step, recent)`; silent when disabled.
+
+    recent: [(loss, hits [k], counts [k])] of the last steps; the bar shows their means.
+    """
+
+    def __init__(self, enabled: bool, total: int, label: str, k: int) -> None:
+        self.enabled, self.total, self.label, self.k = enabled, total, label, k
+        self._bar = None
+        self._task = None
+
+    def __enter__(self) -> "TrainProgress":
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                       TimeRemainingColumn)
+
+            cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("loss {task.fields[loss]}"), TextColumn("acc@k {task.fields[acc]}"),
+                    TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
+            self._bar = Progress(*cols, console=Console(stderr=True))
+            self._bar.__enter__()
+            self._task = self._bar.add_task(self.label, total=self.total, loss="-", acc="-")
+        return self
+
+    def update(self, step: int, recent: Sequence[tuple[float, Tensor, Tensor]]) -> None:
+        if self._bar is None or self._task is None:
+            return
+        fields = {"loss": "-", "acc": "-"}
+        if recent:
+            fields["loss"] = f"{sum(r[0] for r in recent) / len(recent):.3f}"
+            hits = sum(r[1] for r in recent)
+            counts = sum(r[2] for r in recent)
+            acc = [float(h / max(c, 1)) for h, c in zip(hits, counts)]  # type: ignore[call-overload]
+            fields["acc"] = " ".join(f"{a:.2f}" for a in acc)
+        self._bar.update(self._task, completed=step, **fields)
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(kind, exc, tb)

@@ -1,0 +1,123 @@
+"""Training plumbing of distill: fingerprints, per-step randomness, the lr schedule, checkpoints, and
+torch.distributed (torchrun) helpers."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from specpress.compress.config import DistillConfig
+from specpress.errors import CheckpointError
+
+STATE_FILE = "state.pt"
+
+
+def data_fingerprint(stream: np.ndarray) -> dict[str, Any]:
+    return {"tokens": int(len(stream)),
+            "sha256": hashlib.sha256(np.ascontiguousarray(stream).tobytes()).hexdigest()[:16]}
+
+
+def module_fingerprint(model: nn.Module) -> str:
+    h = hashlib.sha256()
+    for k, v in sorted(model.state_dict().items()):
+        h.update(k.encode())
+        h.update(v.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes() if v.numel() else b"")
+    return h.hexdigest()[:16]
+
+
+def step_generator(seed: int, step: int) -> torch.Generator:
+    """The generator of step `step`'s random draws (noise, anchors): a pure function of (seed, step)."""
+    s = int(np.random.SeedSequence([seed, step, 0x5D15]).generate_state(1, dtype=np.uint64)[0])
+    return torch.Generator().manual_seed(s & ((1 << 63) - 1))
+
+
+def lr_at(step: int, planned: int, cfg: DistillConfig) -> float:
+    warm = max(1, int(math.ceil(cfg.warmup_ratio * planned)))
+    if step < warm:
+        return cfg.lr * (step + 1) / warm
+    frac = min(1.0, (step - warm) / max(1, planned - warm))
+    floor = cfg.lr * cfg.min_lr_ratio
+    return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * frac))
+
+
+def first_difference(old: Any, new: Any, path: str = "") -> tuple[str, Any, Any] | None:
+    """The first leaf where two JSON-like values differ: (dotted path, old, new), or None."""
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        for k in sorted(set(old) | set(new), key=str):
+            d = first_difference(old.get(k), new.get(k), f"{path}.{k}" if path else str(k))
+            if d:
+                return d
+        return None
+    if isinstance(old, (list, tuple)) and isinstance(new, (list, tuple)) and len(old) == len(new):
+        for i, (a, b) in enumerate(zip(old, new)):
+            d = first_difference(a, b, f"{path}[{i}]")
+            if d:
+                return d
+        return None
+    return None if old == new else (path or "(root)", old, new)
+
+
+def partial_dir(out: Path) -> Path:
+    return out.with_name(out.name + ".partial")
+
+
+def save_state(path: Path, state: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load_state(path: Path, key: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, OSError, EOFError, ValueError) as exc:
+        raise CheckpointError(f"{path} is not a readable distill checkpoint ({exc}); delete it or run "
+                              "without --resume") from None
+    diff = first_difference(state.get("key"), dict(key))
+    if diff:
+        where, old, new = diff
+        raise CheckpointError(f"{path.parent} is from a different run: {where} is {old!r} there but {new!r} now; "
+                              f"rerun with the original settings, or without --resume to start over")
+    return state
+
+
+def world_info() -> tuple[int, int]:
+    """(rank, world size); initialises torch.distributed under torchrun (WORLD_SIZE > 1)."""
+    ws = int(os.environ.get("WORLD_SIZE", "1"))
+    if ws <= 1:
+        return 0, 1
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def all_reduce_mean(tensors: list[Tensor], world: int) -> None:
+    if world <= 1:
+        return
+    import torch.distributed as dist
+
+    for t in tensors:
+        dist.all_reduce(t)
+        t.div_(world)
+
+
+
+def from_rank0(value: int, world: int, device: torch.device) -> int:
+    """Rank 0's `value` on every rank (decisions that depend on a clock must agree across ranks)."""
+    if world <= 1:
+        return value
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.long, device=device)
+    dist.broadcast(t, src=0)
+    return int(t)

@@ -1,0 +1,301 @@
+"""distill: per-family losses on a tiny random target, training-vs-inference alignment, determinism,
+checkpoint/resume, the teacher cache, --from shrinking, the CLI end to end, and bad input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from drafters_common import SHAPE, L, V, make, tiny_target
+from specpress.compress.agreement import agreement, batch_loss
+from specpress.compress.config import DistillConfig
+from specpress.compress.data import WindowSampler
+from specpress.compress.distill import distill
+from specpress.compress.losses import dflash_gamma, dflash_inputs, unroll, unrolled_mask
+from specpress.compress.students import draft_vocab_by_frequency, init_student
+from specpress.errors import CheckpointError, ConfigError, DataError, UsageError
+from specpress.models.drafter_io import load_drafter
+from specpress.models.target import TargetConfig, TargetModel, save_target
+
+FAMILIES = ["eagle", "eagle3", "mtp", "dflash", "lm"]
+PATTERN = np.random.default_rng(0).integers(1, V, size=23)
+STREAM = np.tile(PATTERN, 100).astype(np.int32)  # repetitive, so a student can really learn the target on it
+
+
+@pytest.fixture(scope="module")
+def target() -> TargetModel:
+    t = tiny_target()
+    with torch.no_grad():
+        t.lm_head.weight.mul_(4)  # a confident target: the loss is dominated by what the student can learn
+    return t
+
+
+def cfg(family: str, **kw) -> DistillConfig:
+    base = dict(family=family, steps=30, batch=4, seq_len=24, lr=3e-3, block_size=4, eval_batches=1,
+                draft_vocab=32 if family == "eagle3" else None)
+    return DistillConfig(**{**base, **kw})
+
+
+def sampler(c: DistillConfig, stream: np.ndarray = STREAM) -> WindowSampler:
+    return WindowSampler(stream, c.seq_len, c.batch, c.seed)
+
+
+def weights(d) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in d.state_dict().items()}
+
+
+def same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ------------------------------------------------------------------------------------ losses
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_distillation_lowers_the_loss(family, target):
+    c = cfg(family)
+    ids = sampler(c).batch_at(0)
+    with torch.no_grad():
+        before = float(batch_loss(target, init_student(c, target, STREAM), ids, c).loss)
+    rep = distill(target, c, sampler(c), None)
+    with torch.no_grad():
+        after = float(batch_loss(target, rep.drafter, ids, c).loss)
+    assert after < 0.75 * before, (before, after)
+    k = {"eagle3": 3, "dflash": 3}.get(family, 1)
+    assert len(rep.agreement) == k and all(0 <= a <= 1 for a in rep.agreement)
+    assert rep.steps == 30 and rep.stopped_by == "steps"
+
+
+@pytest.mark.parametrize("family", ["eagle", "eagle3", "mtp"])
+def test_unrolled_training_forward_equals_chained_inference(family, target):
+    """Step i at index j of the batched training-time test = prefill pairs 0..j, then i single-token
+    chain steps through a real KVCache (what the runtime does)."""
+    d = make(family, target)
+    x = torch.randint(1, V, (1, 14), generator=torch.Generator().manual_seed(3))
+    out = target(x, taps=d.taps)
+    feats = d.fuse_taps(out.taps) if family == "eagle3" else out.hidden
+    k, n = 3, 14 - 3 - 1
+    with torch.no_grad():
+        outs = unroll(d, feats[:, :n], x, k, n)
+        for j in (0, 4, n - 1):
+            cache = d.new_cache(32)
+            logits, g = d(feats[:, :j + 1], x[:, 1:j + 2], cache=cache)
+            assert (logits[:, -1] - outs[0][0][:, j]).abs().max() < 1e-5
+            g = g[:, -1:]
+            for i in range(1, k):
+                kw = {"step": i} if family == "mtp" else {}
+                logits, g = d(g, x[:, j + 1 + i:j + 2 + i], cache=cache, positions=torch.tensor([j + i]), **kw)
+                assert (logits[:, 0] - outs[i][0][:, j]).abs().max() < 1e-5, (j, i)
+
+
+def test_dflash_batched_blocks_equal_one_block_at_a_time(target):
+    d = make("dflash", target)
+    x = torch.randint(1, V, (2, 16), generator=torch.Generator().manual_seed(4))
+    fused = d.fuse_taps(target(x, taps=d.taps).taps)
+    anchors = torch.tensor([[1, 5, 12], [3, 7, 9]])
+    blocks, pos, mask = dflash_inputs(d, x, anchors, 4)
+    with torch.no_grad():
+        got = d(fused, blocks, positions=pos, mask=mask).view(2, 3, 4, V)
+        for b in range(2):
+            for n, a in enumerate(anchors[b].tolist()):
+                ref = d(fused[b:b + 1, :a], d.make_block(x[b:b + 1, a], 4))  # context strictly before the anchor
+                assert (got[b, n] - ref[0]).abs().max() < 1e-5
+
+
+def test_mask_gamma_and_vocab_helpers():
+    m = unrolled_mask(3, 2, [0, 0, 0])
+    assert m.shape == (3, 9) and m[:, :3].equal(torch.ones(3, 3).tril().bool()) and m[:, 6:].equal(torch.eye(3).bool())
+    assert unrolled_mask(2, 1, [0, 1])[:, :2].sum() == 0  # another module's slots are never visible
+    assert [dflash_gamma(b) for b in (16, 10, 8)] == [7.0, 5.0, 4.0] and 5.0 < dflash_gamma(12) < 7.0
+    ids = draft_vocab_by_frequency(np.array([5, 5, 5, 2, 2, 9]), 12, 2)
+    assert ids.tolist() == [2, 5]
+
+
+# ------------------------------------------------------------------------------------ runs
+
+
+def test_deterministic_and_resume_equals_uninterrupted(target, tmp_path):
+    c = cfg("eagle3", steps=10, checkpoint_minutes=0)
+    full = distill(target, c, sampler(c), tmp_path / "a")
+    again = distill(target, c, sampler(c), None)
+    assert same(weights(full.drafter), weights(again.drafter))
+
+    def stop_at_5(step, loss, acc):
+        if step == 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        distill(target, c, sampler(c), tmp_path / "b", on_step=stop_at_5)
+    assert (tmp_path / "b.partial" / "state.pt").is_file() and not (tmp_path / "b").exists()
+    other = cfg("eagle3", steps=10, lr=1e-2)
+    with pytest.raises(CheckpointError, match=r"config\.lr.*0\.003.*0\.01"):
+        distill(target, other, sampler(other), tmp_path / "b", resume=True)
+    rep = distill(target, c, sampler(c), tmp_path / "b", resume=True)
+    assert rep.resumed_from == 5 and rep.steps == 10
+    assert same(weights(full.drafter), weights(rep.drafter))
+    assert not (tmp_path / "b.partial").exists()
+    loaded = load_drafter(tmp_path / "b", target)
+    assert same(weights(loaded), weights(full.drafter))
+    step = loaded.provenance[-1]
+    assert step["step"] == "distill" and step["steps"] == 10 and step["config"]["family"] == "eagle3"
+    assert len(step["agreement"]) == 3 and step["data"]["tokens"] == len(STREAM)
+    with pytest.raises(UsageError, match="already exists"):
+        distill(target, c, sampler(c), tmp_path / "b")
+
+
+def test_teacher_cache_is_bit_identical(target, tmp_path):
+    c = cfg("dflash", steps=4)
+    plain = distill(target, c, sampler(c), None)
+    first = distill(target, c, sampler(c), None, cache_dir=tmp_path / "cache")
+    second = distill(target, c, sampler(c), None, cache_dir=tmp_path / "cache")
+    assert len(list((tmp_path / "cache").rglob("step-*.npy"))) == 4
+    ref = weights(plain.drafter)
+    assert same(ref, weights(first.drafter)) and same(ref, weights(second.drafter))
+
+
+def test_from_a_larger_drafter_shrinks_it(target):
+    big = distill(target, cfg("eagle3", steps=5, draft_vocab=40), sampler(cfg("eagle3")), None).drafter
+    c = cfg("eagle3", steps=5, ffn=16, heads=2, kv_heads=1, draft_vocab=20)
+    small = distill(target, c, sampler(c), None, teacher_drafter=big).drafter
+    assert small.config.intermediate_size == 16 and small.config.num_attention_heads == 2
+    assert bool(big.t2d[small.to_target_ids(torch.arange(20))].all())  # student vocab within the teacher's
+    assert sum(p.numel() for p in small.parameters()) < sum(p.numel() for p in big.parameters())
+    assert len(agreement(target, small, sampler(c), 1)) == 3
+
+
+def test_minutes_budget_sizes_the_schedule(target):
+    c = cfg("mtp", steps=None, minutes=0.01)
+    rep = distill(target, c, sampler(c), None)
+    assert rep.planned_steps >= 2 and 1 <= rep.steps <= rep.planned_steps
+
+
+# ------------------------------------------------------------------------------------ CLI
+
+
+def _target_dir(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    text = "def add(a, b):\n    return a + b\n\nclass Point:\n    x = 1\n    y = 2\n" * 20
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator([text], trainers.BpeTrainer(vocab_size=V, special_tokens=["<eos>", "<unk>"]))
+    assert tok.get_vocab_size() <= V and tokenizers
+    torch.manual_seed(0)
+    t = TargetModel(TargetConfig(**SHAPE, num_hidden_layers=L, eos_token_id=0))
+    d = save_target(t, tmp_path / "target", extra_files={"tokenizer.json": tok.to_str()})
+    data = tmp_path / "data.jsonl"
+    data.write_text("\n".join(json.dumps({"text": text}) for _ in range(3)) + "\n")
+    return d, data
+
+
+def test_cli_end_to_end_and_bad_input(tmp_path):
+    from click.testing import CliRunner
+
+    from specpress.cli import cli
+
+    tdir, data = _target_dir(tmp_path)
+    out = tmp_path / "drafter"
+    args = ["distill", "--target", str(tdir), "--family", "eagle3", "--data", str(data), "--out", str(out),
+            "--steps", "3", "--batch", "2", "--seq-len", "16", "--draft-vocab", "40"]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    assert "written to" in res.output and "acc@k" in res.output
+    from specpress.models.target import load_target
+
+    d = load_drafter(out, load_target(tdir))
+    assert d.family == "eagle3" and d.provenance[-1]["steps"] == 3
+    assert d.provenance[-1]["data"]["source"] == str(data)
+    res = CliRunner().invoke(cli, args)
+    assert isinstance(res.exception, UsageError) and "--force" in str(res.exception)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("   \n")
+    res = CliRunner().invoke(cli, [*args[:5], "--data", str(empty), "--out", str(tmp_path / "x"), "--steps", "1"])
+    assert isinstance(res.exception, DataError)
+    res = CliRunner().invoke(cli, [*args[:3], "--family", "medusa", "--data", str(data), "--out", str(tmp_path / "y"),
+                                   "--steps", "1"])
+    assert isinstance(res.exception, ConfigError) and "eagle3" in str(res.exception)
+
+
+def test_bad_inputs_are_clear(target):
+    with pytest.raises(ConfigError, match="budget"):
+        DistillConfig(family="eagle")
+    with pytest.raises(ConfigError, match="unknown key.*'stepz'"):
+        DistillConfig.from_dict({"family": "eagle", "stepz": 3})
+    with pytest.raises(UsageError, match="hidden size must be the target's"):
+        distill(target, cfg("eagle", hidden=16), sampler(cfg("eagle")), None)
+    with pytest.raises(UsageError, match="sampler"):
+        distill(target, cfg("eagle"), WindowSampler(STREAM, 12, 4, 0), None)
+    with pytest.raises(DataError, match="fewer than one window"):
+        WindowSampler(STREAM[:10], 24, 4, 0)
+    other = TargetModel(TargetConfig(**{**SHAPE, "vocab_size": 50}, num_hidden_layers=L))
+    from specpress.models.drafter import build_drafter
+    from specpress.models.eagle3 import Eagle3Config
+
+    wrong = build_drafter(Eagle3Config(**{**SHAPE, "vocab_size": 50}, draft_vocab_size=24), other)
+    with pytest.raises(CheckpointError, match="vocab_size"):
+        distill(target, cfg("eagle3"), sampler(cfg("eagle3")), None, teacher_drafter=wrong)
+    with pytest.raises(UsageError, match="between families"):
+        distill(target, cfg("eagle"), sampler(cfg("eagle")), None, init=make("mtp", target))
+
+
+DDP_WORKER = """
+import sys, numpy as np, torch, torch.distributed as dist
+sys.path.insert(0, {tests!r})
+torch.set_num_threads(1)
+from test_distill import cfg, sampler, target as _t
+from drafters_common import tiny_target
+from specpress.compress.distill import distill
+t = tiny_target()
+with torch.no_grad():
+    t.lm_head.weight.mul_(4)
+c = cfg("dflash", steps=4)
+rep = distill(t, c, sampler(c), None)
+if dist.get_rank() == 0:
+    torch.save(rep.drafter.state_dict(), {out!r})
+dist.destroy_process_group()
+"""
+
+
+def test_torchrun_data_parallel_matches_one_process(target, tmp_path):
+    """Two gloo ranks, each on half of every batch, end where one process on whole batches ends."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "worker.py"
+    script.write_text(DDP_WORKER.format(tests=str(Path(__file__).parent), out=str(tmp_path / "w.pt")))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                           "--master_addr", "127.0.0.1", "--master_port", str(port), str(script)],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = torch.load(tmp_path / "w.pt", weights_only=True)
+    c = cfg("dflash", steps=4)
+    ref = distill(target, c, sampler(c), None).drafter.state_dict()
+    assert got.keys() == ref.keys()
+    assert max(float((got[k] - ref[k]).abs().max()) for k in ref) < 1e-5
+
+
+def test_init_drafter_keeps_its_shape_and_trains_every_mtp_module(target):
+    from specpress.models.drafter import build_drafter
+    from specpress.models.mtp import MTPConfig
+
+    init = build_drafter(MTPConfig(**SHAPE, num_target_layers=L, num_nextn_predict_layers=2), target)
+    before = weights(init)
+    rep = distill(target, cfg("mtp", steps=3), sampler(cfg("mtp")), None, init=init)
+    assert len(rep.agreement) == 2 and same(weights(init), before)  # the init drafter itself is untouched
+    after = weights(rep.drafter)
+    for k in (L, L + 1):  # both modules moved: the chain ran step 0 on module 0 and step 1 on module 1
+        key = f"model.layers.{k}.eh_proj.weight"
+        assert not torch.equal(after[key], before[key]), key
+    with pytest.raises(UsageError, match="drop ffn"):
+        distill(target, cfg("mtp", ffn=8), sampler(cfg("mtp")), None, init=init)
