@@ -21,6 +21,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "distill": ("specpress.commands.distill", "distill", "Train a drafter against a target (or shrink a drafter)."),
     "run": ("specpress.commands.decode", "run", "Decode one prompt and print the text."),
     "bench": ("specpress.commands.decode", "bench", "Decode a prompt file and write the metrics JSON."),
+    "quantize": ("specpress.commands.quantize", "quantize",
+                 "Quantize a drafter's weights (int8/int4, nf4/fp4, fp8): bytes and acc@k before/after."),
 }
 
 

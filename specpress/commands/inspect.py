@@ -47,6 +47,13 @@ def inspect_cmd(path: Path, as_json: bool) -> None:
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         click.echo(f"{k:<{width}}  {v}")
+    q = info.get("quantization")
+    if q:
+        click.echo(f"{'quantized':<{width}}  {q['scheme']} ({q['method']}): {q['quantized_bytes']:,} bytes for "
+                   f"{q['quantized_params']:,} params = {q['quantized_bits_per_param']} bits/param; "
+                   f"other tensors {q['other_bytes']:,} bytes")
+        for name, m in q["modules"].items():
+            click.echo(f"  {name}  {m['bytes']:,} B / {m['params']:,} params = {m['bits_per_param']} bits/param")
     steps = info.get("provenance") or []
     click.echo(f"{'provenance':<{width}}  {'(none)' if not steps else ''}")
     for i, step in enumerate(steps, 1):

@@ -1,6 +1,10 @@
 """Save and load drafter artifacts: config.json in the family's public layout + a `specpress` block,
 and model.safetensors under the public key names.
 
+A drafter whose provenance ends in an active `quantize` step holds quantized modules: load_drafter
+rebuilds them (specpress.compress.quantize.api.restore_quantized) before loading, and their tensors
+(packed codes, scales, fp8 weights; modules.py documents the keys) keep their stored dtypes both ways.
+
 The `specpress` block: {family, format_version, config_version, target (fingerprint of the target it
 was built for), steps (the ordered compression steps applied, each a JSON object)}. Public checkpoints
 without it load too: the family is told from `architectures` and telltale fields (see detect_family).
@@ -25,6 +29,7 @@ if TYPE_CHECKING:
     from specpress.models.target import TargetModel
 
 FORMAT_VERSION = 1
+FLOAT8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 
 
@@ -80,7 +85,8 @@ def save_drafter(model: Drafter, out: str | Path, *, provenance: Sequence[Mappin
         for key, role in model.shared_keys().items():
             sd[key] = getattr(model.shared, role).weight.detach().clone()
     dt = dtype or model.compute_param().dtype
-    sd = {k: (v.to(dt) if v.is_floating_point() else v) for k, v in sd.items()}
+    frozen = quantized_keys(model)
+    sd = {k: (v.to(dt) if v.is_floating_point() and k not in frozen else v) for k, v in sd.items()}
     cfg = fam.writer(model.config)
     cfg["torch_dtype"] = str(dt).removeprefix("torch.")
     cfg["specpress"] = {"family": model.family, "format_version": FORMAT_VERSION,
@@ -120,15 +126,22 @@ def load_drafter(path: str | Path, target: "TargetModel | None" = None, *,
     family, config, raw = read_drafter_config(path)
     fam = get_family(family)
     weights = read_weights(path)
-    check_finite(weights, path)
+    check_finite({k: (v.float() if v.dtype in FLOAT8 else v) for k, v in weights.items()}, path)
     dt = parse_dtype(dtype)
     with torch.device("meta"):
         model = fam.model_cls(config)  # type: ignore[call-arg]
+    block = raw.get("specpress") or {}
+    frozen: set[str] = set()
+    step = active_quantize_step(block.get("steps"))
+    if step is not None:  # swap in the quantized modules; their tensors load in their stored dtypes
+        from specpress.compress.quantize.api import restore_quantized
+
+        frozen = restore_quantized(model, step, weights, dt, str(path))
     shared = model.shared_keys()
-    weights = {k: (v.to(dt) if v.is_floating_point() else v) for k, v in weights.items() if k not in shared}
+    weights = {k: (v.to(dt) if v.is_floating_point() and k not in frozen else v) for k, v in weights.items()
+               if k not in shared}
     model.load_public(weights, str(path))
     _rebuild_rotaries(model)
-    block = raw.get("specpress") or {}
     model.provenance = tuple(block.get("steps") or ())
     model.target_fingerprint = block.get("target")
     dev = target.lm_head.weight.device if target is not None and device is None else pick_device(
@@ -140,6 +153,22 @@ def load_drafter(path: str | Path, target: "TargetModel | None" = None, *,
     model.attach_target(target)
     model.fingerprint_mismatch = fingerprint_diff(saved, model.target_fingerprint)
     return model
+
+
+def active_quantize_step(steps: Any) -> dict[str, Any] | None:
+    """The last `quantize` provenance step, if the weights hold its quantized modules (not when it was
+    written with --dequantize); None otherwise."""
+    for step in reversed(tuple(steps or ())):
+        if isinstance(step, Mapping) and step.get("step") == "quantize":
+            return None if step.get("dequantized") else dict(step)
+    return None
+
+
+def quantized_keys(model: nn.Module) -> set[str]:
+    """State-dict keys of quantized tensors (modules flagged `is_quantized`): saved and loaded in their
+    own dtypes, never converted to the float dtype."""
+    return {f"{name}.{key}" for name, m in model.named_modules() if getattr(m, "is_quantized", False)
+            for key in m.KEYS}
 
 
 def fingerprint_diff(saved: dict | None, current: dict | None) -> list[str]:

@@ -5,7 +5,9 @@ model built on the meta device (no memory, seconds even for 8B-scale configs); `
 drafter stores itself (shared target embeddings / heads excluded, int buffers such as d2t excluded).
 `bytes` is read from the safetensors headers of the drafter's own tensors when weights exist, else the
 size its dtype implies; tensors shared with the target that a checkpoint carries anyway are reported
-apart as `shared_bytes`.
+apart as `shared_bytes`. A quantized artifact (an active `quantize` provenance step) also gets
+`quantization`: bytes, params and bits/param per quantized module (params = its Linear's weight + bias,
+counted on the full-precision model, so `bits_per_param` is the effective bits per weight).
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ def inspect_artifact(path: str | Path) -> dict[str, Any]:
         dt = _config_dtype(cfg)
         nbytes, source_kind, dtype = _implied_bytes(model, dt), "dtype", str(dt).removeprefix("torch.")
     archs = cfg.get("architectures") or []
+    quant = _quantization(block or {}, own, model)
     return {
         "path": str(path),
         "family": family,
@@ -94,7 +97,34 @@ def inspect_artifact(path: str | Path) -> dict[str, Any]:
         "format_version": (block or {}).get("format_version"),
         "target": (block or {}).get("target"),
         "provenance": list((block or {}).get("steps") or []),
+        **({"quantization": quant} if quant else {}),
     }
+
+
+def _quantization(block: dict[str, Any], index: dict[str, Any], model: nn.Module) -> dict[str, Any] | None:
+    """For a quantized artifact: scheme, and bytes / params / bits per param of each quantized module
+    (its stored tensors over its Linear's weight + bias) and of everything else."""
+    from specpress.models.drafter_io import active_quantize_step
+
+    step = active_quantize_step(block.get("steps"))
+    if step is None or not index:
+        return None
+    modules: dict[str, Any] = {}
+    for name in step.get("quantized") or ():
+        try:
+            lin = model.get_submodule(name)
+        except AttributeError:
+            continue
+        params = sum(p.numel() for p in lin.parameters())
+        nbytes = sum(v.nbytes for k, v in index.items() if k.startswith(name + "."))
+        modules[name] = {"params": params, "bytes": nbytes, "bits_per_param": round(8 * nbytes / params, 3)}
+    q_params = sum(m["params"] for m in modules.values())
+    q_bytes = sum(m["bytes"] for m in modules.values())
+    rest = sum(v.nbytes for v in index.values()) - q_bytes
+    return {"scheme": step.get("scheme"), "method": step.get("method"), "config": step.get("config"),
+            "modules": modules, "quantized_params": q_params, "quantized_bytes": q_bytes,
+            "quantized_bits_per_param": round(8 * q_bytes / q_params, 3) if q_params else None,
+            "other_bytes": rest}
 
 
 def _plain_decoder(cfg: dict[str, Any], names: set[str]) -> bool:

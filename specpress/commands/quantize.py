@@ -1,0 +1,98 @@
+"""`specpress quantize`: a thin layer over specpress.compress.quantize."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+def _names(value: str | None) -> tuple[str, ...]:
+    return tuple(s.strip() for s in (value or "").split(",") if s.strip())
+
+
+def _fmt(n: int) -> str:
+    return f"{n:,} B" if n < 1024 else f"{n:,} B ({n / 1024 ** (2 if n >= 1024 ** 2 else 1):.2f} " \
+                                        f"{'MiB' if n >= 1024 ** 2 else 'KiB'})"
+
+
+@click.command()
+@click.option("--drafter", "drafter_dir", required=True, type=click.Path(path_type=Path),
+              help="Drafter artifact directory (full precision).")
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Drafter directory to write.")
+@click.option("--scheme", required=True, type=click.Choice(["int8", "int4", "nf4", "fp4", "fp8"]),
+              help="Weight format.")
+@click.option("--method", type=click.Choice(["rtn", "gptq", "bnb"]),
+              help="How codes are chosen  [default: rtn; bnb for nf4/fp4]")
+@click.option("--group-size", type=click.IntRange(min=1),
+              help="Inputs per scale: int4 / nf4 / fp4 [64]; int8 [per output channel].")
+@click.option("--symmetric/--asymmetric", default=None, help="Integer zero points  [default: symmetric]")
+@click.option("--include", help="Optional modules to quantize too, comma-separated (e.g. lm_head).")
+@click.option("--exclude", help="Modules to keep in full precision, comma-separated (e.g. fc,down_proj).")
+@click.option("--target", "target_dir", type=click.Path(path_type=Path),
+              help="Target model dir: the drafter runs on its hidden states (calibration, agreement).")
+@click.option("--data", "data_path", type=click.Path(path_type=Path),
+              help="Text, .jsonl or a directory: calibration windows and held-out agreement windows.")
+@click.option("--dequantize", "dequantize_out", is_flag=True,
+              help="Write plain float weights (public layout) with the quantization recorded in provenance.")
+@click.option("--force", is_flag=True, help="Replace an existing --out.")
+@click.option("--calib-batches", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Calibration batches (gptq).")
+@click.option("--batch", type=click.IntRange(min=1), default=4, show_default=True, help="Windows per batch.")
+@click.option("--seq-len", type=click.IntRange(min=4), default=128, show_default=True, help="Tokens per window.")
+@click.option("--eval-batches", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Batches for the before/after agreement.")
+@click.option("--seed", type=int, default=0, show_default=True)
+def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, group_size: int | None,
+             symmetric: bool | None, include: str | None, exclude: str | None, target_dir: Path | None,
+             data_path: Path | None, dequantize_out: bool, force: bool, calib_batches: int, batch: int, seq_len: int,
+             eval_batches: int, seed: int) -> None:
+    """Quantize a drafter's Linear weights and report bytes and agreement before / after.
+
+    Every Linear of the drafter is quantized except the draft lm_head (unless --include lm_head) and
+    what --exclude names; embeddings, norms, biases and d2t/t2d stay as they are; the target's shared
+    embeddings / head are never touched. EAGLE-3's and DFlash's fc IS quantized (--exclude fc keeps it).
+    --method gptq calibrates on the activations entering each Linear (needs --target and --data).
+    With --target/--data the per-position top-1 agreement with the target is measured on held-out
+    windows before and after; everything goes into the artifact's provenance.
+
+    \b
+    Examples:
+      specpress quantize --drafter drafters/eagle3 --out drafters/eagle3-int4 --scheme int4
+      specpress quantize --drafter drafters/eagle3 --out drafters/eagle3-gptq --scheme int4 --method gptq \\
+          --target ~/.cache/specpress/zoo/small --data /usr/lib/python3.11
+      specpress quantize --drafter drafters/eagle3 --out drafters/eagle3-nf4 --scheme nf4 --include lm_head
+    """
+    from specpress.compress.quantize.configs import config_for
+    from specpress.compress.quantize.pipeline import quantize_from_dirs
+
+    config = config_for(scheme, method, group_size=group_size, symmetric=symmetric, include=_names(include),
+                        exclude=_names(exclude))
+    rep = quantize_from_dirs(drafter_dir, config, out, target_dir=target_dir, data_path=data_path,
+                             dequantize_out=dequantize_out, force=force, calib_batches=calib_batches, batch=batch,
+                             seq_len=seq_len, seed=seed, eval_batches=eval_batches)
+    s = rep.step
+    g = s["config"].get("group_size", s["config"].get("blocksize"))
+    what = f"{s['scheme']} {s['method']}" + (f" g{g}" if g else "")
+    if s["config"].get("symmetric") is False:
+        what += " asymmetric"
+    click.echo(f"{rep.family} drafter quantized ({what}): {len(s['quantized'])} Linears -> {rep.out}"
+               + ("  [written dequantized: plain float weights]" if s.get("dequantized") else ""))
+    before, after = s["bytes_before"], s["bytes_after"]
+    click.echo(f"  bytes   {_fmt(before)} -> {_fmt(after)}  ({before / max(after, 1):.2f}x smaller; quantized Linears "
+               f"{8 * s['quantized_bytes'] / max(s['quantized_params'], 1):.2f} bits/param)")
+    sq = {k: v for k, v in s["weight_sqnr_db"].items() if v is not None}
+    if sq:
+        worst = min(sq, key=sq.get)  # type: ignore[arg-type]
+        click.echo(f"  weight SQNR  min {sq[worst]:.1f} dB ({worst}), mean {sum(sq.values()) / len(sq):.1f} dB")
+    for sk in s["skipped"]:
+        click.echo(f"  kept    {sk['module']}: {sk['reason']}")
+    for note in s["notes"]:
+        click.echo(f"  note    {note}")
+    if rep.before is not None and rep.after is not None:
+        where = "held-out" if rep.heldout else "fresh windows (no held-out split: data too small)"
+        click.echo(f"  acc@k before {' '.join(f'{a:.3f}' for a in rep.before)}")
+        click.echo(f"  acc@k after  {' '.join(f'{a:.3f}' for a in rep.after)}  "
+                   f"(delta {' '.join(f'{b - a:+.3f}' for a, b in zip(rep.before, rep.after))}; {where})")
+    else:
+        click.echo("  acceptance cost not measured: pass --target DIR --data PATH to report acc@k before / after")

@@ -1,0 +1,101 @@
+"""The CLI's path: drafter dir (+ target and data) -> quantized artifact, with its size and acceptance cost.
+
+With a target and data, the data's token stream is split as distill splits it (the last 5% held out when
+it holds >= 20 windows): calibration windows come from the rest, and the per-position top-1 agreement
+with the target (specpress.compress.agreement) is measured on the held-out windows before and after
+quantization (on fresh windows of the same stream when nothing is held out). Both go into the step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specpress.compress.quantize.api import dequantize, quantize, update_step
+from specpress.compress.quantize.configs import QuantizeConfig
+from specpress.errors import DataError, UsageError
+
+STORED_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class QuantizeReport:
+    out: Path
+    family: str
+    step: dict[str, Any]  # the provenance step written
+    before: list[float] | None  # per-position agreement with the target, before
+    after: list[float] | None  # … and after
+    heldout: bool  # agreement measured on held-out windows (else fresh windows of the calibration stream)
+    seconds: float
+
+
+def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str | Path, *,
+                       target_dir: str | Path | None = None, data_path: str | Path | None = None,
+                       dequantize_out: bool = False, force: bool = False, calib_batches: int = 8, batch: int = 4,
+                       seq_len: int = 128, seed: int = 0, eval_batches: int = 4) -> QuantizeReport:
+    """Load, quantize, measure, write `out` atomically (floats in the source's stored dtype)."""
+    from specpress.compress.data import WindowSampler, encode_stream, read_texts
+    from specpress.models.drafter_io import load_drafter, save_drafter
+    from specpress.models.inspect import inspect_artifact
+
+    t0 = time.monotonic()
+    out = Path(out).expanduser()
+    if (target_dir is None) != (data_path is None):
+        raise UsageError("--target and --data go together: the drafter runs on the target's hidden states over "
+                         "the data (calibration and the before/after agreement)")
+    if config.needs_calibration and target_dir is None:
+        raise UsageError(f"--method {config.method} calibrates on the activations entering each Linear: pass "
+                         f"--target DIR and --data PATH")
+    if out.exists() and not force:
+        raise UsageError(f"{out} already exists; choose another --out or pass --force to replace it")
+    stored = STORED_DTYPES.get(str(inspect_artifact(drafter_dir)["dtype"]), torch.float32)
+    target = sampler = None
+    first_eval, heldout = 0, False
+    if target_dir is not None:
+        from specpress.compress.distill import FRESH_WINDOWS, split_stream
+        from specpress.models.target import load_target
+        from specpress.models.tokenizer import load_tokenizer
+
+        target = load_target(target_dir)
+        eos = target.config.eos_ids
+        if not eos:
+            raise UsageError(f"{target_dir}/config.json has no eos_token_id, needed to join documents; add one")
+        stream = encode_stream(read_texts(data_path), load_tokenizer(target_dir), eos[0])  # type: ignore[arg-type]
+        if len(stream) < seq_len + 1:
+            raise DataError(f"{data_path} holds {len(stream)} tokens, fewer than one window of {seq_len + 1}; give "
+                            f"more data or a smaller --seq-len")
+        train, held = split_stream(stream, seq_len)
+        sampler = WindowSampler(train, seq_len, batch, seed)
+        evals = WindowSampler(held, seq_len, batch, seed + 1) if held is not None else sampler
+        heldout, first_eval = held is not None, 0 if held is not None else FRESH_WINDOWS
+    drafter = load_drafter(drafter_dir, target)
+    before = after = None
+    if target is not None:
+        from specpress.compress.agreement import agreement
+
+        before = agreement(target, drafter, evals, eval_batches, first_step=first_eval)
+    calibration = None
+    if config.needs_calibration:
+        from specpress.compress.quantize.calibrate import DrafterCalibration
+
+        assert target is not None and sampler is not None
+        calibration = DrafterCalibration(target, drafter, sampler, calib_batches)
+    quantize(drafter, config, calibration, float_dtype=stored)
+    extra: dict[str, Any] = {"source": str(drafter_dir)}
+    if calibration is not None:
+        extra["calibration"] = {"data": str(data_path), "windows": calibration.windows, "tokens": calibration.tokens,
+                                "seq_len": seq_len, "seed": seed}
+    if target is not None:
+        after = agreement(target, drafter, evals, eval_batches, first_step=first_eval)
+        extra["agreement"] = {"before": [round(a, 4) for a in before or []], "after": [round(a, 4) for a in after],
+                              "windows": eval_batches * batch, "heldout": heldout, "data": str(data_path)}
+    step = update_step(drafter, **extra)
+    if dequantize_out:
+        dequantize(drafter)
+        step = update_step(drafter, dequantized=True)
+    save_drafter(drafter, out, force=force, dtype=stored)
+    return QuantizeReport(out, drafter.family, step, before, after, heldout, time.monotonic() - t0)
