@@ -19,6 +19,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "inspect": ("specpress.commands.inspect", "inspect_cmd",
                 "Show family, parameters, bytes and provenance of a model or drafter."),
     "distill": ("specpress.commands.distill", "distill", "Train a drafter against a target (or shrink a drafter)."),
+    "prune": ("specpress.commands.prune", "prune",
+              "Prune FFN channels, KV groups, layers or draft vocabulary: a smaller dense drafter."),
     "run": ("specpress.commands.decode", "run", "Decode one prompt and print the text."),
     "bench": ("specpress.commands.decode", "bench", "Decode a prompt file and write the metrics JSON."),
     "quantize": ("specpress.commands.quantize", "quantize",

@@ -1,0 +1,99 @@
+"""`specpress prune`: a thin layer over specpress.compress.prune."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.option("--drafter", "drafter_dir", required=True, type=click.Path(path_type=Path),
+              help="Drafter artifact directory to prune.")
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Pruned drafter directory to write.")
+@click.option("--ffn", type=float, help="Fraction of FFN channels to REMOVE, 0 < R < 1 (same count per layer).")
+@click.option("--heads", type=float,
+              help="Fraction of KV groups to REMOVE, 0 < R < 1 (whole GQA groups; at least one stays).")
+@click.option("--layers", type=int, help="Layers to KEEP (multi-layer drafters: dflash, lm, eagle with >1 layer).")
+@click.option("--vocab", type=int, help="Draft-vocabulary tokens to KEEP (eagle3), most frequent first.")
+@click.option("--importance", type=click.Choice(["magnitude", "activation", "kl"]), default="magnitude",
+              show_default=True, help="magnitude = weights only; activation / kl = measured on --data.")
+@click.option("--vocab-source", type=click.Choice(["target", "data"]), default="target", show_default=True,
+              help="--vocab counts the target's greedy next-token predictions, or the data's own tokens.")
+@click.option("--target", "target_dir", type=click.Path(path_type=Path),
+              help="Target model directory (HF format with tokenizer.json): calibration and recovery.")
+@click.option("--data", "data_path", type=click.Path(path_type=Path),
+              help="Calibration text: a text file, .jsonl, or a directory of text/code files.")
+@click.option("--recover-steps", type=int, default=0, show_default=True,
+              help="Distillation steps against the target after pruning (0 = none).")
+@click.option("--recover-lr", type=float, default=1e-4, show_default=True)
+@click.option("--batch", type=int, default=8, show_default=True, help="Windows per calibration / recovery batch.")
+@click.option("--seq-len", type=int, default=128, show_default=True, help="Tokens per window.")
+@click.option("--calib-batches", type=int, default=2, show_default=True, help="Calibration batches.")
+@click.option("--kl-group", type=int, default=8, show_default=True, help="FFN channels scored together by kl.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--force", is_flag=True, help="Replace an existing --out.")
+def prune(drafter_dir: Path, out: Path, ffn: float | None, heads: float | None, layers: int | None,
+          vocab: int | None, importance: str, vocab_source: str, target_dir: Path | None, data_path: Path | None,
+          recover_steps: int, recover_lr: float, batch: int, seq_len: int, calib_batches: int, kl_group: int,
+          seed: int, force: bool) -> None:
+    """Remove FFN channels, KV groups, layers or draft-vocabulary tokens: a smaller dense drafter.
+
+    The result is in the family's public layout (smaller config and tensors) and records the step
+    in its provenance (`specpress inspect OUT` shows the chain). kl importance scores each unit by how
+    much removing it raises KL(target || drafter) on the calibration data.
+
+    \b
+    Examples:
+      specpress prune --drafter drafters/eagle3 --out drafters/eagle3-ffn50 --ffn 0.5
+      specpress prune --drafter drafters/eagle3 --out drafters/eagle3-p --ffn 0.5 --heads 0.25 --vocab 2048 \\
+          --importance kl --target ~/.cache/specpress/zoo/small --data /usr/lib/python3.11 --recover-steps 200
+    """
+    import torch
+
+    from specpress.compress.data import encode_stream, read_texts
+    from specpress.compress.prune import PruneConfig, check_request, prune as prune_drafter
+    from specpress.errors import UsageError
+    from specpress.models.drafter import build_drafter
+    from specpress.models.drafter_io import load_drafter, read_drafter_config, save_drafter
+    from specpress.models.target import load_target
+    from specpress.models.tokenizer import load_tokenizer
+
+    config = PruneConfig(ffn=ffn, heads=heads, layers=layers, vocab=vocab, importance=importance,
+                         vocab_source=vocab_source, kl_group=kl_group, batch=batch, seq_len=seq_len,
+                         calib_batches=calib_batches, seed=seed, recover_steps=recover_steps, recover_lr=recover_lr)
+    out = out.expanduser()
+    if out.exists() and not force:
+        raise UsageError(f"{out} already exists; choose another --out or pass --force to replace it")
+    if data_path is not None and target_dir is None:
+        raise UsageError("--data needs --target DIR: its tokenizer encodes the data")
+    with torch.device("meta"):  # every shape / flag error first, from config.json alone
+        check_request(build_drafter(read_drafter_config(drafter_dir)[1]), config, has_target=target_dir is not None,
+                      has_calib=data_path is not None)
+    target = load_target(target_dir) if target_dir is not None else None
+    stream, extra = None, {}
+    if data_path is not None:
+        assert target is not None and target_dir is not None
+        if not target.config.eos_ids:
+            raise UsageError(f"{target_dir}/config.json has no eos_token_id, needed to join documents; add one")
+        stream = encode_stream(read_texts(data_path), load_tokenizer(target_dir), target.config.eos_ids[0])
+        extra = {"source": str(data_path), "target": str(target_dir)}
+    pruned = prune_drafter(load_drafter(drafter_dir, target), config, target=target, calib=stream,
+                           provenance_extra=extra)
+    save_drafter(pruned, out, force=force)
+    step = next(s for s in reversed(pruned.provenance) if s.get("step") == "prune")
+    before, after = step["shape_before"], step["shape_after"]
+    changed = ", ".join(f"{k} {before[k]} -> {after[k]}" for k in after if before.get(k) != after[k])
+    click.echo(f"{pruned.family} drafter written to {out}")
+    click.echo(f"  {changed}")
+    click.echo(f"  params {step['params_before']:,} -> {step['params_after']:,}  bytes {step['bytes_before']:,} -> "
+               f"{step['bytes_after']:,} ({step['bytes_after'] / step['bytes_before']:.1%})")
+    cal = step["calibration"]
+    if "agreement_before" in cal:
+        click.echo(f"  calibration top-1 agreement {cal['agreement_before']:.3f} -> {cal['agreement_after']:.3f}, "
+                   f"KL {cal['kl_before']:.4f} -> {cal['kl_after']:.4f} ({cal['tokens']} tokens, before recovery)")
+    if recover_steps:
+        last = pruned.provenance[-1]
+        acc = " ".join(f"{a:.3f}" for a in last.get("agreement", []))
+        click.echo(f"  recovered: {last.get('steps')} distillation steps, loss {last.get('final_loss', 0):.4f}, "
+                   f"acc@k {acc}")

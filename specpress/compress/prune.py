@@ -1,0 +1,396 @@
+"""`prune`: structured pruning into a smaller DENSE drafter, in its family's public layout.
+
+    pruned = prune(drafter, PruneConfig(ffn=0.5, heads=0.5, importance="kl"), target=target, calib=stream)
+
+Stages run in this order, each scored (importance.py) on the model the previous stage left:
+
+  layers  keep `layers` layers of the stack (dflash `layers.*`, lm `model.layers.*`, eagle with more than one
+          layer, whose layer 0 always stays: it alone has no input norm).
+  heads   remove round(heads x KV) whole GQA groups (a KV head and its query heads: q/k/v rows, o_proj
+          columns), the same count in every attention; the group size and head_dim stay (head_dim explicit).
+  ffn     remove round(ffn x F) channels of every MLP: gate/up rows, down columns.
+  vocab   eagle3: keep the `vocab` draft tokens most frequent on the calibration data, among those already in
+          the draft vocab (FR-Spec's rule): vocab_source "target" counts the target's greedy next-token
+          predictions (what must be drafted to be accepted at T=0), "data" the data's tokens; lm_head rows,
+          d2t and t2d rebuilt. eagle / mtp / dflash draft through the target's own head (no reduced head
+          without model changes); lm owns its vocabulary.
+
+The result is a fresh module built from the smaller config (no masks) that save_drafter / load_drafter write
+and read in the public layout; the input's weights are left unchanged. `recover_steps` then distills it
+against the target from the pruned weights (compress.distill). Every call appends one step to the provenance: {"step": "prune", "config", "bytes_before/after", "params_before/after", "shape_before/after",
+"importance" (what each stage removed), "calibration" (KL and top-1 agreement before/after, when measured)};
+recovery appends its own "distill" step after it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from specpress.compress.data import WindowSampler
+from specpress.compress.importance import (METHODS, attentions, calibration_signals, calibration_windows, ffn_scores,
+                                           fit, head_scores, layer_scores, layer_stack, lowest, make_probes, mlps,
+                                           token_stream)
+from specpress.errors import ConfigError, UsageError
+from specpress.models.drafter import Drafter, get_family
+from specpress.models.target import TargetModel
+
+VOCAB_SOURCES = ("target", "data")
+SHAPE_FIELDS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
+                "draft_vocab_size")
+
+
+@dataclass(frozen=True)
+class PruneConfig:
+    """What one pruning run removes and how it decides. Frozen, validated, strict from_dict (version 1).
+
+    ffn / heads: fraction of FFN channels / KV groups to REMOVE, 0 < R < 1; layers / vocab: how many layers /
+    draft tokens to KEEP. importance: magnitude | activation | kl. kl_group: FFN channels scored together by
+    kl. Calibration: calib_batches windows batches of [batch, seq_len] drawn with `seed` from the data;
+    draft_steps: chained steps it runs (eagle, eagle3, mtp; default 1, every module for mtp).
+    recover_steps / recover_lr: distillation after pruning (0 = none), on [batch, seq_len] windows.
+    """
+
+    version: ClassVar[int] = 1
+    ffn: float | None = None
+    heads: float | None = None
+    layers: int | None = None
+    vocab: int | None = None
+    importance: str = "magnitude"
+    vocab_source: str = "target"
+    kl_group: int = 8
+    batch: int = 8
+    seq_len: int = 128
+    calib_batches: int = 2
+    draft_steps: int | None = None
+    seed: int = 0
+    recover_steps: int = 0
+    recover_lr: float = 1e-4
+
+    def __post_init__(self) -> None:
+        for name in ("ffn", "heads"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1):
+                raise ConfigError(f"--{name} must be the fraction of {'FFN channels' if name == 'ffn' else 'KV groups'}"
+                                  f" to remove, in the open range (0, 1); found {v!r}")
+        for name, lo in (("layers", 1), ("vocab", 1), ("kl_group", 1), ("batch", 1), ("seq_len", 2),
+                         ("calib_batches", 1), ("draft_steps", 1), ("recover_steps", 0)):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < lo):
+                raise ConfigError(f"--{name.replace('_', '-')} must be an integer >= {lo}, found {v!r}")
+        if self.importance not in METHODS:
+            raise ConfigError(f"--importance {self.importance!r} is not known; choose one of {', '.join(METHODS)}")
+        if self.vocab_source not in VOCAB_SOURCES:
+            raise ConfigError(f"--vocab-source {self.vocab_source!r} is not known; choose {' or '.join(VOCAB_SOURCES)}")
+        if not (isinstance(self.recover_lr, (int, float)) and self.recover_lr > 0):
+            raise ConfigError(f"--recover-lr must be a positive number, found {self.recover_lr!r}")
+        if all(getattr(self, f) is None for f in ("ffn", "heads", "layers", "vocab")):
+            raise ConfigError("nothing to prune: give at least one of --ffn R, --heads R, --layers N, --vocab N")
+
+    @property
+    def structural(self) -> bool:
+        return any(getattr(self, f) is not None for f in ("ffn", "heads", "layers"))
+
+    def needs_target(self) -> bool:
+        """Whether the run must see the target (calibration signals or recovery)."""
+        return (self.structural and self.importance != "magnitude") or self.recover_steps > 0 or (
+            self.vocab is not None and self.vocab_source == "target")
+
+    def needs_data(self) -> bool:
+        return self.needs_target() or self.vocab is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": self.version, **{f.name: getattr(self, f.name) for f in fields(self)}}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "PruneConfig":
+        d = dict(d)
+        ver = d.pop("version", cls.version)
+        if ver != cls.version:
+            raise ConfigError(f"prune config version {ver} is not readable; this specpress reads {cls.version}")
+        allowed = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - allowed)
+        if unknown:
+            raise ConfigError(f"unknown key(s) {', '.join(map(repr, unknown))} in prune config; "
+                              f"allowed: {', '.join(sorted(allowed))}")
+        return cls(**d)
+
+
+def prune(drafter: Drafter, config: PruneConfig, *, target: TargetModel | None = None,
+          calib: np.ndarray | Tensor | None = None, provenance_extra: Mapping[str, Any] | None = None) -> Drafter:
+    """A smaller dense drafter: `drafter` with the units `config` names removed (see the module docstring).
+
+    target: needed by activation / kl importance, vocab_source "target" and recovery (the drafter is
+    attached to it). calib: calibration tokens, a 1-D stream (windows are drawn from it) or windows [N, T].
+    provenance_extra: merged into the step's "calibration" record (e.g. the data's path).
+    """
+    counts = check_request(drafter, config, has_target=target is not None, has_calib=calib is not None)
+    if target is not None:
+        drafter.attach_target(target)
+    windows, stream = calibration_windows(calib, config.batch, config.seq_len, config.seed, config.calib_batches) \
+        if calib is not None else ([], None)
+    signals = calibration_signals(target, windows, drafter.taps) if target is not None and windows else []
+    probes = make_probes(drafter, signals, config.draft_steps) if signals else None
+    was = drafter.training
+    drafter.eval()
+    try:
+        model, record, method = drafter, {"method": config.importance}, config.importance
+        if "layers" in counts:
+            model, record["layers"] = _stage_layers(model, counts["layers"], method, probes)
+        if "heads" in counts:
+            model, record["heads"] = _stage_heads(model, counts["heads"], method, probes)
+        if "ffn" in counts:
+            model, record["ffn"] = _stage_ffn(model, counts["ffn"], method, probes, config.kl_group)
+        if "vocab" in counts:
+            toks = token_stream(config.vocab_source, signals, windows)
+            model, record["vocab"] = _stage_vocab(model, counts["vocab"], toks, config.vocab_source)
+        calibration: dict[str, Any] = dict(provenance_extra or {})
+        if probes:
+            after = fit(model, make_probes(model, signals, config.draft_steps))
+            calibration.update({"tokens": sum(int(s.ids.numel()) for s in signals),
+                                **{f"{k}_before": v for k, v in fit(drafter, probes).items()},
+                                **{f"{k}_after": v for k, v in after.items()}})
+    finally:
+        drafter.train(was)
+    (p0, b0), (p1, b1) = size_of(drafter), size_of(model)
+    model.provenance = tuple(drafter.provenance) + ({
+        "step": "prune", "config": config.to_dict(), "bytes_before": b0, "bytes_after": b1, "params_before": p0,
+        "params_after": p1, "shape_before": shape_of(drafter), "shape_after": shape_of(model), "importance": record,
+        "calibration": calibration},)
+    if config.recover_steps:
+        assert target is not None and stream is not None
+        model = _recover(model, target, config, stream)
+    return model
+
+
+def _recover(model: Drafter, target: TargetModel, config: PruneConfig, stream: np.ndarray) -> Drafter:
+    """A short distillation against the target from the pruned weights (compress.distill)."""
+    from specpress.compress.distill import DistillConfig, distill
+
+    dtype = model.compute_param().dtype
+    dc = DistillConfig(family=model.family, steps=config.recover_steps, lr=config.recover_lr, batch=config.batch,
+                       seq_len=config.seq_len, seed=config.seed)
+    report = distill(target, dc, WindowSampler(stream, config.seq_len, config.batch, config.seed), None, init=model)
+    return report.drafter.to(dtype).eval()
+
+
+def removed_count(ratio: float, n: int, flag: str, what: str) -> int:
+    """round(ratio * n) units to remove; UsageError unless 1 <= that <= n - 1."""
+    k, lo, hi = int(math.floor(ratio * n + 0.5)), 0.5 / n, (n - 0.5) / n
+    if n < 2:
+        raise UsageError(f"{flag}: the drafter has a single {what}; pruning below one {what} is not possible")
+    if not 1 <= k <= n - 1:
+        what_k = f"removes no {what} of {n}" if k < 1 else \
+            f"would remove all {n} {what}s, and pruning below one {what} is not possible"
+        raise UsageError(f"{flag} {ratio} {what_k}; valid range [{lo:.4g}, {hi:.4g})")
+    return k
+
+
+def check_request(d: Drafter, config: PruneConfig, *, has_target: bool, has_calib: bool) -> dict[str, int]:
+    """Every impossible request as a UsageError, before any work (a meta-device drafter works too).
+    Returns the counts: layers / vocab to keep, heads / ffn units to remove per module."""
+    c, out = d.config, {}
+    quant = [s for s in d.provenance if isinstance(s, Mapping) and s.get("step") == "quantize"]
+    if any(getattr(m, "is_quantized", False) for m in d.modules()) or (quant and not quant[-1].get("dequantized")):
+        raise UsageError("this drafter is quantized (its provenance ends in an active quantize step); prune comes "
+                         "before quantize: prune the unquantized drafter, then quantize the result")
+    if config.layers is not None:
+        n = len(layer_stack(d)[1])
+        if n < 2:
+            raise UsageError(f"--layers: this {d.family} drafter has a single layer; layer pruning applies to "
+                             f"multi-layer drafters: dflash, lm, and eagle with more than one layer")
+        if not config.layers < n:
+            raise UsageError(f"--layers {config.layers} must be less than the drafter's {n} layers "
+                             f"(valid range 1..{n - 1}; it is the number of layers to KEEP)")
+        out["layers"] = config.layers
+    if config.heads is not None:
+        out["heads"] = removed_count(config.heads, c.num_key_value_heads, "--heads", "KV group")
+    if config.ffn is not None:
+        out["ffn"] = removed_count(config.ffn, c.intermediate_size, "--ffn", "FFN channel")
+    if config.vocab is not None:
+        if d.family != "eagle3":
+            how = "own their vocabulary" if d.family == "lm" else "draft through the target's head"
+            raise UsageError(f"--vocab: {d.family} drafters {how}; draft-vocabulary pruning is supported for "
+                             f"eagle3 drafters (their own lm_head, d2t, t2d)")
+        if not config.vocab <= c.draft_vocab_size:
+            raise UsageError(f"--vocab {config.vocab} is larger than the drafter's draft vocabulary "
+                             f"({c.draft_vocab_size}; the target's vocabulary is {c.vocab_size}); valid range "
+                             f"1..{c.draft_vocab_size}")
+        out["vocab"] = config.vocab
+    why = (f"--importance {config.importance}" if config.structural and config.importance != "magnitude" else
+           "--recover-steps" if config.recover_steps else f"--vocab (with --vocab-source {config.vocab_source})")
+    if config.needs_target() and not has_target:
+        raise UsageError(f"{why} needs calibration by the target: give --target DIR and --data PATH")
+    if config.needs_data() and not has_calib:
+        raise UsageError(f"{why} needs calibration data: give --data PATH (tokenized by --target DIR)")
+    return out
+
+
+def size_of(d: Drafter) -> tuple[int, int]:
+    """(parameters, bytes of the tensors the drafter stores itself): what `inspect` reports."""
+    params = sum(p.numel() for p in d.parameters())
+    return params, sum(t.numel() * t.element_size() for t in d.public_state_dict().values())
+
+
+def shape_of(d: Drafter) -> dict[str, int]:
+    return {f: getattr(d.config, f) for f in SHAPE_FIELDS if getattr(d.config, f, None) is not None}
+
+
+# ----------------------------------------------------------------------------------------------
+# Stages: score, choose, slice
+# ----------------------------------------------------------------------------------------------
+
+
+def _r(x: Any) -> float:
+    return round(float(x), 6)
+
+
+def _complement(removed: Sequence[int], n: int) -> Tensor:
+    gone = set(removed)
+    return torch.tensor([i for i in range(n) if i not in gone], dtype=torch.long)
+
+
+def _stage_layers(d: Drafter, keep_n: int, method: str, probes: Any) -> tuple[Drafter, dict[str, Any]]:
+    scores = layer_scores(d, method, probes)
+    if d.family == "eagle":
+        scores[0] = float("inf")  # eagle's layer 0 reads fc's output without a norm: it stays
+    removed = lowest(scores, len(scores) - keep_n, layer_scores(d, "magnitude"))
+    keep = _complement(removed, len(scores)).tolist()
+    return drop_layers(d, keep), {"removed": removed, "scores": [_r(s) for s in scores]}
+
+
+def _stage_heads(d: Drafter, k: int, method: str, probes: Any) -> tuple[Drafter, dict[str, Any]]:
+    scores, mags = head_scores(d, method, probes), head_scores(d, "magnitude")
+    removed = {p: lowest(scores[p], k, mags[p]) for p in scores}
+    keep = {p: _complement(r, d.config.num_key_value_heads) for p, r in removed.items()}
+    return slice_heads(d, keep), {"removed_kv_groups": removed}
+
+
+def _stage_ffn(d: Drafter, k: int, method: str, probes: Any, group: int) -> tuple[Drafter, dict[str, Any]]:
+    scores, mags = ffn_scores(d, method, probes, group), ffn_scores(d, "magnitude")
+    removed = {p: lowest(scores[p], k, mags[p]) for p in scores}
+    gone = torch.cat([scores[p][r] for p, r in removed.items()])
+    keep = {p: _complement(r, d.config.intermediate_size) for p, r in removed.items()}
+    return slice_ffn(d, keep), {"removed_per_mlp": k, "mlps": len(keep), "score_removed_mean": _r(gone.mean()),
+                                "score_kept_mean": _r(torch.cat([scores[p][keep[p]] for p in scores]).mean())}
+
+
+def _stage_vocab(d: Drafter, n: int, tokens: np.ndarray, source: str) -> tuple[Drafter, dict[str, Any]]:
+    from specpress.compress.students import draft_vocab_by_frequency
+
+    ids = draft_vocab_by_frequency(tokens, d.config.vocab_size, n, allowed=d.t2d)
+    t, new = torch.from_numpy(np.asarray(tokens, dtype=np.int64)), shrink_vocab(d, ids)
+    return new, {"source": source, "counted_tokens": int(t.numel()), **{  # share of the counted tokens drafted
+        f"coverage_{when}": _r(m.t2d.cpu()[t].float().mean()) for when, m in (("before", d), ("after", new))}}
+
+
+def _rebuild(old: Drafter, config: Any, sd: dict[str, Tensor]) -> Drafter:
+    """A new module of old's family for `config`, holding `sd` (public names), with old's metadata."""
+    from specpress.models.drafter_io import _rebuild_rotaries
+
+    dev = old.compute_param().device
+    with torch.device("meta"):
+        new = get_family(old.family).model_cls(config)  # type: ignore[call-arg]
+    new.load_public(sd, f"pruned {old.family} drafter")
+    _rebuild_rotaries(new)
+    new = new.to(dev)
+    assert not any(t.is_meta for t in (*new.parameters(), *new.buffers())), "a tensor left on the meta device"
+    new.provenance, new.target_fingerprint = tuple(old.provenance), old.target_fingerprint
+    new.fingerprint_mismatch = list(old.fingerprint_mismatch)
+    new._shared = old._shared
+    return new.train(old.training)
+
+
+def _state(d: Drafter) -> dict[str, Tensor]:
+    return {k: v.detach().clone() for k, v in d.public_state_dict().items()}
+
+
+def slice_ffn(d: Drafter, keep: Mapping[str, Tensor]) -> Drafter:
+    """Keep channels keep[path] (sorted ids, the same count for every MLP) of each MLP."""
+    sizes = {len(v) for v in keep.values()}
+    if set(keep) != set(mlps(d)) or len(sizes) != 1:
+        raise UsageError("slice_ffn needs the kept channels of every MLP, the same count in each")
+    sd = _state(d)
+    for p, idx in keep.items():
+        idx = idx.to(sd[f"{p}.gate_proj.weight"].device)
+        for name in ("gate_proj", "up_proj"):
+            sd[f"{p}.{name}.weight"] = sd[f"{p}.{name}.weight"].index_select(0, idx)
+        sd[f"{p}.down_proj.weight"] = sd[f"{p}.down_proj.weight"].index_select(1, idx).contiguous()
+    return _rebuild(d, dataclasses.replace(d.config, intermediate_size=sizes.pop()), sd)
+
+
+def slice_heads(d: Drafter, keep: Mapping[str, Tensor]) -> Drafter:
+    """Keep KV groups keep[path] (sorted ids, same count everywhere) of each attention: the KV head and its
+    query heads (q/k/v rows, biases, o_proj columns)."""
+    attn = attentions(d)
+    sizes = {len(v) for v in keep.values()}
+    if set(keep) != set(attn) or len(sizes) != 1:
+        raise UsageError("slice_heads needs the kept KV groups of every attention, the same count in each")
+    sd = _state(d)
+    for p, groups in keep.items():
+        a = attn[p]
+        rep, hd = a.nq // a.nkv, a.d
+        g = groups.long().cpu()
+        q_rows = ((g[:, None] * rep + torch.arange(rep))[..., None] * hd + torch.arange(hd)).flatten()
+        kv_rows = (g[:, None] * hd + torch.arange(hd)).flatten()
+        for name, rows in (("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)):
+            for kind in ("weight", "bias"):
+                key = f"{p}.{name}.{kind}"
+                if key in sd:
+                    sd[key] = sd[key].index_select(0, rows.to(sd[key].device))
+        key = f"{p}.o_proj.weight"
+        sd[key] = sd[key].index_select(1, q_rows.to(sd[key].device)).contiguous()
+    n = sizes.pop()
+    rep = d.config.num_attention_heads // d.config.num_key_value_heads
+    cfg = dataclasses.replace(d.config, num_attention_heads=rep * n, num_key_value_heads=n, head_dim=d.config.head_dim)
+    return _rebuild(d, cfg, sd)
+
+
+def drop_layers(d: Drafter, keep: Sequence[int]) -> Drafter:
+    """Keep layers `keep` (ascending) of the drafter's layer stack, renumbered 0..len(keep)-1."""
+    path, stack = layer_stack(d)
+    keep = list(keep)
+    if not keep or sorted(set(keep)) != keep or keep[-1] >= len(stack) or keep[0] < 0:
+        raise UsageError(f"layers to keep must be distinct ascending indices in 0..{len(stack) - 1}, got {keep}")
+    if d.family == "eagle" and keep[0] != 0:
+        raise UsageError("an eagle drafter's layer 0 (no input norm; reads fc's output) cannot be removed")
+    pre = path + "."
+    sd = {}
+    for k, v in _state(d).items():
+        if not k.startswith(pre):
+            sd[k] = v
+            continue
+        i, _, rest = k[len(pre):].partition(".")
+        if int(i) in keep:
+            sd[f"{pre}{keep.index(int(i))}.{rest}"] = v
+    return _rebuild(d, dataclasses.replace(d.config, num_hidden_layers=len(keep)), sd)
+
+
+def shrink_vocab(d: Drafter, target_ids: Tensor) -> Drafter:
+    """eagle3: keep the draft tokens with target ids `target_ids` (each already in the draft vocab):
+    their lm_head rows; d2t / t2d rebuilt (target id = draft id + d2t[draft id])."""
+    if d.family != "eagle3":
+        raise UsageError(f"draft-vocabulary pruning is supported for eagle3 drafters, not {d.family}")
+    v = d.config.vocab_size
+    ids = torch.unique(torch.as_tensor(target_ids, dtype=torch.long).cpu())  # sorted, distinct
+    if ids.numel() < 1 or int(ids[0]) < 0 or int(ids[-1]) >= v or not bool(d.t2d.cpu()[ids].all()):
+        raise UsageError("the kept draft tokens must be target ids already in the drafter's draft vocabulary")
+    old = d.to_target_ids(torch.arange(d.config.draft_vocab_size, device=d.d2t.device)).cpu()
+    inv = torch.full((v,), -1, dtype=torch.long)
+    inv[old] = torch.arange(old.numel())
+    sd = _state(d)
+    w = sd["lm_head.weight"]
+    sd["lm_head.weight"] = w.index_select(0, inv[ids].to(w.device))
+    sd["d2t"] = (ids - torch.arange(ids.numel())).to(sd["d2t"].device)
+    sd["t2d"] = torch.zeros(v, dtype=torch.bool).index_fill(0, ids, True).to(sd["t2d"].device)
+    return _rebuild(d, dataclasses.replace(d.config, draft_vocab_size=int(ids.numel())), sd)
+
+
+__all__ = ["PruneConfig", "prune", "check_request", "slice_ffn", "slice_heads", "drop_layers", "shrink_vocab",
+           "removed_count", "size_of", "shape_of"]
