@@ -14,7 +14,8 @@ FAMILIES_HELP = "eagle, eagle3, mtp, dflash, lm"
               help="Target model directory (HF format with tokenizer.json).")
 @click.option("--family", required=True, help=f"Drafter family: {FAMILIES_HELP}.")
 @click.option("--data", "data_path", required=True, type=click.Path(path_type=Path),
-              help="Text file, .jsonl (\"text\" or chat \"messages\"), or a directory of text/code files.")
+              help="Text file, .jsonl (\"text\" or chat \"messages\"), a directory of text/code files, "
+                   "or zoo:train (the zoo's training split of this interpreter's stdlib).")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Drafter directory to write.")
 @click.option("--steps", type=click.IntRange(min=1), help="Optimizer steps (the lr schedule's length).")
 @click.option("--minutes", type=click.FloatRange(min=0.01), help="Wall-clock budget (alone: sizes the schedule).")
@@ -56,7 +57,7 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
     \b
     Example:
       specpress distill --target ~/.cache/specpress/zoo/small --family eagle3 \\
-          --data /usr/lib/python3.11 --out drafters/eagle3 --minutes 8
+          --data zoo:train --out drafters/eagle3 --minutes 8
     """
     from specpress.compress.distill import DistillConfig, distill_from_dirs
     from specpress.errors import UsageError

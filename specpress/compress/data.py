@@ -37,8 +37,16 @@ def _jsonl_texts(path: Path) -> Iterable[str]:
             raise DataError(f'{path}:{n}: each line needs "text" (a string) or "messages" (chat turns)')
 
 
+ZOO_SPLITS = ("zoo:train", "zoo:val")
+
+
 def read_texts(path: str | Path) -> list[str]:
-    """Documents from a text file, a .jsonl file ("text" or chat "messages"), or a directory (recursive)."""
+    """Documents from a text file, a .jsonl file ("text" or chat "messages"), a directory (recursive),
+    or `zoo:train` / `zoo:val`: the zoo's split of this interpreter's standard library."""
+    if str(path) in ZOO_SPLITS:
+        from specpress.zoo.corpus import load_split_text
+
+        return load_split_text(str(path).split(":")[1])  # type: ignore[arg-type]
     path = Path(path).expanduser()
     if not path.exists():
         raise DataError(f"data path {path} does not exist")
