@@ -47,7 +47,7 @@ def prune(drafter_dir: Path, out: Path, ffn: float | None, heads: float | None, 
     Examples:
       specpress prune --drafter drafters/eagle3 --out drafters/eagle3-ffn50 --ffn 0.5
       specpress prune --drafter drafters/eagle3 --out drafters/eagle3-p --ffn 0.5 --heads 0.25 --vocab 2048 \\
-          --importance kl --target ~/.cache/specpress/zoo/small --data /usr/lib/python3.11 --recover-steps 200
+          --importance kl --target ~/.cache/specpress/zoo/small --data zoo:train --recover-steps 200
     """
     import torch
 

@@ -60,7 +60,7 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
     Examples:
       specpress quantize --drafter drafters/eagle3 --out drafters/eagle3-int4 --scheme int4
       specpress quantize --drafter drafters/eagle3 --out drafters/eagle3-gptq --scheme int4 --method gptq \\
-          --target ~/.cache/specpress/zoo/small --data /usr/lib/python3.11
+          --target ~/.cache/specpress/zoo/small --data zoo:train
       specpress quantize --drafter drafters/eagle3 --out drafters/eagle3-nf4 --scheme nf4 --include lm_head
     """
     from specpress.compress.quantize.configs import config_for
