@@ -26,6 +26,7 @@ def atomic_dir(out: Path | str, *, force: bool = False) -> Iterator[Path]:
         raise UsageError(f"{out} exists and is not a directory")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it owner-only; an artifact is an ordinary directory
     try:
         yield tmp
         if out.exists():

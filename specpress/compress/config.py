@@ -6,6 +6,7 @@ from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Mapping
 
 from specpress.errors import ConfigError
+from specpress.config import config_kwargs
 from specpress.models.drafter import get_family
 
 CHAINED = ("eagle", "eagle3", "mtp")
@@ -107,16 +108,7 @@ class DistillConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "DistillConfig":
-        d = dict(d)
-        ver = d.pop("version", cls.version)
-        if ver != cls.version:
-            raise ConfigError(f"distill config version {ver} is not readable; this specpress reads {cls.version}")
-        allowed = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - allowed)
-        if unknown:
-            raise ConfigError(f"unknown key(s) {', '.join(map(repr, unknown))} in distill config; "
-                              f"allowed: {', '.join(sorted(allowed))}")
-        return cls(**d)
+        return cls(**config_kwargs(cls, d, "distill config"))
 
     def resume_key(self) -> dict[str, Any]:
         """The fields a checkpoint must share to be resumed (budgets and bookkeeping may change)."""

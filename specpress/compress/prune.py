@@ -38,6 +38,7 @@ from specpress.compress.importance import (METHODS, attentions, calibration_sign
                                            fit, head_scores, layer_scores, layer_stack, lowest, make_probes, mlps,
                                            token_stream)
 from specpress.errors import ConfigError, UsageError
+from specpress.config import config_kwargs
 from specpress.models.drafter import Drafter, get_family
 from specpress.models.target import TargetModel
 
@@ -110,16 +111,7 @@ class PruneConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "PruneConfig":
-        d = dict(d)
-        ver = d.pop("version", cls.version)
-        if ver != cls.version:
-            raise ConfigError(f"prune config version {ver} is not readable; this specpress reads {cls.version}")
-        allowed = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - allowed)
-        if unknown:
-            raise ConfigError(f"unknown key(s) {', '.join(map(repr, unknown))} in prune config; "
-                              f"allowed: {', '.join(sorted(allowed))}")
-        return cls(**d)
+        return cls(**config_kwargs(cls, d, "prune config"))
 
 
 def prune(drafter: Drafter, config: PruneConfig, *, target: TargetModel | None = None,

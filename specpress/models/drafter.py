@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from specpress.errors import CheckpointError, ConfigError, UsageError
+from specpress.config import config_kwargs
 from specpress.models.io import load_into
 from specpress.models.kv import KVCache
 from specpress.models.layers import RopeConfig, resolve_mask, resolve_positions
@@ -87,15 +88,7 @@ class DrafterConfig:
         fam = d.pop("family", cls.family)
         if fam != cls.family:
             raise ConfigError(f"config is for family {fam!r}, expected {cls.family!r}")
-        ver = d.pop("version", cls.version)
-        if ver != cls.version:
-            raise ConfigError(f"{cls.family} config version {ver} is not readable; this specpress reads "
-                              f"version {cls.version}")
-        allowed = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - allowed)
-        if unknown:
-            raise ConfigError(f"unknown key(s) {', '.join(map(repr, unknown))} in {cls.family} config; "
-                              f"allowed: {', '.join(sorted(allowed))}")
+        d = config_kwargs(cls, d, f"{cls.family} config")
         if isinstance(d.get("rope"), Mapping):
             d["rope"] = rope_from_dict(d["rope"])
         return cls(**d)

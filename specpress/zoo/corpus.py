@@ -51,11 +51,10 @@ class CorpusFile:
 
 @dataclass(frozen=True)
 class SplitStats:
-    """Size of one split: files, bytes on disk, and (once tokenized) tokens."""
+    """Size of one split: files and bytes on disk."""
 
     files: int
     bytes: int
-    tokens: int | None = None
 
 
 def stdlib_root() -> Path:
@@ -117,7 +116,7 @@ def load_split_text(split: Split, *, root: Path | None = None, max_files: int | 
 
 
 def split_stats(files: list[CorpusFile]) -> dict[Split, SplitStats]:
-    """Files and bytes per split (tokens are filled in by the caller once known)."""
+    """Files and bytes per split."""
     return {s: SplitStats(files=sum(1 for f in files if f.split == s),
                           bytes=sum(f.size for f in files if f.split == s)) for s in SPLITS}
 

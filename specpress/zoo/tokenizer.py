@@ -1,5 +1,7 @@
 """Byte-level BPE for the zoo target, trained with `tokenizers` and saved in the HF layout.
 
+Loading goes through `specpress.models.tokenizer.load_tokenizer` (one home for reading tokenizers).
+
 `<|endoftext|>` has id 0 and is both EOS and the document separator. The byte-level pre-tokenizer
 and decoder make `decode(encode(text)) == text` for every string (no prefix space, no cleanup).
 """
@@ -7,17 +9,15 @@ and decoder make `decode(encode(text)) == text` for every string (no prefix spac
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from specpress.errors import CheckpointError, UsageError
+from specpress.errors import UsageError
 
 EOS_TOKEN = "<|endoftext|>"
 EOS_ID = 0
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096) -> Tokenizer:
@@ -36,11 +36,8 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096) -> Tokenizer:
     return tok
 
 
-def save_tokenizer(tok: Tokenizer, out_dir: Path, *, model_max_length: int) -> None:
-    """Write tokenizer.json + tokenizer_config.json + special_tokens_map.json (AutoTokenizer loads them)."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tok.save(str(out_dir / "tokenizer.json"))
+def tokenizer_files(tok: Tokenizer, *, model_max_length: int) -> dict[str, str]:
+    """tokenizer.json + tokenizer_config.json + special_tokens_map.json (what AutoTokenizer reads)."""
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": EOS_TOKEN,
@@ -54,17 +51,11 @@ def save_tokenizer(tok: Tokenizer, out_dir: Path, *, model_max_length: int) -> N
         "model_max_length": model_max_length,
     }
     special = {"bos_token": EOS_TOKEN, "eos_token": EOS_TOKEN, "unk_token": EOS_TOKEN, "pad_token": EOS_TOKEN}
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (out_dir / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
-
-
-def load_tokenizer(path: Path) -> Tokenizer:
-    """Load `tokenizer.json` from a directory (or the file itself)."""
-    path = Path(path)
-    file = path / "tokenizer.json" if path.is_dir() else path
-    if not file.is_file():
-        raise CheckpointError(f"no tokenizer.json at {path}; build the zoo with `specpress zoo build`")
-    return Tokenizer.from_file(str(file))
+    return {
+        "tokenizer.json": tok.to_str(pretty=True),
+        "tokenizer_config.json": json.dumps(config, indent=2) + "\n",
+        "special_tokens_map.json": json.dumps(special, indent=2) + "\n",
+    }
 
 
 def encode_documents(tok: Tokenizer, texts: Sequence[str]) -> np.ndarray:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Mapping, Self
 
 from specpress.errors import ConfigError
+from specpress.config import config_kwargs
 
 BNB_BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)  # what bitsandbytes' quantize_4bit accepts
 
@@ -93,15 +94,7 @@ class QuantizeConfig:
         name = d.pop("name", cls.name)
         if name != cls.name:
             raise ConfigError(f"config is for quantize method {name!r}, expected {cls.name!r}")
-        ver = d.pop("version", cls.version)
-        if ver != cls.version:
-            raise ConfigError(f"quantize config {cls.name!r} version {ver} is not readable; this specpress reads "
-                              f"version {cls.version}")
-        allowed = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - allowed)
-        if unknown:
-            raise ConfigError(f"unknown key(s) {', '.join(map(repr, unknown))} in quantize config {cls.name!r}; "
-                              f"allowed: {', '.join(sorted(allowed))}")
+        d = config_kwargs(cls, d, f"quantize config {cls.name!r}")
         return cls(**d)
 
 

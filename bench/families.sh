@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Distill one drafter per family against the zoo target and measure greedy acceptance (tau) and
+# speedup on held-out third-party Python code. Results: $OUT/<family>-<policy>.json.
+#   bash bench/families.sh [OUT]        (OUT defaults to ./runs/families)
+# Budget per distillation: DISTILL_MINUTES (default 10). Runs two distillations at a time, one thread
+# each, so the whole script takes ~3 x DISTILL_MINUTES plus the benchmarks.
+set -euo pipefail
+OUT=${1:-runs/families}
+T=${T:-$HOME/.cache/specpress/zoo/small}
+MIN=${DISTILL_MINUTES:-10}
+N=${PROMPTS:-100}
+NEW=${MAX_NEW:-64}
+mkdir -p "$OUT"
+sp() { OMP_NUM_THREADS=1 specpress "$@"; }
+distill() {  # family extra-args...
+  local fam=$1; shift
+  [ -d "$OUT/$fam" ] || sp distill --target "$T" --family "$fam" --data zoo:train --out "$OUT/$fam" \
+      --minutes "$MIN" "$@" > "$OUT/distill-$fam.log" 2>&1
+}
+distill eagle3 & distill lm --layers 2 & wait
+distill dflash & distill mtp --ttt-steps 3 & wait
+distill eagle
+[ -f "$OUT/prompts.jsonl" ] || python bench/make_prompts.py --target "$T" --n "$N" --tokens 64 --out "$OUT/prompts.jsonl"
+bench() {  # family policy name
+  OMP_NUM_THREADS=2 specpress bench --target "$T" --drafter "$OUT/$1" --policy "$2" --prompts "$OUT/prompts.jsonl" \
+      --max-new-tokens "$NEW" --json "$OUT/$3.json"
+}
+bench eagle3 chain:4 eagle3-chain4
+bench eagle3 "dynamic:depth=6,topk=8,budget=32" eagle3-dynamic
+bench eagle chain:4 eagle-chain4
+bench dflash block:8 dflash-block8
+bench mtp mtp:3 mtp-3
+bench lm chain:4 lm-chain4

@@ -1,0 +1,260 @@
+"""Deterministic, resumable next-token training of the zoo target on a token stream.
+
+The batch of step s is a pure function of (seed, s): every epoch shifts the stream by a seeded offset
+and visits its non-overlapping windows in a seeded order, so a resumed run sees the same data as an
+uninterrupted one. A checkpoint (model, optimizer, step, clock, RNG) lands in `state_dir` every
+`checkpoint_every_s` seconds and at the end, written atomically.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from specpress.errors import CheckpointError, DataError, UsageError
+
+STATE_FILE = "train_state.pt"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimizer, schedule and batching of one training run. `max_seconds` caps wall-clock training."""
+
+    steps: int
+    batch_size: int
+    seq_len: int
+    seed: int = 0
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 50
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    bf16: bool = True
+    compile: bool = False
+    checkpoint_every_s: float = 120.0
+    max_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "seq_len"):
+            if int(getattr(self, name)) < 1:
+                raise UsageError(f"training {name} must be >= 1, got {getattr(self, name)}")
+        if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise UsageError(f"need lr > 0 and 0 <= min_lr_ratio <= 1, got lr={self.lr}, "
+                             f"min_lr_ratio={self.min_lr_ratio}")
+        if self.max_seconds is not None and self.max_seconds <= 0:
+            raise UsageError(f"max_seconds must be positive, got {self.max_seconds}")
+
+    def resume_key(self) -> dict[str, Any]:
+        """Fields that must match for a checkpoint to be resumed (the wall-clock cap may change)."""
+        d = asdict(self)
+        for k in ("max_seconds", "checkpoint_every_s"):
+            d.pop(k)
+        return d
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    steps: int  # optimizer steps done in total (resumed ones included)
+    tokens_seen: int
+    train_seconds: float  # wall-clock training time, summed over resumed sessions
+    final_loss: float  # mean training loss of the last <= 20 steps
+    stopped_by: str  # "steps" | "minutes"
+    resumed_from: int  # step the run resumed from (0 = fresh)
+    compiled: bool
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup to `lr`, then cosine decay to `lr * min_lr_ratio` at `steps`."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    span = max(1, cfg.steps - cfg.warmup_steps)
+    frac = min(1.0, (step - cfg.warmup_steps) / span)
+    floor = cfg.lr * cfg.min_lr_ratio
+    return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * frac))
+
+
+class TokenBatches:
+    """Deterministic batches of windows from one token stream.
+
+    batch(step) -> LongTensor [B, T+1] (inputs are [:, :-1], labels [:, 1:]).
+    """
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int) -> None:
+        self.tokens, self.t, self.b, self.seed = tokens, seq_len, batch_size, seed
+        self.n = (len(tokens) - 1 - seq_len) // seq_len  # windows per epoch, for any offset < T
+        if self.n < 1:
+            raise DataError(f"the training stream has {len(tokens)} tokens; need at least {2 * seq_len + 1} "
+                            f"for windows of {seq_len}; use more files or a shorter seq_len")
+        self._epoch: tuple[int, int, np.ndarray] | None = None
+
+    def _order(self, epoch: int) -> tuple[int, np.ndarray]:
+        if self._epoch is None or self._epoch[0] != epoch:
+            rng = np.random.default_rng([self.seed, epoch])
+            offset = int(rng.integers(0, self.t))
+            self._epoch = (epoch, offset, rng.permutation(self.n))
+        return self._epoch[1], self._epoch[2]
+
+    def batch(self, step: int) -> Tensor:
+        rows = []
+        for g in range(step * self.b, (step + 1) * self.b):
+            offset, order = self._order(g // self.n)
+            start = offset + int(order[g % self.n]) * self.t
+            rows.append(self.tokens[start:start + self.t + 1].astype(np.int64))
+        return torch.from_numpy(np.stack(rows))
+
+
+def init_weights(model: nn.Module, num_layers: int, std: float = 0.02) -> None:
+    """Normal(0, std) for linears and embeddings; residual outputs (o_proj, down_proj) scaled by 1/sqrt(2L)."""
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            scale = 1 / math.sqrt(2 * num_layers) if name.endswith(("o_proj", "down_proj")) else 1.0
+            nn.init.normal_(module.weight, mean=0.0, std=std * scale)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW; matrices decay, norms (1-D tensors) do not."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    other = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": other, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8)
+
+
+def lm_loss(logits: Tensor, labels: Tensor) -> Tensor:
+    """Mean next-token cross entropy; logits [B, T, V], labels [B, T]."""
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+def save_state(path: Path, model: nn.Module, opt: torch.optim.Optimizer, *, step: int, tokens_seen: int,
+               seconds: float, key: Mapping[str, Any]) -> None:
+    """Atomic checkpoint: temp file, then rename."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                "tokens_seen": tokens_seen, "seconds": seconds, "rng": torch.get_rng_state(),
+                "key": dict(key)}, tmp)
+    os.replace(tmp, path)
+
+
+def load_state(path: Path) -> dict[str, Any]:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, OSError, EOFError) as exc:
+        raise CheckpointError(f"{path} is not a readable training checkpoint ({exc}); delete it or "
+                              "build with --no-resume") from None
+
+
+def train(model: nn.Module, batches: TokenBatches, cfg: TrainConfig, *, state_dir: Path | None = None,
+          key: Mapping[str, Any] | None = None,
+          on_step: Callable[[int, float, float], None] | None = None) -> TrainResult:
+    """Train `model` in place for `cfg.steps` steps (or until `cfg.max_seconds`).
+
+    `state_dir`: where checkpoints go and where a matching one (same `key`, same config) is resumed
+    from. `on_step(step, loss, tokens_per_s)` reports progress after every optimizer step.
+    """
+    key = {"train": cfg.resume_key(), **(key or {})}
+    opt = make_optimizer(model, cfg)
+    step, tokens_seen, seconds = 0, 0, 0.0
+    state_path = state_dir / STATE_FILE if state_dir is not None else None
+    if state_path is not None and state_path.is_file():
+        state = load_state(state_path)
+        if state["key"] != key:
+            raise CheckpointError(f"{state_path} was written by a different build (config, seed or corpus); "
+                                  "delete it or build with --no-resume")
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+        step, tokens_seen, seconds = int(state["step"]), int(state["tokens_seen"]), float(state["seconds"])
+    resumed_from = step
+    model.train()
+    forward: Callable[[Tensor], Any] = torch.compile(model) if cfg.compile else model
+    compiled = cfg.compile
+    recent: list[float] = []
+    last_ckpt = time.monotonic()
+    stopped_by = "steps"
+    while step < cfg.steps:
+        if cfg.max_seconds is not None and seconds >= cfg.max_seconds:
+            stopped_by = "minutes"
+            break
+        t0 = time.monotonic()
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        batch = batches.batch(step)
+        try:
+            loss = _forward_backward(forward, batch, cfg.bf16)
+        except Exception as exc:  # torch.compile raises many types; only the first compiled step falls back
+            if not (compiled and step == resumed_from):
+                raise
+            warnings.warn(f"torch.compile failed ({type(exc).__name__}: {exc}); training eagerly instead",
+                          RuntimeWarning, stacklevel=2)
+            opt.zero_grad(set_to_none=True)
+            forward, compiled = model, False
+            loss = _forward_backward(forward, batch, cfg.bf16)
+        if cfg.grad_clip > 0:
+            nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        n_tok = batch.shape[0] * (batch.shape[1] - 1)
+        tokens_seen += n_tok
+        dt = time.monotonic() - t0
+        seconds += dt
+        recent = (recent + [loss])[-20:]
+        if state_path is not None and time.monotonic() - last_ckpt >= cfg.checkpoint_every_s:
+            save_state(state_path, model, opt, step=step, tokens_seen=tokens_seen, seconds=seconds, key=key)
+            last_ckpt = time.monotonic()
+        if on_step is not None:
+            on_step(step, loss, n_tok / max(dt, 1e-9))
+    if state_path is not None and step > resumed_from:
+        save_state(state_path, model, opt, step=step, tokens_seen=tokens_seen, seconds=seconds, key=key)
+    model.eval()
+    final = sum(recent) / len(recent) if recent else float("nan")
+    return TrainResult(steps=step, tokens_seen=tokens_seen, train_seconds=seconds, final_loss=final,
+                       stopped_by=stopped_by, resumed_from=resumed_from, compiled=compiled)
+
+
+def _forward_backward(forward: Callable[[Tensor], Any], batch: Tensor, bf16: bool) -> float:
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        logits = forward(batch[:, :-1]).logits
+    loss = lm_loss(logits, batch[:, 1:])
+    loss.backward()
+    return float(loss.detach())
+
+
+@torch.inference_mode()
+def evaluate(model: nn.Module, tokens: np.ndarray, seq_len: int, batch_size: int = 8) -> tuple[float, int]:
+    """(mean next-token CE in nats, tokens scored) over non-overlapping windows of `seq_len`, in fp32.
+
+    Every token but the first is predicted exactly once, from the up-to-`seq_len` tokens before it
+    within its window; perplexity = exp(mean CE).
+    """
+    if len(tokens) < 2:
+        raise DataError(f"the validation stream has {len(tokens)} tokens; need at least 2")
+    model.eval()
+    starts = list(range(0, len(tokens) - 1, seq_len))
+    total, count = 0.0, 0
+    for i in range(0, len(starts), batch_size):
+        group = starts[i:i + batch_size]
+        windows = [torch.from_numpy(tokens[s:s + seq_len + 1].astype(np.int64)) for s in group]
+        full = [w for w in windows if len(w) == seq_len + 1]
+        parts = [torch.stack(full)] if full else []
+        parts += [w[None] for w in windows if len(w) != seq_len + 1]
+        for x in parts:
+            logits = model(x[:, :-1]).logits
+            total += float(F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1),
+                                           reduction="sum"))
+            count += x.shape[0] * (x.shape[1] - 1)
+    return total / count, count
