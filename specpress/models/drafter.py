@@ -179,7 +179,8 @@ def target_fingerprint(cfg: TargetConfig, model: "TargetModel | None" = None) ->
     if model is not None:
         h = hashlib.sha256()
         for t in (model.model.norm.weight, model.lm_head.weight):
-            h.update(t.detach().float().cpu().contiguous().numpy().tobytes())
+            # rounded to bf16 first, so a target loaded in fp32 or bf16 gives the same fingerprint
+            h.update(t.detach().to(torch.bfloat16).float().cpu().contiguous().numpy().tobytes())
         out["weights_sha256"] = h.hexdigest()[:16]
     return out
 

@@ -1,0 +1,55 @@
+"""`specpress sweep`: a thin layer over specpress.sweep."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.argument("recipe")
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Output directory of the sweep.")
+@click.option("--resume", is_flag=True, help="Continue a sweep in --out: runs already in results.jsonl are skipped.")
+@click.option("--force", is_flag=True,
+              help="Discard --out's previous results (another recipe's, or this one's); built artifacts whose "
+                   "settings match are still reused.")
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Points measured in N parallel processes (each with cores/N torch threads).")
+@click.option("--find-smallest", is_flag=True,
+              help="Search the grid for the smallest drafter keeping tau (see --max-tau-loss) instead of running "
+                   "every point.")
+@click.option("--max-tau-loss", default=None,
+              help="With --find-smallest: the tau loss allowed, as 3% or 0.03 (retention >= 1 - loss)  [default: 3%]")
+def sweep(recipe: str, out: Path, resume: bool, force: bool, jobs: int, find_smallest: bool,
+          max_tau_loss: str | None) -> None:
+    """Run a recipe: compress the base drafter every way its grid says and measure each on the same prompts.
+
+    RECIPE is a YAML file (recipes/*.yaml) or the name of a bundled one (quickstart). Each grid point's
+    drafter is built under OUT/points/<id>/ (reused when it exists), benched against the same prompts as
+    the base drafter, and appended to OUT/results.jsonl with its bytes, tau, AR[k], acc@k, speedup and a
+    paired comparison with the base (mean per-prompt delta tau, 95 % bootstrap CI). At the end:
+    OUT/table.md, OUT/table.csv, OUT/plots/*.png|svg, and the Pareto front (bytes vs tau).
+
+    \b
+    Examples:
+      specpress sweep recipes/quickstart.yaml --out runs/quickstart
+      specpress sweep recipes/quickstart.yaml --out runs/quickstart --resume --jobs 2
+      specpress sweep recipes/eagle3.yaml --out runs/e3-search --find-smallest --max-tau-loss 3%
+    """
+    from specpress.errors import UsageError
+    from specpress.sweep.driver import Sweep, parse_loss
+    from specpress.sweep.recipe import load_recipe
+
+    if max_tau_loss is not None and not find_smallest:
+        raise UsageError("--max-tau-loss only applies with --find-smallest")
+    loss = parse_loss(max_tau_loss or "3%")
+    s = Sweep(load_recipe(recipe), out, resume=resume, force=force)
+    s.open()
+    if find_smallest:
+        if jobs > 1:
+            s.log("--find-smallest evaluates one point at a time (each choice depends on the last); --jobs ignored")
+        s.find_smallest(loss)
+    else:
+        s.run_all(jobs=jobs)
+    s.finalize()

@@ -1,0 +1,222 @@
+"""What every point of a sweep shares: the target, the base drafter, the prompts and the data streams.
+
+The parent process resolves the target (`zoo` -> ensure_zoo) and the base drafter (a path, or distilled
+once into `$SPECPRESS_CACHE/drafters/<hash>`, reused by every later sweep with the same distill config,
+data and target), then opens a SweepContext; worker processes open their own from the resolved dirs.
+Token streams are cached as .npy files under OUT/cache/ (written atomically, memory-mapped on reuse).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from specpress.errors import DataError, UsageError
+from specpress.sweep.recipe import DataSource, Recipe
+
+AGREEMENT_WINDOWS = (8, 128)  # [batch, seq_len] of each agreement batch
+
+
+def cache_root() -> Path:
+    cache = os.environ.get("SPECPRESS_CACHE")
+    return Path(cache).expanduser() if cache else Path.home() / ".cache" / "specpress"
+
+
+def _sha(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def dir_digest(path: Path) -> str:
+    """Digest of an artifact directory's config.json and weight files (identifies the base drafter)."""
+    files = sorted(p for p in Path(path).iterdir() if p.is_file() and (p.suffix in (".json", ".safetensors", ".bin")))
+    return _sha({p.name: file_digest(p) for p in files})
+
+
+def resolve_target(recipe: Recipe, log: Callable[[str], None] = print) -> Path:
+    spec = recipe.target
+    if spec.zoo is not None:
+        from specpress.zoo import default_zoo_dir, ensure_zoo, is_zoo_dir
+
+        if not is_zoo_dir(default_zoo_dir(spec.zoo)):
+            log(f"building the zoo target ({spec.zoo}) first: `specpress zoo build --size {spec.zoo}` (cached after)")
+        return ensure_zoo(spec.zoo)
+    assert spec.path is not None
+    if not (spec.path / "config.json").is_file():
+        raise UsageError(f"target {spec.path} is not a model directory (no config.json); fix `target:` in the recipe")
+    return spec.path
+
+
+def token_stream(source: DataSource, tokenizer: Any | None, eos_id: int | None, cache_dir: Path | None = None,
+                 tokenizer_tag: str = "") -> np.ndarray:
+    """The int32 token stream of a data source (documents joined by EOS), cached under cache_dir."""
+    key = _sha({"source": source.to_json(), "tokenizer": tokenizer_tag, "eos": eos_id})
+    cached = cache_dir / f"tokens-{key}.npy" if cache_dir is not None else None
+    if cached is not None and cached.is_file():
+        return np.load(cached, mmap_mode="r")
+    stream = _read_stream(source, tokenizer, eos_id)
+    if cached is not None:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp.npy")
+        np.save(tmp, stream)
+        tmp.replace(cached)
+    return stream
+
+
+def _read_stream(source: DataSource, tokenizer: Any | None, eos_id: int | None) -> np.ndarray:
+    from specpress.compress.data import encode_stream, read_texts
+
+    if source.path is not None and source.path.suffix == ".jsonl" and source.path.is_file():
+        first = next((ln for ln in source.path.read_text().splitlines() if ln.strip()), "")
+        if '"input_ids"' in first:
+            ids: list[int] = []
+            for n, line in enumerate(source.path.read_text().splitlines(), start=1):
+                if line.strip():
+                    row = json.loads(line).get("input_ids")
+                    if not isinstance(row, list) or not all(isinstance(i, int) for i in row):
+                        raise DataError(f"{source.path}:{n}: \"input_ids\" must be a list of integers")
+                    ids += row + ([eos_id] if eos_id is not None else [])
+            return np.asarray(ids, dtype=np.int32)
+    if tokenizer is None:
+        raise DataError(f"data {source.to_json()} is text but the target has no tokenizer.json; give a .jsonl of "
+                        f"{{\"input_ids\": [...]}} lines instead")
+    if eos_id is None:
+        raise UsageError("the target's config.json has no eos_token_id, needed to join documents; add one")
+    if source.zoo_split is not None:
+        from specpress.zoo import load_split_text
+
+        texts = load_split_text(source.zoo_split)  # type: ignore[arg-type]
+    else:
+        texts = read_texts(source.path)  # type: ignore[arg-type]
+    return encode_stream(texts, tokenizer, eos_id)
+
+
+def resolve_drafter(recipe: Recipe, target_dir: Path, log: Callable[[str], None] = print) -> Path:
+    """The base drafter dir: the recipe's path, or the cached distillation (built now if missing)."""
+    spec = recipe.drafter
+    if spec.distill is None:
+        assert spec.path is not None
+        if not (spec.path / "config.json").is_file():
+            raise UsageError(f"drafter {spec.path} is not a drafter directory (no config.json); fix `drafter:`")
+        return spec.path
+    from specpress.compress.data import WindowSampler
+    from specpress.compress.distill import distill, split_stream
+    from specpress.models.drafter import target_fingerprint
+    from specpress.models.target import load_target
+
+    target = load_target(target_dir, dtype=recipe.dtype)
+    cfg, data = spec.distill.config, spec.distill.data
+    key = _sha({"config": {k: v for k, v in cfg.to_dict().items() if k != "checkpoint_minutes"},
+                "data": data.to_json(), "target": target_fingerprint(target.config, target)})
+    out = cache_root() / "drafters" / key
+    if (out / "config.json").is_file():
+        log(f"base drafter: reusing {out} (distilled earlier with the same config, data and target)")
+        return out
+    tok, tag = _tokenizer(target_dir)
+    eos = target.config.eos_ids[0] if target.config.eos_ids else None
+    stream = token_stream(data, tok, eos)
+    if data.zoo_split == "train":
+        held = token_stream(DataSource(zoo_split="val"), tok, eos)
+        train = stream
+    else:
+        train, held = split_stream(stream, cfg.seq_len)
+    budget = f"{cfg.steps} steps" if cfg.steps else f"{cfg.minutes} min"
+    log(f"base drafter: distilling a {cfg.family} drafter ({budget}) into {out}; later sweeps reuse it")
+    sampler = WindowSampler(train, cfg.seq_len, cfg.batch, cfg.seed)
+    heldout = WindowSampler(held, cfg.seq_len, cfg.batch, cfg.seed + 1) if held is not None and \
+        len(held) > cfg.seq_len else None
+    distill(target, cfg, sampler, out, resume=True, progress=True, heldout=heldout,
+            provenance_extra={"source": data.to_json(), "target": str(target_dir), "sweep_cache_key": key})
+    return out
+
+
+def _tokenizer(target_dir: Path) -> tuple[Any | None, str]:
+    f = Path(target_dir) / "tokenizer.json"
+    if not f.is_file():
+        return None, ""
+    from specpress.models.tokenizer import load_tokenizer
+
+    return load_tokenizer(target_dir), file_digest(f)
+
+
+@dataclass
+class SweepContext:
+    recipe: Recipe
+    out: Path
+    target_dir: Path
+    base_dir: Path
+    target: Any  # TargetModel
+    tokenizer: Any | None
+    tokenizer_tag: str
+    prompts: list[Any]  # [Prompt]
+    policies: tuple[str, ...]
+    base_info: dict[str, Any]  # inspect_artifact of the base drafter
+    base_digest: str
+    _streams: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def eos_id(self) -> int | None:
+        return self.target.config.eos_ids[0] if self.target.config.eos_ids else None
+
+    def stream(self, source: DataSource) -> np.ndarray:
+        key = source.to_json()
+        if key not in self._streams:
+            self._streams[key] = token_stream(source, self.tokenizer, self.eos_id, self.out / "cache",
+                                              self.tokenizer_tag)
+        return self._streams[key]
+
+    def stored_dtype(self) -> Any:
+        import torch
+
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(
+            str(self.base_info.get("dtype")), torch.float32)
+
+    def agreement_sampler(self) -> Any | None:
+        """Windows for acc@k (None when agreement_batches is 0)."""
+        if not self.recipe.agreement_batches:
+            return None
+        from specpress.compress.data import WindowSampler
+
+        batch, seq = AGREEMENT_WINDOWS
+        seq = min(seq, self.target.config.max_position_embeddings - 1)
+        return WindowSampler(self.stream(self.recipe.agreement_data), seq, batch, self.recipe.seed)
+
+
+def open_context(recipe: Recipe, out: Path, target_dir: Path, base_dir: Path, base_digest: str | None = None
+                 ) -> SweepContext:
+    from specpress.models.drafter_io import read_drafter_config
+    from specpress.models.inspect import inspect_artifact
+    from specpress.models.target import load_target
+    from specpress.runtime.bench import default_policy
+    from specpress.runtime.prompts import load_prompts
+
+    target = load_target(target_dir, dtype=recipe.dtype)
+    tok, tag = _tokenizer(target_dir)
+    spec = recipe.prompts
+    if spec.path is not None:
+        prompts = load_prompts(spec.path, tok, target.config.vocab_size)
+    else:
+        if tok is None:
+            raise UsageError(f"held-out prompts need the target's tokenizer.json ({target_dir} has none); give "
+                             f"`prompts:` a .jsonl of {{\"input_ids\": [...]}} lines")
+        from specpress.runtime.heldout import heldout_code_prompts
+
+        prompts = heldout_code_prompts(tok, spec.heldout_n, spec.heldout_tokens, spec.heldout_seed)
+    info = inspect_artifact(base_dir)
+    info["family"] = read_drafter_config(base_dir)[0]  # inspect calls a public standalone LM a "target"
+    policies = recipe.policies or (default_policy(info["family"]),)
+    return SweepContext(recipe, out, Path(target_dir), Path(base_dir), target, tok, tag, prompts, policies, info,
+                        base_digest or dir_digest(base_dir))

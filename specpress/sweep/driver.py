@@ -1,0 +1,355 @@
+"""The sweep loop: claim OUT, resolve target and base drafter, run the base then every point (serially or in
+N spawned processes), pair each run with the base, append results.jsonl, then finalize (Pareto flags,
+tables, plots). `Sweep.find_smallest` runs the same machinery over a search instead of the whole grid.
+
+    sweep = Sweep(load_recipe("recipes/quickstart.yaml"), Path("runs/qs"), console)
+    sweep.open()
+    sweep.run_all(jobs=1)
+    records = sweep.finalize()
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as _dt
+import itertools
+import os
+from pathlib import Path
+from typing import Any
+
+from specpress.errors import UsageError
+from specpress.sweep import results as R
+from specpress.sweep.grid import Point
+from specpress.sweep.recipe import Recipe
+from specpress.sweep.stats import paired_comparison, pareto_flags
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+class Sweep:
+    def __init__(self, recipe: Recipe, out: Path, console: Any = None, *, resume: bool = False,
+                 force: bool = False) -> None:
+        from rich.console import Console
+
+        self.recipe, self.out = recipe, Path(out).expanduser().resolve()
+        self.console = console or Console(stderr=True)
+        self.resume, self.force = resume, force
+        self.ctx: Any = None
+
+    def log(self, msg: str, style: str | None = None) -> None:
+        from rich.markup import escape
+
+        self.console.print(escape(msg), style=style, highlight=False)
+
+    # ------------------------------------------------------------------ setup
+
+    def open(self) -> None:
+        from specpress.sweep.context import dir_digest, open_context, resolve_drafter, resolve_target
+
+        R.guard_out(self.out, self.recipe, resume=self.resume, force=self.force)
+        for s in self.recipe.skipped:
+            self.log(f"skipped (no such combination): {s}", style="dim")
+        target_dir = resolve_target(self.recipe, self.log)
+        base_dir = resolve_drafter(self.recipe, target_dir, self.log)
+        self.ctx = open_context(self.recipe, self.out, target_dir, base_dir, dir_digest(base_dir))
+        self._check_policies()
+        self._prepare()
+        self.log(f"sweep {self.recipe.name or ''} -> {self.out}: {len(self.recipe.points)} points x "
+                 f"{len(self.runs())} run(s) each, {len(self.ctx.prompts)} prompts x "
+                 f"{self.recipe.max_new_tokens} new tokens; base drafter {base_dir} "
+                 f"({self.ctx.base_info['family']}, {self.ctx.base_info['params']:,} params)")
+
+    def _check_policies(self) -> None:
+        from specpress.runtime.drafting import check_policy
+        from specpress.runtime.policy import parse_policy
+
+        family = self.ctx.base_info["family"]
+        for p in self.ctx.policies:
+            try:
+                check_policy(family, parse_policy(p))
+            except UsageError as exc:
+                raise UsageError(f"{self.recipe.source or 'recipe'}: policies: {exc}") from None
+
+    def _prepare(self) -> None:
+        """Tokenize the shared data streams once, here, so workers memory-map them (and errors come early)."""
+        from specpress.sweep.run import _uses_calibration
+
+        self.ctx.agreement_sampler()
+        if any(_uses_calibration(s) for p in self.recipe.points for s in p.steps):
+            self.ctx.stream(self.recipe.calibration)
+
+    def runs(self, primary_only: bool = False) -> list[tuple[str, float, str]]:
+        r = self.recipe
+        runs = list(itertools.product(self.ctx.policies, r.temperatures, r.backends))
+        return runs[:1] if primary_only else runs
+
+    def missing(self, point: Point, runs: list[tuple[str, float, str]]) -> list[tuple[str, float, str]]:
+        done = R.latest(R.read_results(self.out))
+        return [run for run in runs if done.get(R.run_key(point.id, *run), {}).get("status") != "ok"]
+
+    # ------------------------------------------------------------------ records
+
+    def complete(self, rec: dict[str, Any]) -> dict[str, Any]:
+        """Add the recipe hash, bytes vs the base at 16 bits, and the paired comparison with the base."""
+        rec = {"recipe": self.recipe.hash(), **rec,
+               "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+        base_params = self.ctx.base_info.get("params") or 0
+        if rec["status"] == "ok":
+            rec["bytes_pct_base16"] = 100 * rec["bytes"] / (2 * base_params) if base_params else None
+            base = R.latest(R.read_results(self.out)).get(R.run_key("base", rec["policy"], rec["temperature"],
+                                                                    rec["backend"]))
+            if rec["point"] == "base":
+                rec["paired"], rec["retention"] = None, 1.0
+            elif base is None or base["status"] != "ok":
+                rec["paired"], rec["retention"] = None, None
+            else:
+                rec["paired"] = paired_comparison(rec["per_prompt_tau"], base["per_prompt_tau"], seed=self.recipe.seed)
+                rec["retention"] = rec["tau"] / base["tau"] if base["tau"] else None
+        rec["pareto"] = None
+        return rec
+
+    def _append(self, recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for rec in recs:
+            rec = self.complete(rec)
+            R.append_result(self.out, rec)
+            self._report(rec)
+            out.append(rec)
+        return out
+
+    def _report(self, r: dict[str, Any]) -> None:
+        head = f"{r['point']:<22} {r['policy']} T={r['temperature']:g}"
+        if r["status"] != "ok":
+            self.log(f"{head}: failed: {r['error']}", style="red")
+            return
+        from specpress.sweep.report import fmt_bytes
+
+        p = r.get("paired") or {}
+        ci = p.get("ci")
+        delta = "" if p.get("delta_tau") is None else f"  Δτ {p['delta_tau']:+.3f}" + (
+            f" [{ci[0]:+.3f}, {ci[1]:+.3f}]{' resolved' if p['resolved'] else ''}" if ci else "")
+        ret = "" if r.get("retention") is None else f" ({100 * r['retention']:.1f} %)"
+        acc = f"  acc@1 {r['agreement'][0]:.3f}" if r.get("agreement") else ""
+        self.log(f"{head}: τ {r['tau']:.3f}{ret}{delta}  {fmt_bytes(r['bytes'])}{acc}  speedup {r['speedup']:.2f}×"
+                 f"  [{r['wall_s']:.0f} s]")
+
+    # ------------------------------------------------------------------ running
+
+    def evaluate(self, point: Point, runs: list[tuple[str, float, str]], progress: Any = None
+                 ) -> list[dict[str, Any]]:
+        """Measure `runs` of one point in this process (bench progress on `progress`); append the records."""
+        from specpress.sweep.run import measure_point
+
+        task = None
+        if progress is not None:
+            task = progress.add_task(f"{point.id}", total=len(self.ctx.prompts) * len(runs))
+        try:
+            recs = measure_point(self.ctx, point, runs, log=self.log,
+                                 on_prompt=(lambda run, i: progress.advance(task)) if task is not None else None)
+        finally:
+            if task is not None:
+                progress.remove_task(task)
+        return self._append(recs)
+
+    def run_all(self, jobs: int = 1, points: list[Point] | None = None) -> None:
+        """The base first (in this process), then every other point with missing runs."""
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        pts = list(points or self.recipe.points)
+        todo = [(p, self.missing(p, self.runs())) for p in pts]
+        todo = [(p, runs) for p, runs in todo if runs]
+        skipped = len(pts) - len(todo)
+        if skipped:
+            self.log(f"resuming: {skipped} point(s) already measured, {len(todo)} to go")
+        base = [(p, r) for p, r in todo if p.is_base]
+        rest = [(p, r) for p, r in todo if not p.is_base]
+        cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*cols, console=self.console, transient=True) as progress:
+            overall = progress.add_task("sweep points", total=len(todo))
+            for p, runs in base:
+                self.evaluate(p, runs, progress)
+                progress.advance(overall)
+            if jobs <= 1 or len(rest) <= 1:
+                for p, runs in rest:
+                    self.evaluate(p, runs, progress)
+                    progress.advance(overall)
+            else:
+                self._parallel(rest, jobs, progress, overall)
+
+    def _parallel(self, todo: list[tuple[Point, list]], jobs: int, progress: Any, overall: Any) -> None:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+        from concurrent.futures.process import BrokenProcessPool
+
+        from specpress.sweep.run import error_summary, init_worker, work
+
+        threads = max(1, cores() // jobs)
+        self.log(f"running {len(todo)} points in {jobs} processes, {threads} torch thread(s) each")
+        c = self.ctx
+        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"), initializer=init_worker,
+                                   initargs=(self.recipe, self.out, c.target_dir, c.base_dir, c.base_digest, threads))
+        try:
+            futures = {pool.submit(work, p, runs): (p, runs) for p, runs in todo}
+            for fut in as_completed(futures):
+                p, runs = futures[fut]
+                try:
+                    recs = fut.result()
+                except BrokenProcessPool as exc:  # a worker died (killed, out of memory): record, go on
+                    recs = [{"point": p.id, "steps": [s.to_dict() for s in p.steps], "policy": r[0],
+                             "temperature": r[1], "backend": r[2], "status": "failed", **error_summary(exc)}
+                            for r in runs]
+                self._append(recs)
+                progress.advance(overall)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    # ------------------------------------------------------------------ outputs
+
+    def finalize(self, show: bool = True) -> list[dict[str, Any]]:
+        """One record per run (the last), Pareto flags per series; rewrite results.jsonl, tables, plots."""
+        from specpress.sweep.plots import write_plots
+        from specpress.sweep.report import group_key, rich_tables, write_tables
+
+        recs = list(R.latest(R.read_results(self.out)).values())
+        series: dict[Any, list[dict[str, Any]]] = {}
+        for r in recs:
+            r["pareto"] = None
+            if r["status"] == "ok":
+                series.setdefault(group_key(r), []).append(r)
+        for rows in series.values():
+            for r, flag in zip(rows, pareto_flags([(r["bytes"], r["tau"]) for r in rows])):
+                r["pareto"] = flag
+        R.rewrite_results(self.out, recs)
+        paths = write_tables(self.out, recs, title=f"sweep {self.recipe.name}".strip())
+        paths += write_plots(self.out, recs)
+        if show:
+            from rich.console import Console
+
+            out = Console()
+            if not out.is_terminal:  # piped or captured: no terminal width to fit, so do not wrap at 80
+                out = Console(width=200)
+            for t in rich_tables(recs):
+                out.print(t)
+            self.log(f"wrote {', '.join(str(p.relative_to(self.out)) for p in paths[:2])}, results.jsonl and "
+                     f"plots/ under {self.out}")
+        return recs
+
+    # ------------------------------------------------------------------ find-smallest
+
+    def find_smallest(self, loss: float) -> Any:
+        """Search the grid for the smallest point keeping retention >= 1 - loss (search.py); writes search.json."""
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from specpress.artifacts import write_json
+        from specpress.sweep.report import fmt_bytes
+        from specpress.sweep.search import Candidate, Trial, find_smallest
+
+        run = self.runs(primary_only=True)
+        cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*cols, console=self.console, transient=True) as progress:
+            base = self.recipe.points[0]
+            if self.missing(base, run):
+                self.evaluate(base, run, progress)
+            key = R.run_key("base", *run[0])
+            brec = R.latest(R.read_results(self.out))[key]
+            if brec["status"] != "ok":
+                raise UsageError(f"the base drafter's run failed ({brec['error']}); nothing to compare against")
+            cands, unsized = [], []
+            for p in self.recipe.points[1:]:
+                try:
+                    cands.append(Candidate(p.id, self.point_bytes(p)))
+                except Exception as exc:  # such a point cannot be built either: left out, and said so
+                    unsized.append({"point": p.id, "error": f"{type(exc).__name__}: {exc}"})
+                    self.log(f"{p.id}: cannot be sized ({exc}); left out of the search", style="red")
+            self.log(f"searching {len(cands)} points (sorted by bytes) for the smallest with τ retention >= "
+                     f"{100 * (1 - loss):.1f} % of the base's τ {brec['tau']:.3f} ({run[0][0]}, T={run[0][1]:g})")
+
+            def evaluate(pid: str) -> Trial:
+                point = self.recipe.point(pid)
+                if self.missing(point, run):
+                    self.evaluate(point, run, progress)
+                r = R.latest(R.read_results(self.out))[R.run_key(pid, *run[0])]
+                p = r.get("paired") or {}
+                return Trial(pid, r.get("bytes"), r.get("retention") if r["status"] == "ok" else None,
+                             tau=r.get("tau"), delta_tau=p.get("delta_tau"), ci=p.get("ci"), error=r.get("error"))
+
+            result = find_smallest(cands, evaluate, 1 - loss)
+        for i, t in enumerate(result.trials, 1):
+            verdict = "error" if t.retention is None else ("pass" if t.passed else "fail")
+            ret = "–" if t.retention is None else f"{100 * t.retention:.1f} %"
+            self.log(f"  tried {i}: {t.id:<22} {fmt_bytes(t.bytes):>10}  retention {ret:>8}  {verdict}")
+        if result.found:
+            t = next(t for t in result.trials if t.id == result.found)
+            self.log(f"smallest point keeping >= {100 * (1 - loss):.1f} % of τ: {result.found} "
+                     f"({fmt_bytes(t.bytes)}, retention {100 * (t.retention or 0):.1f} %); evaluated "
+                     f"{len(result.trials)} of {len(cands)} points", style="bold")
+        else:
+            self.log(f"no compressed point keeps >= {100 * (1 - loss):.1f} % of τ (evaluated {len(result.trials)} of "
+                     f"{len(cands)}): the base drafter is the smallest that does")
+        write_json(self.out / "search.json", {
+            "criterion": "retention point estimate tau/tau_base >= 1 - max_tau_loss (pooled tau; paired CI "
+                         "reported, not required)", "max_tau_loss": loss, "policy": run[0][0],
+            "temperature": run[0][1], "backend": run[0][2], "base_tau": brec["tau"], **result.to_dict(),
+            "unsized": unsized})
+        return result
+
+    def point_bytes(self, point: Point) -> int:
+        """The point's stored bytes: from its artifact when built, else from a cheap in-memory build (gptq as
+        rtn, no recovery, magnitude importance: the same shapes and storage)."""
+        import json
+
+        from specpress.models.inspect import inspect_artifact
+        from specpress.sweep.run import artifact_key, point_dir
+
+        art = point_dir(self.out, point) / "drafter"
+        keyfile = art.parent / "point.json"
+        if (art / "config.json").is_file() and keyfile.is_file() and \
+                json.loads(keyfile.read_text()) == artifact_key(self.ctx, point):
+            return int(inspect_artifact(art)["bytes"])
+        return sizing_bytes(self.ctx, point, self._base_copy())
+
+    def _base_copy(self) -> Any:
+        if not hasattr(self, "_base_model"):
+            from specpress.models.drafter_io import load_drafter
+
+            self._base_model = load_drafter(self.ctx.base_dir, self.ctx.target)
+        return copy.deepcopy(self._base_model)
+
+
+def sizing_bytes(ctx: Any, point: Point, drafter: Any) -> int:
+    """Stored bytes of `point` built cheaply from `drafter` (a private copy of the base)."""
+    from specpress.compress.quantize.api import stored_bytes
+    from specpress.compress.quantize.configs import GPTQConfig, IntWeightOnlyConfig
+    from specpress.sweep.grid import Step
+    from specpress.sweep.run import apply_step
+
+    for step in point.steps:
+        cfg = step.config()
+        if step.kind == "prune":
+            opts = {**dict(step.options), "recover_steps": 0}
+            if cfg.structural:
+                opts["importance"] = "magnitude"
+            step = Step("prune", tuple(opts.items()))
+        elif isinstance(cfg, GPTQConfig):
+            from specpress.compress.quantize.api import quantize
+
+            rtn = IntWeightOnlyConfig(bits=cfg.bits, group_size=cfg.group_size, symmetric=cfg.symmetric,
+                                      include=cfg.include, exclude=cfg.exclude)
+            drafter = quantize(drafter, rtn, None, float_dtype=ctx.stored_dtype())
+            continue
+        drafter = apply_step(ctx, drafter, step)
+    return int(stored_bytes(drafter, ctx.stored_dtype()))
+
+
+def parse_loss(text: str) -> float:
+    """'3%' or '0.03' -> 0.03; must lie in (0, 1)."""
+    s = str(text).strip()
+    try:
+        v = float(s[:-1]) / 100 if s.endswith("%") else float(s)
+    except ValueError:
+        raise UsageError(f"--max-tau-loss {text!r}: give a percentage like 3% or a fraction like 0.03") from None
+    if not 0 < v < 1:
+        raise UsageError(f"--max-tau-loss {text!r} must lie strictly between 0 and 100 %")
+    return v

@@ -1,0 +1,262 @@
+"""The grid of a recipe: compression chains, expanded from product specs, each point an ordered list of steps.
+
+A grid entry is one of
+
+    {quantize: {scheme: int4, group_size: [32, 64], method: [rtn, gptq]}}    a stage; list values expand
+    {prune: {ffn: [0.25, 0.5], recover_steps: 100}}                          (a product over every list)
+    {chain: [{prune: {ffn: 0.5}}, {quantize: {scheme: [int8, int4]}}]}       stages in order; products chain
+    [{prune: {ffn: 0.5}}, {quantize: {scheme: int4}}]                        the same, written as a list
+
+with an optional `id` for an entry that expands to a single point. Every stage's fields are validated by
+building its config (quantize: `config_for`, prune: `PruneConfig`); a combination of a product that does
+not exist (nf4 with gptq, fp8 with a group size) is skipped and reported, an explicit one is an error.
+`include` / `exclude` (quantize) are lists of module names and never expand. Quantization comes last in a
+chain: prune refuses quantized drafters. Point ids are built from the settings (`int4-g64-gptq`,
+`ffn50-r100`, `ffn50+int4-g64`); `base` (no steps) is reserved and always measured.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from specpress.errors import ConfigError
+
+BASE_ID = "base"
+STAGES = ("quantize", "prune")
+QUANTIZE_FIELDS = ("scheme", "method", "group_size", "symmetric", "include", "exclude", "calib_batches", "batch",
+                   "seq_len")
+NAME_LISTS = ("include", "exclude")  # quantize fields whose list value is one setting, not a product axis
+CALIB_DEFAULTS = {"calib_batches": 8, "batch": 4, "seq_len": 128}  # as `specpress quantize`
+ENTRY_KEYS = ("id", "quantize", "prune", "chain")
+_ID_OK = re.compile(r"[^A-Za-z0-9._+-]")
+
+
+def _freeze(v: Any) -> Any:
+    return tuple(_freeze(x) for x in v) if isinstance(v, (list, tuple)) else v
+
+
+def _thaw(v: Any) -> Any:
+    return [_thaw(x) for x in v] if isinstance(v, tuple) else v
+
+
+@dataclass(frozen=True)
+class Step:
+    """One compression step: kind "quantize" or "prune" and its options (as written, hashable)."""
+
+    kind: str
+    options: tuple[tuple[str, Any], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {self.kind: {k: _thaw(v) for k, v in self.options}}
+
+    def config(self) -> Any:
+        """The step's compress config (QuantizeConfig or PruneConfig); ConfigError if it does not exist."""
+        opts = dict(self.options)
+        if self.kind == "quantize":
+            from specpress.compress.quantize.configs import config_for
+
+            return config_for(opts["scheme"], opts.get("method"), group_size=opts.get("group_size"),
+                              symmetric=opts.get("symmetric"), include=tuple(opts.get("include", ())),
+                              exclude=tuple(opts.get("exclude", ())))
+        from specpress.compress.prune import PruneConfig
+
+        return PruneConfig.from_dict(opts)
+
+    def calibration(self) -> dict[str, int]:
+        """Calibration windows of a quantize step (used by calibrated methods: gptq)."""
+        opts = dict(self.options)
+        return {k: int(opts.get(k, v)) for k, v in CALIB_DEFAULTS.items()}
+
+    def label(self) -> str:
+        return quant_label(self.config()) if self.kind == "quantize" else prune_label(self.config())
+
+
+@dataclass(frozen=True)
+class Point:
+    """A grid point: an id and the ordered steps applied to the base drafter (none: the base itself)."""
+
+    id: str
+    steps: tuple[Step, ...] = ()
+
+    @property
+    def is_base(self) -> bool:
+        return not self.steps
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "steps": [s.to_dict() for s in self.steps]}
+
+
+BASE = Point(BASE_ID)
+
+
+def _pct(r: float) -> str:
+    return f"{r * 100:g}"
+
+
+def quant_label(cfg: Any) -> str:
+    from specpress.compress.quantize.configs import BnbConfig, Fp8WeightOnlyConfig, GPTQConfig
+
+    if isinstance(cfg, Fp8WeightOnlyConfig):
+        s = "fp8"
+    elif isinstance(cfg, BnbConfig):
+        s = cfg.quant_type + (f"-g{cfg.blocksize}" if cfg.blocksize else "") + ("-bnb" if cfg.quant_type == "int8"
+                                                                               else "")
+    else:
+        s = f"int{cfg.bits}" + (f"-g{cfg.group_size}" if cfg.group_size else "")
+        s += ("-gptq" if isinstance(cfg, GPTQConfig) else "") + ("" if cfg.symmetric else "-asym")
+    if cfg.include:
+        s += "-inc_" + "_".join(cfg.include)
+    if cfg.exclude:
+        s += "-exc_" + "_".join(cfg.exclude)
+    return s
+
+
+def prune_label(cfg: Any) -> str:
+    parts = [f"{name}{_pct(getattr(cfg, name))}" for name in ("ffn", "heads") if getattr(cfg, name) is not None]
+    parts += [f"{name}{getattr(cfg, name)}" for name in ("layers", "vocab") if getattr(cfg, name) is not None]
+    s = "-".join(parts)
+    if cfg.structural and cfg.importance != "magnitude":
+        s += f"-{cfg.importance}"
+    if cfg.vocab is not None and cfg.vocab_source != "target":
+        s += f"-v{cfg.vocab_source}"
+    if cfg.recover_steps:
+        s += f"-r{cfg.recover_steps}"
+    return s
+
+
+def _stage_options(kind: str, body: Any, where: str) -> list[tuple[tuple[str, Any], ...]]:
+    """Every option tuple a stage spec expands to (product over its list values)."""
+    if not isinstance(body, Mapping):
+        raise ConfigError(f"{where}: a {kind} stage is a mapping of its settings, found {type(body).__name__}")
+    if kind == "quantize":
+        allowed: Sequence[str] = QUANTIZE_FIELDS
+        if "scheme" not in body:
+            raise ConfigError(f"{where}: a quantize stage needs `scheme` (int8, int4, nf4, fp4, fp8)")
+    else:
+        from dataclasses import fields
+
+        from specpress.compress.prune import PruneConfig
+
+        allowed = [f.name for f in fields(PruneConfig)]
+    unknown = [k for k in body if k not in allowed]
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r} in a {kind} stage; allowed: {', '.join(allowed)}")
+    axes: list[list[tuple[str, Any]]] = []
+    for key, value in body.items():
+        if key in NAME_LISTS:
+            if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+                raise ConfigError(f"{where}.{key}: a list of module names, found {value!r}")
+            axes.append([(key, tuple(value))])
+        elif isinstance(value, list):
+            if not value:
+                raise ConfigError(f"{where}.{key}: an empty list expands to no points")
+            if any(isinstance(x, (list, dict)) for x in value):
+                raise ConfigError(f"{where}.{key}: list values must be scalars, found {value!r}")
+            axes.append([(key, v) for v in value])
+        elif isinstance(value, dict):
+            raise ConfigError(f"{where}.{key}: a scalar or a list of scalars, found a mapping")
+        else:
+            axes.append([(key, value)])
+    return [tuple(combo) for combo in itertools.product(*axes)]
+
+
+def _check_calibration(step: Step, where: str) -> None:
+    for k in CALIB_DEFAULTS:
+        v = dict(step.options).get(k)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise ConfigError(f"{where}.{k} must be a positive integer, found {v!r}")
+
+
+def _stages(entry: Any, where: str) -> list[tuple[str, Any, str]]:
+    """(kind, body, where) of each stage of an entry."""
+    if isinstance(entry, list):
+        chain, cwhere = entry, where
+    elif isinstance(entry, Mapping):
+        unknown = [k for k in entry if k not in ENTRY_KEYS]
+        if unknown:
+            raise ConfigError(f"{where}: unknown key {unknown[0]!r} in a grid entry; allowed: {', '.join(ENTRY_KEYS)}")
+        kinds = [k for k in ("quantize", "prune", "chain") if k in entry]
+        if len(kinds) != 1:
+            raise ConfigError(f"{where}: a grid entry holds exactly one of quantize, prune or chain, found "
+                              f"{', '.join(kinds) or 'none'}")
+        if kinds[0] != "chain":
+            return [(kinds[0], entry[kinds[0]], f"{where}.{kinds[0]}")]
+        chain, cwhere = entry["chain"], f"{where}.chain"
+        if not isinstance(chain, list):
+            raise ConfigError(f"{cwhere}: a list of stages, found {type(chain).__name__}")
+    else:
+        raise ConfigError(f"{where}: a grid entry is a mapping (quantize / prune / chain) or a list of stages, found "
+                          f"{type(entry).__name__}")
+    if not chain:
+        raise ConfigError(f"{cwhere}: an empty chain; list at least one stage")
+    out = []
+    for i, stage in enumerate(chain):
+        swhere = f"{cwhere}[{i}]"
+        if not isinstance(stage, Mapping) or len(stage) != 1 or next(iter(stage)) not in STAGES:
+            raise ConfigError(f"{swhere}: a stage is a mapping with one key, quantize or prune, found {stage!r}")
+        kind = next(iter(stage))
+        out.append((kind, stage[kind], f"{swhere}.{kind}"))
+    return out
+
+
+def expand_entry(entry: Any, where: str) -> tuple[list[Point], list[str]]:
+    """(points, skipped combinations with the reason) of one grid entry."""
+    stages = _stages(entry, where)
+    per_stage = [[Step(kind, opts) for opts in _stage_options(kind, body, w)] for kind, body, w in stages]
+    product = any(len(s) > 1 for s in per_stage)
+    points: list[Point] = []
+    skipped: list[str] = []
+    for steps in itertools.product(*per_stage):
+        desc = " + ".join(f"{s.kind} {dict(s.options)}" for s in steps)
+        try:
+            labels = []
+            for step, (_, _, w) in zip(steps, stages):
+                _check_calibration(step, w)
+                labels.append(step.label())
+        except ConfigError as exc:
+            if not product:
+                raise ConfigError(f"{where}: {exc}") from None
+            skipped.append(f"{where}: {desc}: {exc}")
+            continue
+        kinds = [s.kind for s in steps]
+        if "quantize" in kinds and (kinds.count("quantize") > 1 or kinds[-1] != "quantize"):
+            raise ConfigError(f"{where}: quantization must be the last step of a chain, and come once (prune refuses "
+                              f"a quantized drafter); found {' -> '.join(kinds)}")
+        points.append(Point(_ID_OK.sub("_", "+".join(labels)), tuple(steps)))
+    if not points:
+        raise ConfigError(f"{where}: no combination of this product exists:\n  " + "\n  ".join(skipped))
+    if isinstance(entry, Mapping) and "id" in entry:
+        pid = entry["id"]
+        if not isinstance(pid, str) or not pid or _ID_OK.search(pid):
+            raise ConfigError(f"{where}.id: a non-empty name of letters, digits and . _ + -, found {pid!r}")
+        if len(points) != 1:
+            raise ConfigError(f"{where}.id: names one point, but this entry expands to {len(points)}; drop `id`")
+        points = [Point(pid, points[0].steps)]
+    return points, skipped
+
+
+def expand_grid(grid: Any, where: str = "grid") -> tuple[tuple[Point, ...], tuple[str, ...]]:
+    """(points, skipped): the base first, then every entry's points in order; ids are unique."""
+    if grid is None or (isinstance(grid, list) and not grid):
+        raise ConfigError(f"{where} is empty: list at least one compression point (the base drafter is always "
+                          f"measured too), e.g. `grid: [{{quantize: {{scheme: int8}}}}]`")
+    if not isinstance(grid, list):
+        raise ConfigError(f"{where} must be a list of entries, found {type(grid).__name__}")
+    points: list[Point] = [BASE]
+    skipped: list[str] = []
+    seen: dict[str, Point] = {BASE_ID: BASE}
+    for i, entry in enumerate(grid):
+        pts, sk = expand_entry(entry, f"{where}[{i}]")
+        skipped += sk
+        for p in pts:
+            if p.id in seen:
+                same = seen[p.id].steps == p.steps
+                raise ConfigError(f"{where}[{i}]: point {p.id!r} " + ("appears twice" if same else
+                                  "has the same id as another point; give one of them an `id`")
+                                  + ("" if p.id != BASE_ID else " (`base` is reserved for the uncompressed drafter)"))
+            seen[p.id] = p
+            points.append(p)
+    return tuple(points), tuple(skipped)

@@ -1,0 +1,326 @@
+"""Sweep recipes: YAML (yaml.safe_load) validated strictly into frozen dataclasses.
+
+    target: zoo                      # zoo | zoo:<size> (built on first use) | a local HF-format directory
+    drafter:                         # a drafter directory, or one distilled once and cached:
+      distill: {family: eagle3, steps: 1500, data: zoo-train}     # + any DistillConfig field
+    grid:                            # see grid.py; the base drafter is always measured too
+      - quantize: {scheme: [int8, fp8]}
+      - prune: {ffn: 0.5, recover_steps: 100}
+    policies: [chain:4]              # default: the drafter family's default policy
+    prompts: {heldout: {n: 100, tokens: 64}}   # or a .jsonl file ({"prompt"} / {"input_ids"} per line)
+    temperatures: [0]                # default [0]
+    backends: [torch]                # default [torch]; the only one sweeps run today
+    max_new_tokens: 64
+    seed: 0
+    dtype: fp32                      # the target's (and drafter's compute) dtype: fp32 | bf16 | fp16
+    calibration: zoo-train           # data for gptq, prune importance / vocab, recovery: zoo-train | PATH
+    agreement_batches: 4             # batches of [8, 128] windows for acc@k; 0 = off
+    agreement_data: zoo-val          # zoo-val (held-out stdlib files) | PATH
+
+Data (`calibration`, `agreement_data`, `distill.data`): `zoo-train` / `zoo-val` are the splits of the
+zoo corpus (this interpreter's stdlib), tokenized with the target's tokenizer; a PATH is a text file, a
+directory of text/code files, a .jsonl of {"text"} / {"messages"}, or a .jsonl of {"input_ids"} (already
+tokenized; needs no tokenizer). Relative paths resolve against the recipe file's directory; existence is
+checked when the sweep runs, not when the recipe loads. An unknown key is an error naming it and the
+allowed ones; `name` and `description` are free text and do not enter the recipe hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from specpress.errors import ConfigError
+from specpress.sweep.grid import Point, expand_grid
+
+RECIPE_VERSION = 1
+TOP_KEYS = ("version", "name", "description", "target", "drafter", "grid", "policies", "prompts", "temperatures",
+            "backends", "max_new_tokens", "seed", "dtype", "calibration", "agreement_batches", "agreement_data")
+REQUIRED = ("target", "drafter", "grid", "prompts")
+BACKENDS = ("torch",)  # onnxruntime / tensorrt drafters are not wired into sweeps yet
+DTYPES = ("fp32", "bf16", "fp16")
+ZOO_SPLITS = {"zoo-train": "train", "zoo-val": "val"}
+BUNDLED = Path(__file__).resolve().parent.parent / "recipes"  # package data: `specpress sweep quickstart`
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """A zoo corpus split (`zoo-train` / `zoo-val`) or a file / directory path."""
+
+    zoo_split: str | None = None
+    path: Path | None = None
+
+    def to_json(self) -> str:
+        return f"zoo-{self.zoo_split}" if self.zoo_split else str(self.path)
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    zoo: str | None = None  # zoo preset name
+    path: Path | None = None
+
+    def to_json(self) -> str:
+        return f"zoo:{self.zoo}" if self.zoo else str(self.path)
+
+
+@dataclass(frozen=True)
+class DistillSpec:
+    config: Any  # DistillConfig
+    data: DataSource
+
+    def to_json(self) -> dict[str, Any]:
+        return {"config": self.config.to_dict(), "data": self.data.to_json()}
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    path: Path | None = None
+    distill: DistillSpec | None = None
+
+    def to_json(self) -> Any:
+        return {"distill": self.distill.to_json()} if self.distill else str(self.path)
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    path: Path | None = None
+    heldout_n: int = 0
+    heldout_tokens: int = 64
+    heldout_seed: int = 0
+
+    def to_json(self) -> Any:
+        if self.path is not None:
+            return str(self.path)
+        return {"heldout": {"n": self.heldout_n, "tokens": self.heldout_tokens, "seed": self.heldout_seed}}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    target: TargetSpec
+    drafter: DrafterSpec
+    points: tuple[Point, ...]  # the base first
+    prompts: PromptSpec
+    policies: tuple[str, ...] = ()  # () = the drafter family's default
+    temperatures: tuple[float, ...] = (0.0,)
+    backends: tuple[str, ...] = ("torch",)
+    max_new_tokens: int = 64
+    seed: int = 0
+    dtype: str = "fp32"
+    calibration: DataSource = DataSource(zoo_split="train")
+    agreement_batches: int = 4
+    agreement_data: DataSource = DataSource(zoo_split="val")
+    skipped: tuple[str, ...] = ()  # product combinations that do not exist
+    name: str = ""
+    description: str = ""
+    source: Path | None = None
+
+    def point(self, pid: str) -> Point:
+        for p in self.points:
+            if p.id == pid:
+                return p
+        raise ConfigError(f"no grid point {pid!r}; points: {', '.join(p.id for p in self.points)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Canonical JSON form (paths resolved); what the hash is taken of, plus name / description."""
+        return {"version": RECIPE_VERSION, "name": self.name, "description": self.description,
+                "target": self.target.to_json(), "drafter": self.drafter.to_json(),
+                "points": [p.to_dict() for p in self.points], "policies": list(self.policies),
+                "prompts": self.prompts.to_json(), "temperatures": list(self.temperatures),
+                "backends": list(self.backends), "max_new_tokens": self.max_new_tokens, "seed": self.seed,
+                "dtype": self.dtype, "calibration": self.calibration.to_json(),
+                "agreement_batches": self.agreement_batches, "agreement_data": self.agreement_data.to_json()}
+
+    def hash(self) -> str:
+        d = self.to_dict()
+        d.pop("name")
+        d.pop("description")
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------------------------
+# Strict field readers: each error says where, what was expected and what was found
+# ----------------------------------------------------------------------------------------------
+
+
+def _found(v: Any) -> str:
+    return f"{v!r} ({type(v).__name__})"
+
+
+def _int(v: Any, where: str, lo: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise ConfigError(f"{where} must be an integer >= {lo}, found {_found(v)}")
+    return v
+
+
+def _str(v: Any, where: str) -> str:
+    if not isinstance(v, str) or not v.strip():
+        raise ConfigError(f"{where} must be a non-empty string, found {_found(v)}")
+    return v.strip()
+
+
+def _list(v: Any, where: str, example: str) -> list[Any]:
+    if not isinstance(v, list):
+        raise ConfigError(f"{where} must be a list, e.g. {example}; found {_found(v)}")
+    if not v:
+        raise ConfigError(f"{where} is an empty list; give at least one, e.g. {example}")
+    return v
+
+
+def _keys(v: Any, where: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> dict[str, Any]:
+    if not isinstance(v, Mapping):
+        raise ConfigError(f"{where} must be a mapping, found {_found(v)}")
+    for k in v:
+        if k not in allowed:
+            raise ConfigError(f"unknown key {k!r} in {where}; allowed: {', '.join(allowed)}")
+    for k in required:
+        if k not in v:
+            raise ConfigError(f"{where} needs {k!r} (allowed: {', '.join(allowed)})")
+    return dict(v)
+
+
+def _path(v: Any, where: str, base: Path) -> Path:
+    p = Path(_str(v, where)).expanduser()
+    return p if p.is_absolute() else (base / p).resolve()
+
+
+def _data(v: Any, where: str, base: Path) -> DataSource:
+    s = _str(v, where)
+    if s in ZOO_SPLITS:
+        return DataSource(zoo_split=ZOO_SPLITS[s])
+    if s.startswith("zoo"):
+        raise ConfigError(f"{where}: {s!r} is not a zoo split; use zoo-train, zoo-val or a path")
+    return DataSource(path=_path(s, where, base))
+
+
+def _target(v: Any, base: Path) -> TargetSpec:
+    s = _str(v, "target")
+    if s == "zoo" or s.startswith("zoo:"):
+        from specpress.zoo import PRESETS
+
+        size = s.partition(":")[2] or "small"
+        if size not in PRESETS:
+            raise ConfigError(f"target {s!r}: unknown zoo size {size!r}; sizes: {', '.join(PRESETS)}")
+        return TargetSpec(zoo=size)
+    return TargetSpec(path=_path(s, "target", base))
+
+
+def _drafter(v: Any, base: Path) -> DrafterSpec:
+    if isinstance(v, str):
+        return DrafterSpec(path=_path(v, "drafter", base))
+    from dataclasses import fields
+
+    from specpress.compress.config import DistillConfig
+
+    body = _keys(v, "drafter", ("distill",), ("distill",))["distill"]
+    allowed = ("data", *(f.name for f in fields(DistillConfig)), "version")
+    d = _keys(body, "drafter.distill", allowed, ("family",))
+    data = _data(d.pop("data", "zoo-train"), "drafter.distill.data", base)
+    try:
+        config = DistillConfig.from_dict(d)
+    except ConfigError as exc:
+        raise ConfigError(f"drafter.distill: {exc}") from None
+    return DrafterSpec(distill=DistillSpec(config, data))
+
+
+def _prompts(v: Any, base: Path) -> PromptSpec:
+    if isinstance(v, str):
+        return PromptSpec(path=_path(v, "prompts", base))
+    h = _keys(_keys(v, "prompts", ("heldout",), ("heldout",))["heldout"], "prompts.heldout", ("n", "tokens", "seed"),
+              ("n",))
+    return PromptSpec(heldout_n=_int(h["n"], "prompts.heldout.n", 1),
+                      heldout_tokens=_int(h.get("tokens", 64), "prompts.heldout.tokens", 1),
+                      heldout_seed=_int(h.get("seed", 0), "prompts.heldout.seed", 0))
+
+
+def _policies(v: Any) -> tuple[str, ...]:
+    from specpress.errors import UsageError
+    from specpress.runtime.policy import parse_policy
+
+    out = []
+    for i, p in enumerate(_list(v, "policies", "[chain:4, 'dynamic:depth=5,topk=8,budget=32']")):
+        try:
+            out.append(str(parse_policy(_str(p, f"policies[{i}]"))))
+        except UsageError as exc:
+            raise ConfigError(f"policies[{i}]: {exc}") from None
+    if len(set(out)) != len(out):
+        raise ConfigError(f"policies lists a policy twice: {out}")
+    return tuple(out)
+
+
+def _temperatures(v: Any) -> tuple[float, ...]:
+    out = []
+    for i, t in enumerate(_list(v, "temperatures", "[0, 0.7]")):
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or t < 0:
+            raise ConfigError(f"temperatures[{i}] must be a number >= 0, found {_found(t)}")
+        out.append(float(t))
+    if len(set(out)) != len(out):
+        raise ConfigError(f"temperatures lists a value twice: {out}")
+    return tuple(out)
+
+
+def _backends(v: Any) -> tuple[str, ...]:
+    out = []
+    for i, b in enumerate(_list(v, "backends", "[torch]")):
+        b = _str(b, f"backends[{i}]")
+        if b not in BACKENDS:
+            raise ConfigError(f"backends[{i}]: {b!r} is not a backend sweeps can run; backends: {', '.join(BACKENDS)}")
+        if b not in out:
+            out.append(b)
+    return tuple(out)
+
+
+def parse_recipe(obj: Any, base_dir: Path, source: Path | None = None) -> Recipe:
+    """Validate a recipe object (what yaml.safe_load returned); relative paths resolve against base_dir."""
+    where = str(source) if source else "recipe"
+    try:
+        d = _keys(obj, "the recipe (top level)", TOP_KEYS, REQUIRED)
+        ver = d.get("version", RECIPE_VERSION)
+        if ver != RECIPE_VERSION:
+            raise ConfigError(f"version {ver!r} is not readable; this specpress reads recipe version {RECIPE_VERSION}")
+        points, skipped = expand_grid(d["grid"])
+        dtype = _str(d.get("dtype", "fp32"), "dtype")
+        if dtype not in DTYPES:
+            raise ConfigError(f"dtype {dtype!r} is not known; choose one of {', '.join(DTYPES)}")
+        return Recipe(
+            target=_target(d["target"], base_dir), drafter=_drafter(d["drafter"], base_dir), points=points,
+            prompts=_prompts(d["prompts"], base_dir),
+            policies=_policies(d["policies"]) if "policies" in d else (),
+            temperatures=_temperatures(d["temperatures"]) if "temperatures" in d else (0.0,),
+            backends=_backends(d["backends"]) if "backends" in d else ("torch",),
+            max_new_tokens=_int(d.get("max_new_tokens", 64), "max_new_tokens", 1),
+            seed=_int(d.get("seed", 0), "seed", 0), dtype=dtype,
+            calibration=_data(d.get("calibration", "zoo-train"), "calibration", base_dir),
+            agreement_batches=_int(d.get("agreement_batches", 4), "agreement_batches", 0),
+            agreement_data=_data(d.get("agreement_data", "zoo-val"), "agreement_data", base_dir),
+            skipped=skipped, name=str(d.get("name") or (source.stem if source else "")),
+            description=str(d.get("description") or ""), source=source)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def resolve_recipe_path(arg: str | Path) -> Path:
+    """A recipe file, or the name of a bundled recipe (`quickstart`)."""
+    p = Path(arg).expanduser()
+    if p.is_file():
+        return p.resolve()
+    bundled = sorted(f.stem for f in BUNDLED.glob("*.yaml"))
+    if str(arg) in bundled:
+        return BUNDLED / f"{arg}.yaml"
+    raise ConfigError(f"recipe {str(arg)!r} is neither a file nor a bundled recipe (bundled: {', '.join(bundled)})")
+
+
+def load_recipe(arg: str | Path) -> Recipe:
+    """Read and validate a recipe file (or a bundled recipe's name)."""
+    import yaml
+
+    path = resolve_recipe_path(arg)
+    try:
+        obj = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
+    if obj is None:
+        raise ConfigError(f"{path}: the file is empty; a recipe needs {', '.join(REQUIRED)}")
+    return parse_recipe(obj, path.parent, path)

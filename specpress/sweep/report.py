@@ -1,0 +1,131 @@
+"""The sweep's tables: table.md (one table per policy / temperature / backend), table.csv, and a rich table.
+
+Columns: point, bytes, bytes as % of the base drafter stored in 16-bit (its params x 2 bytes), bits/param,
+tau, retention (tau / base tau), paired delta tau [95 % CI], resolved (the CI excludes 0), acc@1
+(top-1 agreement with the target at draft position 1), speedup, lossless (greedy mismatches / prompts),
+front (on the Pareto front of smaller bytes / higher tau).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Any, Iterable
+
+HEADERS = ("point", "bytes", "% base@16-bit", "bits/param", "τ", "retention", "Δτ [95 % CI]", "resolved", "acc@1",
+           "speedup", "lossless", "front")
+CSV_FIELDS = ("point", "policy", "temperature", "backend", "status", "bytes", "bytes_pct_base16", "bits_per_param",
+              "tau", "retention", "delta_tau", "ci_low", "ci_high", "resolved", "acc1", "speedup",
+              "lossless_mismatches", "prompts", "pareto", "steps", "error")
+
+
+def group_key(rec: dict[str, Any]) -> tuple[str, float, str]:
+    return rec["policy"], float(rec["temperature"]), rec["backend"]
+
+
+def group_title(key: tuple[str, float, str]) -> str:
+    return f"policy {key[0]}, temperature {key[1]:g}, backend {key[2]}"
+
+
+def groups(records: Iterable[dict[str, Any]]) -> dict[tuple[str, float, str], list[dict[str, Any]]]:
+    """Records per (policy, temperature, backend): the base first, then by bytes (largest first), failures last."""
+    out: dict[tuple[str, float, str], list[dict[str, Any]]] = {}
+    for r in records:
+        out.setdefault(group_key(r), []).append(r)
+    for rows in out.values():
+        rows.sort(key=lambda r: (r["status"] != "ok", r["point"] != "base", -(r.get("bytes") or 0), r["point"]))
+    return out
+
+
+def fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "–"
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
+
+
+def _f(v: Any, spec: str, default: str = "–") -> str:
+    return default if v is None else format(v, spec)
+
+
+def cells(rec: dict[str, Any]) -> list[str]:
+    """The display cells of one record (HEADERS order)."""
+    if rec["status"] != "ok":
+        err = str(rec.get("error") or "failed").splitlines()[0]
+        return [rec["point"], f"failed: {err[:80]}"] + [""] * (len(HEADERS) - 2)
+    paired = rec.get("paired")
+    if paired and paired.get("delta_tau") is not None:
+        ci = paired.get("ci")
+        delta = f"{paired['delta_tau']:+.3f}" + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else "")
+        resolved = "yes" if paired["resolved"] else "no"
+    else:
+        delta = resolved = "–"
+    acc = rec.get("agreement") or []
+    mism = rec.get("lossless_mismatches")
+    return [rec["point"], fmt_bytes(rec.get("bytes")), _f(rec.get("bytes_pct_base16"), ".1f") + " %",
+            _f(rec.get("bits_per_param"), ".2f"), _f(rec.get("tau"), ".3f"),
+            _f(None if rec.get("retention") is None else 100 * rec["retention"], ".1f") + " %", delta, resolved,
+            _f(acc[0] if acc else None, ".3f"), _f(rec.get("speedup"), ".2f") + "×",
+            "n/a" if mism is None else f"{mism}/{rec.get('prompts')}", "yes" if rec.get("pareto") else ""]
+
+
+def markdown(records: list[dict[str, Any]], title: str = "") -> str:
+    parts = [f"# {title}\n" if title else ""]
+    for key, rows in groups(records).items():
+        parts.append(f"## {group_title(key)}\n")
+        n = rows[0].get("prompts")
+        parts.append(f"{n} prompts, {rows[0].get('max_new_tokens')} new tokens each; Δτ: mean per-prompt τ "
+                     f"change vs the base on the same prompts, 95 % bootstrap CI; resolved = CI excludes 0.\n")
+        parts.append("| " + " | ".join(HEADERS) + " |")
+        parts.append("|" + "|".join("---" for _ in HEADERS) + "|")
+        for r in rows:
+            parts.append("| " + " | ".join(c.replace("|", "\\|") for c in cells(r)) + " |")
+        parts.append("")
+    return "\n".join(parts)
+
+
+def csv_text(records: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
+    w.writeheader()
+    for rows in groups(records).values():
+        for r in rows:
+            p = r.get("paired") or {}
+            ci = p.get("ci") or [None, None]
+            acc = r.get("agreement") or [None]
+            w.writerow({"point": r["point"], "policy": r["policy"], "temperature": r["temperature"],
+                        "backend": r["backend"], "status": r["status"], "bytes": r.get("bytes"),
+                        "bytes_pct_base16": r.get("bytes_pct_base16"), "bits_per_param": r.get("bits_per_param"),
+                        "tau": r.get("tau"), "retention": r.get("retention"), "delta_tau": p.get("delta_tau"),
+                        "ci_low": ci[0], "ci_high": ci[1], "resolved": p.get("resolved"), "acc1": acc[0],
+                        "speedup": r.get("speedup"), "lossless_mismatches": r.get("lossless_mismatches"),
+                        "prompts": r.get("prompts"), "pareto": r.get("pareto"),
+                        "steps": " -> ".join(next(iter(s)) + " " + str(next(iter(s.values()))) for s in r["steps"]),
+                        "error": r.get("error")})
+    return buf.getvalue()
+
+
+def write_tables(out: Path, records: list[dict[str, Any]], title: str = "") -> list[Path]:
+    md, cs = Path(out) / "table.md", Path(out) / "table.csv"
+    md.write_text(markdown(records, title))
+    cs.write_text(csv_text(records))
+    return [md, cs]
+
+
+def rich_tables(records: list[dict[str, Any]]) -> list[Any]:
+    from rich.markup import escape
+    from rich.table import Table
+
+    tables = []
+    for key, rows in groups(records).items():
+        t = Table(title=group_title(key), title_justify="left")
+        for h in HEADERS:
+            t.add_column(h, justify="left" if h in ("point", "Δτ [95 % CI]") else "right", overflow="fold")
+        for r in rows:
+            style = "red" if r["status"] != "ok" else ("bold" if r.get("pareto") else None)
+            t.add_row(*(escape(c) for c in cells(r)), style=style)
+        tables.append(t)
+    return tables

@@ -1,0 +1,194 @@
+"""One grid point: build its artifact (reused when already built), measure acc@k, bench every run.
+
+A run is (policy, temperature, backend); every run of every point decodes the SAME prompts, so the parent
+can pair each run with the base drafter's run of the same settings (stats.py). The artifact goes to
+OUT/points/<id>/drafter with OUT/points/<id>/point.json holding what it was built from (steps, base
+drafter digest, target, calibration data, seed): it is reused only when that key matches. Records are
+plain dicts; a failure (building or one run) becomes a record with `status: failed`, the error and a short
+traceback, and the sweep goes on. Worker processes (--jobs) call `init_worker` once and then `work`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from specpress.artifacts import write_json
+from specpress.runtime.bench import bench_speculative, load_drafter_for
+from specpress.sweep.context import SweepContext, file_digest, open_context
+from specpress.sweep.grid import Point, Step
+from specpress.sweep.recipe import Recipe
+
+RunSpec = tuple[str, float, str]  # (policy, temperature, backend)
+Log = Callable[[str], None]
+
+
+def target_tag(target_dir: Path) -> dict[str, Any]:
+    """Cheap identity of the target directory (config digest, weight file sizes)."""
+    weights = sorted(p for p in Path(target_dir).iterdir() if p.suffix in (".safetensors", ".bin"))
+    return {"config": file_digest(Path(target_dir) / "config.json"), "weights": {p.name: p.stat().st_size
+                                                                                 for p in weights}}
+
+
+def artifact_key(ctx: SweepContext, point: Point) -> dict[str, Any]:
+    calib = any(_uses_calibration(s) for s in point.steps)
+    return {"point": point.to_dict(), "base": ctx.base_digest, "target": target_tag(ctx.target_dir),
+            "calibration": ctx.recipe.calibration.to_json() if calib else None, "seed": ctx.recipe.seed,
+            "dtype": ctx.recipe.dtype}
+
+
+def _uses_calibration(step: Step) -> bool:
+    cfg = step.config()
+    return cfg.needs_data() if step.kind == "prune" else bool(cfg.needs_calibration)
+
+
+def point_dir(out: Path, point: Point) -> Path:
+    return out / "points" / point.id
+
+
+def apply_step(ctx: SweepContext, drafter: Any, step: Step) -> Any:
+    """One compression step on an in-memory drafter (attached to ctx.target); returns the new drafter."""
+    cfg = step.config()
+    source = ctx.recipe.calibration.to_json()
+    if step.kind == "prune":
+        from specpress.compress.prune import prune
+
+        return prune(drafter, cfg, target=ctx.target if cfg.needs_target() else None,
+                     calib=ctx.stream(ctx.recipe.calibration) if cfg.needs_data() else None,
+                     provenance_extra={"source": source} if cfg.needs_data() else None)
+    from specpress.compress.quantize.api import quantize, update_step
+
+    calibration = None
+    if cfg.needs_calibration:
+        from specpress.compress.data import WindowSampler
+        from specpress.compress.quantize.calibrate import DrafterCalibration
+
+        c = step.calibration()
+        sampler = WindowSampler(ctx.stream(ctx.recipe.calibration), c["seq_len"], c["batch"], ctx.recipe.seed)
+        calibration = DrafterCalibration(ctx.target, drafter, sampler, c["calib_batches"])
+    quantize(drafter, cfg, calibration, float_dtype=ctx.stored_dtype())
+    if calibration is not None:
+        update_step(drafter, calibration={"data": source, "windows": calibration.windows,
+                                          "tokens": calibration.tokens, "seed": ctx.recipe.seed})
+    return drafter
+
+
+def build_point(ctx: SweepContext, point: Point, log: Log | None = None) -> tuple[Path, bool]:
+    """(artifact dir, reused?): the base drafter itself, or OUT/points/<id>/drafter built from it."""
+    if point.is_base:
+        return ctx.base_dir, True
+    from specpress.models.drafter_io import load_drafter, save_drafter
+
+    pdir = point_dir(ctx.out, point)
+    art, keyfile = pdir / "drafter", pdir / "point.json"
+    key = artifact_key(ctx, point)
+    if (art / "config.json").is_file() and keyfile.is_file() and json.loads(keyfile.read_text()) == key:
+        return art, True
+    if log:
+        log(f"{point.id}: building (" + " -> ".join(s.label() for s in point.steps) + ")")
+    drafter = load_drafter(ctx.base_dir, ctx.target)
+    for step in point.steps:
+        drafter = apply_step(ctx, drafter, step)
+    pdir.mkdir(parents=True, exist_ok=True)
+    save_drafter(drafter, art, force=True, dtype=ctx.stored_dtype())
+    write_json(keyfile, key)
+    return art, False
+
+
+def error_summary(exc: BaseException) -> dict[str, Any]:
+    frames = traceback.extract_tb(exc.__traceback__)[-4:]
+    return {"error": f"{type(exc).__name__}: {exc}",
+            "traceback": [f"{Path(f.filename).name}:{f.lineno} in {f.name}" for f in frames]}
+
+
+def _base_record(point: Point, run: RunSpec, ctx: SweepContext) -> dict[str, Any]:
+    policy, temperature, backend = run
+    return {"point": point.id, "steps": [s.to_dict() for s in point.steps], "policy": policy,
+            "temperature": float(temperature), "backend": backend, "prompts": len(ctx.prompts),
+            "max_new_tokens": ctx.recipe.max_new_tokens}
+
+
+def measure_point(ctx: SweepContext, point: Point, runs: list[RunSpec], *, log: Log | None = None,
+                  on_prompt: Callable[[RunSpec, int], None] | None = None) -> list[dict[str, Any]]:
+    """Build (or reuse) the point's artifact, measure acc@k once, then bench each run: one record per run."""
+    from specpress.models.inspect import inspect_artifact
+    from specpress.runtime.policy import parse_policy
+
+    t0 = time.monotonic()
+    try:
+        art, reused = build_point(ctx, point, log)
+        build_s = time.monotonic() - t0
+        info = inspect_artifact(art)
+        quiet = not point.is_base or log is None  # points inherit the base's target fingerprint: warn once
+        drafter = load_drafter_for(ctx.target, art, warn=(lambda m: None) if quiet else log)
+        t1 = time.monotonic()
+        acc = None
+        sampler = ctx.agreement_sampler()
+        if sampler is not None:
+            from specpress.compress.agreement import agreement
+
+            acc = agreement(ctx.target, drafter, sampler, ctx.recipe.agreement_batches)
+        agreement_s = time.monotonic() - t1
+    except Exception as exc:  # recorded per run; the sweep goes on
+        fail = {"status": "failed", **error_summary(exc), "wall_s": time.monotonic() - t0}
+        return [{**_base_record(point, run, ctx), **fail} for run in runs]
+    shared = {"drafter_dir": _rel(art, ctx.out), "artifact_reused": reused, "family": info["family"],
+              "bytes": int(info["bytes"]), "params": int(info["params"]), "bits_per_param": info["bits_per_param"],
+              "dtype": info["dtype"], "provenance": info["provenance"], "agreement": acc,
+              "agreement_windows": None if sampler is None else ctx.recipe.agreement_batches * sampler.batch,
+              "build_s": build_s, "agreement_s": agreement_s}
+    records = []
+    for run in runs:
+        policy, temperature, backend = run
+        t2 = time.monotonic()
+        rec = {**_base_record(point, run, ctx), **shared}
+        try:
+            res = bench_speculative(
+                ctx.target, drafter, ctx.prompts, ctx.recipe.max_new_tokens, parse_policy(policy),
+                temperature=temperature, seed=ctx.recipe.seed, drafter_bytes=int(info["bytes"]),
+                config={"point": point.id, "drafter": str(art), "target": str(ctx.target_dir), "backend": backend},
+                on_prompt=(lambda i, r=run: on_prompt(r, i)) if on_prompt else None)
+        except Exception as exc:
+            records.append({**rec, "status": "failed", **error_summary(exc), "wall_s": time.monotonic() - t2})
+            continue
+        per_prompt = res.get("per_prompt") or []
+        rec.update({
+            "status": "ok", "tau": res["tau"], "ar": res["ar"], "histogram": res["histogram"],
+            "per_prompt_tau": [p["tau"] for p in per_prompt], "rounds": res.get("rounds"),
+            "draft_acceptance_rate": res.get("draft_acceptance_rate"), "tokens_per_s": res["tokens_per_s"],
+            "baseline_tokens_per_s": res["baseline_tokens_per_s"], "speedup": res["speedup"],
+            "draft_ms": res["draft_ms"], "verify_ms": res["verify_ms"], "other_ms": res["other_ms"],
+            "lossless_mismatches": res["lossless_mismatches"], "bench_config": res["config"],
+            "bench_s": time.monotonic() - t2})
+        rec["wall_s"] = build_s + agreement_s + rec["bench_s"]
+        records.append(rec)
+    return records
+
+
+def _rel(path: Path, out: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(Path(out).resolve()))
+    except ValueError:
+        return str(path)
+
+
+# ----------------------------------------------------------------------------------------------
+# Worker processes (--jobs N): one context per process, opened once
+# ----------------------------------------------------------------------------------------------
+
+_WORKER: dict[str, SweepContext] = {}
+
+
+def init_worker(recipe: Recipe, out: Path, target_dir: Path, base_dir: Path, base_digest: str,
+                threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    _WORKER["ctx"] = open_context(recipe, out, target_dir, base_dir, base_digest)
+
+
+def work(point: Point, runs: list[RunSpec]) -> list[dict[str, Any]]:
+    return measure_point(_WORKER["ctx"], point, runs)

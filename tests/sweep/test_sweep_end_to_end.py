@@ -1,0 +1,207 @@
+"""A whole sweep on tiny random models (seconds): results, resume, failures, refusal, tables, plots, search."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from click.testing import CliRunner
+from drafters_common import V, tiny_target
+
+from specpress.cli import cli
+from specpress.errors import UsageError
+from specpress.models.drafter_io import save_drafter
+from specpress.models.lm import LMConfig, LMDrafter
+from specpress.models.target import save_target
+from specpress.sweep.driver import cores
+from specpress.sweep.recipe import load_recipe
+from specpress.sweep.results import guard_out, read_results
+from specpress.sweep.stats import pareto_flags
+
+RECIPE = {
+    "target": "target",
+    "drafter": "drafter",
+    "prompts": "prompts.jsonl",
+    "policies": ["chain:3"],
+    "max_new_tokens": 12,
+    "calibration": "ids.jsonl",
+    "agreement_data": "ids.jsonl",
+    "agreement_batches": 1,
+    "grid": [
+        {"quantize": {"scheme": "int8"}},
+        {"quantize": {"scheme": "int4", "group_size": 8}},
+        {"prune": {"ffn": 0.5}},
+        {"prune": {"vocab": 10}},  # an lm drafter has no draft vocabulary to cut: this point fails
+    ],
+}
+FIELDS = ("point", "steps", "provenance", "bytes", "bits_per_param", "tau", "ar", "histogram", "per_prompt_tau",
+          "tokens_per_s", "speedup", "lossless_mismatches", "backend", "policy", "temperature", "agreement",
+          "wall_s", "paired", "retention", "bytes_pct_base16", "pareto", "recipe")
+
+
+def write_setup(root: Path) -> Path:
+    """A tiny target, an lm drafter holding the target's own weights (every draft accepted until it is
+    compressed), prompts and token data as input_ids; returns the recipe file."""
+    target = tiny_target()
+    save_target(target, root / "target")
+    d = LMDrafter(LMConfig.from_target_config(target.config))
+    d.load_state_dict(target.state_dict())
+    save_drafter(d.eval().attach_target(target), root / "drafter")
+    g = torch.Generator().manual_seed(3)
+    rows = [{"input_ids": torch.randint(1, V, (5,), generator=g).tolist()} for _ in range(8)]
+    (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = [{"input_ids": torch.randint(1, V, (150,), generator=g).tolist()} for _ in range(4)]
+    (root / "ids.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data))
+    (root / "recipe.yaml").write_text(yaml.safe_dump(RECIPE))
+    return root / "recipe.yaml"
+
+
+def sweep(*args: str):
+    return CliRunner().invoke(cli, ["sweep", *map(str, args)])
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sweep")
+    recipe = write_setup(root)
+    res = sweep(recipe, "--out", root / "out")
+    assert res.exit_code == 0, (res.output, res.exception)
+    return root, recipe, root / "out", res.output
+
+
+def by_point(out: Path) -> dict[str, dict]:
+    return {r["point"]: r for r in read_results(out)}
+
+
+def test_results_have_every_field_and_paired_stats(done):
+    root, _, out, output = done
+    recs = by_point(out)
+    assert list(recs) == ["base", "int8", "int4-g8", "ffn50", "vocab10"]
+    for pid in ("base", "int8", "int4-g8", "ffn50"):
+        r = recs[pid]
+        assert r["status"] == "ok" and all(f in r for f in FIELDS), sorted(set(FIELDS) - set(r))
+        assert len(r["per_prompt_tau"]) == 8 and r["lossless_mismatches"] == 0
+        assert len(r["agreement"]) == 1 and r["prompts"] == 8
+    base = recs["base"]
+    assert base["tau"] == pytest.approx(4.0) and base["retention"] == 1.0 and base["paired"] is None
+    assert base["bytes_pct_base16"] == pytest.approx(200, rel=0.01)  # stored in fp32
+    assert recs["int4-g8"]["bytes"] < recs["int8"]["bytes"] < recs["ffn50"]["bytes"] < base["bytes"]
+    ffn = recs["ffn50"]
+    assert ffn["paired"]["resolved"] and ffn["paired"]["ci"][1] < 0 and ffn["retention"] < 0.9
+    assert ffn["retention"] == pytest.approx(ffn["tau"] / base["tau"])
+    assert [s for s in ffn["provenance"] if s["step"] == "prune"]
+    assert recs["int8"]["steps"] == [{"quantize": {"scheme": "int8"}}]
+    assert (out / "points" / "int8" / "drafter" / "config.json").is_file()
+
+
+def test_a_failing_point_is_recorded_and_the_sweep_goes_on(done):
+    _, _, out, output = done
+    bad = by_point(out)["vocab10"]
+    assert bad["status"] == "failed" and "eagle3" in bad["error"] and bad["traceback"]
+    assert "failed" in output
+
+
+def test_pareto_flags_tables_and_plots(done):
+    _, _, out, output = done
+    ok = [r for r in read_results(out) if r["status"] == "ok"]
+    assert [r["pareto"] for r in ok] == pareto_flags([(r["bytes"], r["tau"]) for r in ok])
+    assert by_point(out)["int4-g8"]["pareto"]  # the smallest is always on the front
+    md = (out / "table.md").read_text()
+    for col in ("point", "bytes", "% base@16-bit", "bits/param", "τ", "retention", "Δτ [95 % CI]", "resolved",
+                "acc@1", "speedup", "lossless"):
+        assert col in md
+    assert "| ffn50 |" in md and "failed:" in md
+    csv = (out / "table.csv").read_text().splitlines()
+    assert csv[0].startswith("point,policy,temperature") and len(csv) == 6
+    for name in ("tau_vs_bytes", "speedup_vs_bytes", "acceptance"):
+        for ext in ("png", "svg"):
+            assert (out / "plots" / f"{name}.{ext}").stat().st_size > 1000
+    assert "int4-g8" in output and "Δτ" in output
+
+
+def test_resume_skips_finished_points(done, tmp_path, monkeypatch):
+    import specpress.sweep.run as run
+
+    root, recipe, out, _ = done
+    calls = []
+    real = run.bench_speculative
+    monkeypatch.setattr(run, "bench_speculative", lambda *a, **k: calls.append(k["config"]["point"]) or real(*a, **k))
+    res = sweep(recipe, "--out", out)
+    assert res.exit_code != 0 and "--resume" in str(res.exception)  # finished results: not without --resume
+    mine = tmp_path / "out"
+    shutil.copytree(out, mine)
+    res = sweep(recipe, "--out", mine, "--resume")
+    assert res.exit_code == 0, res.output
+    assert calls == []  # every ok run was skipped; the failed point was retried (it fails before benching)
+    lines = (mine / "results.jsonl").read_text().splitlines()
+    (mine / "results.jsonl").write_text("\n".join(ln for ln in lines if '"point": "int8"' not in ln) + "\n")
+    res = sweep(recipe, "--out", mine, "--resume")
+    assert res.exit_code == 0, res.output
+    assert calls == ["int8"]
+    recs = by_point(mine)
+    assert recs["int8"]["artifact_reused"] and len(recs) == 5
+
+
+def test_refuses_another_recipes_out_dir(done, tmp_path):
+    root, _, out, _ = done
+    other = load_recipe(root / "recipe.yaml")
+    changed = root / "changed.yaml"
+    changed.write_text(yaml.safe_dump({**RECIPE, "max_new_tokens": 13}))
+    res = sweep(changed, "--out", out, "--resume")
+    assert res.exit_code != 0 and "different recipe" in str(res.exception)
+    mine = tmp_path / "o"
+    shutil.copytree(out, mine)
+    guard_out(mine, load_recipe(changed), resume=False, force=True)  # --force: previous outputs cleared
+    assert not (mine / "results.jsonl").exists() and (mine / "points" / "int8").is_dir()
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "x.txt").write_text("mine")
+    with pytest.raises(UsageError, match="not a sweep output"):
+        guard_out(tmp_path / "foreign", other, resume=False, force=False)
+
+
+def test_find_smallest_evaluates_fewer_points_than_the_grid(done, tmp_path):
+    root, recipe, _, _ = done
+    res = sweep(recipe, "--out", tmp_path / "s", "--find-smallest", "--max-tau-loss", "3%")
+    assert res.exit_code == 0, (res.output, res.exception)
+    s = json.loads((tmp_path / "s" / "search.json").read_text())
+    assert s["threshold"] == pytest.approx(0.97) and s["grid"] == 3 and s["unsized"][0]["point"] == "vocab10"
+    assert 1 <= s["evaluated"] < 3 and s["found"] in ("int4-g8", "int8")
+    sizes = {c["id"]: c["bytes"] for c in s["candidates"]}
+    for t in s["trials"]:
+        assert t["bytes"] == sizes[t["id"]]  # the cheap sizing build predicts the artifact's bytes exactly
+    assert "tried 1:" in res.output and s["found"] in res.output
+    assert {r["point"] for r in read_results(tmp_path / "s")} == {"base", *(t["id"] for t in s["trials"])}
+
+
+def test_distilled_base_drafter_is_cached(tmp_path, monkeypatch):
+    import specpress.compress.distill as distill_mod
+    from specpress.sweep.context import resolve_drafter
+
+    write_setup(tmp_path)
+    monkeypatch.setenv("SPECPRESS_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump({**RECIPE, "drafter": {"distill": {
+        "family": "lm", "steps": 2, "batch": 2, "seq_len": 16, "layers": 1, "eval_batches": 1,
+        "data": "ids.jsonl"}}}))
+    recipe = load_recipe(tmp_path / "r.yaml")
+    first = resolve_drafter(recipe, tmp_path / "target", log=lambda m: None)
+    assert (first / "config.json").is_file() and first.parent == tmp_path / "cache" / "drafters"
+    monkeypatch.setattr(distill_mod, "distill", lambda *a, **k: pytest.fail("distilled again"))
+    assert resolve_drafter(recipe, tmp_path / "target", log=lambda m: None) == first
+
+
+def test_jobs_run_points_in_parallel_processes(done, tmp_path):
+    root, _, serial, _ = done
+    small = root / "parallel.yaml"
+    small.write_text(yaml.safe_dump({**RECIPE, "grid": RECIPE["grid"][:2]}))
+    res = sweep(small, "--out", tmp_path / "p", "--jobs", "2")
+    assert res.exit_code == 0, (res.output, res.exception)
+    assert "2 processes" in res.output
+    recs = by_point(tmp_path / "p")
+    assert set(recs) == {"base", "int8", "int4-g8"} and all(r["status"] == "ok" for r in recs.values())
+    for pid in ("int8", "int4-g8"):  # the same numbers as the serial sweep: greedy decoding is deterministic
+        assert recs[pid]["per_prompt_tau"] == by_point(serial)[pid]["per_prompt_tau"]
+        assert recs[pid]["bench_config"]["threads"] == max(1, cores() // 2) and recs[pid]["paired"] is not None
