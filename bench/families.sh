@@ -15,9 +15,9 @@ sp() { OMP_NUM_THREADS=1 specpress "$@"; }
 distill() {  # family extra-args...
   local fam=$1; shift
   [ -d "$OUT/$fam" ] || sp distill --target "$T" --family "$fam" --data zoo:train --out "$OUT/$fam" \
-      --minutes "$MIN" "$@" > "$OUT/distill-$fam.log" 2>&1
+      --minutes "$MIN" "$@" > "$OUT/distill-$fam.log" 2>&1   # a later --minutes wins
 }
-distill eagle3 & distill lm --layers 2 & wait
+distill eagle3 --minutes "${EAGLE3_MINUTES:-$MIN}" & distill lm --layers 2 & wait
 distill dflash & distill mtp --ttt-steps 3 & wait
 distill eagle
 [ -f "$OUT/prompts.jsonl" ] || python bench/make_prompts.py --target "$T" --n "$N" --tokens 64 --out "$OUT/prompts.jsonl"

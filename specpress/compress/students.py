@@ -120,6 +120,13 @@ def init_student(config: "DistillConfig", target: TargetModel, stream: np.ndarra
         allowed = teacher.t2d if teacher is not None else None  # type: ignore[union-attr]
         n = cfg.draft_vocab_size  # type: ignore[attr-defined]
         student.set_draft_vocab(draft_vocab_by_frequency(stream, cfg.vocab_size, n, allowed))  # type: ignore[operator]
+        if teacher is None and cfg.hidden_size == target.config.hidden_size:  # type: ignore[attr-defined]
+            # Start the draft head from the target's head rows of the draft vocabulary and the final norm
+            # from the target's: the drafter's output space then begins aligned with the target's.
+            with torch.no_grad():
+                ids = student.to_target_ids(torch.arange(n, device=student.d2t.device))  # type: ignore[operator]
+                student.lm_head.weight.copy_(target.lm_head.weight[ids])  # type: ignore[union-attr]
+                student.norm.weight.copy_(target.model.norm.weight)  # type: ignore[union-attr]
     if student.family == "lm" and cfg.hidden_size == target.config.hidden_size:  # type: ignore[attr-defined]
         with torch.no_grad():
             student.model.embed_tokens.weight.copy_(target.model.embed_tokens.weight)
