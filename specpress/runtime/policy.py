@@ -38,14 +38,15 @@ def _check_int(name: str, value: object, lo: int, hi: int = MAX_DRAFT_TOKENS) ->
 
 
 @dataclass(frozen=True)
-class ChainPolicy:
-    """K draft tokens, each conditioned on the previous one."""
+class _LinePolicy:
+    """K draft tokens in a line, each conditioned on the previous one (shared by chain and mtp)."""
 
     k: int
-    kind: ClassVar[str] = "chain"
+    kind: ClassVar[str] = ""
+    what: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
-        _check_int("chain length K", self.k, 1)
+        _check_int(self.what, self.k, 1)
 
     @property
     def num_draft_tokens(self) -> int:
@@ -56,7 +57,15 @@ class ChainPolicy:
         return self.k
 
     def __str__(self) -> str:
-        return f"chain:{self.k}"
+        return f"{self.kind}:{self.k}"
+
+
+@dataclass(frozen=True)
+class ChainPolicy(_LinePolicy):
+    """K draft tokens, each conditioned on the previous one."""
+
+    kind: ClassVar[str] = "chain"
+    what: ClassVar[str] = "chain length K"
 
 
 @dataclass(frozen=True)
@@ -146,25 +155,11 @@ class BlockPolicy:
 
 
 @dataclass(frozen=True)
-class MTPPolicy:
+class MTPPolicy(_LinePolicy):
     """K MTP draft tokens (the MTP module applied K times, chained)."""
 
-    k: int
     kind: ClassVar[str] = "mtp"
-
-    def __post_init__(self) -> None:
-        _check_int("MTP depth K", self.k, 1)
-
-    @property
-    def num_draft_tokens(self) -> int:
-        return self.k
-
-    @property
-    def max_depth(self) -> int:
-        return self.k
-
-    def __str__(self) -> str:
-        return f"mtp:{self.k}"
+    what: ClassVar[str] = "MTP depth K"
 
 
 Policy = Union[ChainPolicy, TreePolicy, DynamicPolicy, BlockPolicy, MTPPolicy]
