@@ -19,8 +19,8 @@ from torch import Tensor, nn
 from specpress.errors import ConfigError
 from specpress.models.drafter import Drafter, LlamaDrafterConfig, register_family
 from specpress.models.kv import KVCache
-from specpress.models.layers import MLP, RMSNorm, Rotary
-from specpress.models.target import TargetAttention, TargetConfig
+from specpress.models.layers import Rotary
+from specpress.models.target import DecoderLayer, TargetConfig
 
 
 @dataclass(frozen=True)
@@ -36,22 +36,6 @@ class EagleConfig(LlamaDrafterConfig):
             raise ConfigError(f"eagle config: num_hidden_layers must be >= 1, found {self.num_hidden_layers}")
 
 
-class EagleLayer(nn.Module):
-    """A Llama decoder layer; layer 0 has no input_layernorm (it reads fc's output as is)."""
-
-    def __init__(self, cfg: TargetConfig, index: int) -> None:
-        super().__init__()
-        if index > 0:
-            self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = TargetAttention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
-
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
-                cache: KVCache | None, layer: int) -> Tensor:
-        h = self.input_layernorm(x) if hasattr(self, "input_layernorm") else x
-        x = x + self.self_attn(h, cos, sin, mask, cache, layer)
-        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class EagleDrafter(Drafter):
@@ -63,7 +47,7 @@ class EagleDrafter(Drafter):
         h = config.hidden_size
         lc = config.layer_config(config.num_hidden_layers)
         self.fc = nn.Linear(2 * h, h, bias=config.bias)
-        self.layers = nn.ModuleList(EagleLayer(lc, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(lc, input_norm=i > 0) for i in range(config.num_hidden_layers))
         assert config.head_dim is not None
         self.rotary = Rotary(config.rope, config.head_dim, config.max_position_embeddings)
 

@@ -221,16 +221,20 @@ class TargetAttention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: TargetConfig) -> None:
+    """A Llama decoder layer. input_norm=False drops input_layernorm (EAGLE-1's first layer reads fc's
+    output as is); the state dict then has no such key."""
+
+    def __init__(self, cfg: TargetConfig, *, input_norm: bool = True) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if input_norm else None
         self.self_attn = TargetAttention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
                 cache: KVCache | None, layer: int) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, layer)
+        h = x if self.input_layernorm is None else self.input_layernorm(x)
+        x = x + self.self_attn(h, cos, sin, mask, cache, layer)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
