@@ -26,17 +26,19 @@ BACKEND = click.option("--backend", type=click.Choice(["torch"]), default="torch
                        help="Where the drafter runs.")
 
 
+
+def DECODING(fn):  # noqa: N802 - used as a decorator like the option constants above
+    """The decoding options `run` and `bench` share: policy, sampling, seed, dtype."""
+    for option in (DTYPE, SEED, TOP_P, TOP_K, TEMPERATURE, POLICY):
+        fn = option(fn)
+    return fn
+
 @click.command()
 @TARGET
 @DRAFTER
 @click.option("--prompt", required=True, help="Prompt text (encoded with the target's tokenizer.json).")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
-@POLICY
-@TEMPERATURE
-@TOP_K
-@TOP_P
-@SEED
-@DTYPE
+@DECODING
 @STRICT
 def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens: int, policy: str | None,
         temperature: float, top_k: int, top_p: float, seed: int, dtype: str, strict: bool) -> None:
@@ -85,12 +87,7 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
 @click.option("--prompts", "prompts_file", required=True, type=click.Path(path_type=Path),
               help='JSON lines: {"prompt": "text"} or {"input_ids": [..]} per line.')
 @click.option("--max-new-tokens", type=click.IntRange(min=1), required=True)
-@POLICY
-@TEMPERATURE
-@TOP_K
-@TOP_P
-@SEED
-@DTYPE
+@DECODING
 @BACKEND
 @STRICT
 @click.option("--json", "json_out", type=click.Path(path_type=Path), help="Write the full metrics object here.")
