@@ -35,6 +35,10 @@ def _fmt(n: int) -> str:
               help="Text, .jsonl or a directory: calibration windows and held-out agreement windows.")
 @click.option("--dequantize", "dequantize_out", is_flag=True,
               help="Write plain float weights (public layout) with the quantization recorded in provenance.")
+@click.option("--float-dtype", type=click.Choice(["auto", "bfloat16", "float16", "float32"]), default="auto",
+              show_default=True,
+              help="Dtype of what stays in floating point (norms, biases, kept Linears). auto: the source's "
+                   "dtype when 16-bit, else bfloat16.")
 @click.option("--force", is_flag=True, help="Replace an existing --out.")
 @click.option("--calib-batches", type=click.IntRange(min=1), default=8, show_default=True,
               help="Calibration batches (gptq).")
@@ -45,12 +49,13 @@ def _fmt(n: int) -> str:
 @click.option("--seed", type=int, default=0, show_default=True)
 def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, group_size: int | None,
              symmetric: bool | None, include: str | None, exclude: str | None, target_dir: Path | None,
-             data_path: Path | None, dequantize_out: bool, force: bool, calib_batches: int, batch: int, seq_len: int,
+             data_path: Path | None, dequantize_out: bool, float_dtype: str, force: bool, calib_batches: int, batch: int, seq_len: int,
              eval_batches: int, seed: int) -> None:
     """Quantize a drafter's Linear weights and report bytes and agreement before / after.
 
     Every Linear of the drafter is quantized except the draft lm_head (unless --include lm_head) and
-    what --exclude names; embeddings, norms, biases and d2t/t2d stay as they are; the target's shared
+    what --exclude names; embeddings, norms, biases and d2t/t2d stay unquantized (floats stored in
+    --float-dtype, bfloat16 for an fp32 source by default); the target's shared
     embeddings / head are never touched. EAGLE-3's and DFlash's fc IS quantized (--exclude fc keeps it).
     --method gptq calibrates on the activations entering each Linear (needs --target and --data).
     With --target/--data the per-position top-1 agreement with the target is measured on held-out
@@ -70,7 +75,7 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
                         exclude=_names(exclude))
     rep = quantize_from_dirs(drafter_dir, config, out, target_dir=target_dir, data_path=data_path,
                              dequantize_out=dequantize_out, force=force, calib_batches=calib_batches, batch=batch,
-                             seq_len=seq_len, seed=seed, eval_batches=eval_batches)
+                             seq_len=seq_len, seed=seed, eval_batches=eval_batches, float_dtype=float_dtype)
     s = rep.step
     g = s["config"].get("group_size", s["config"].get("blocksize"))
     what = f"{s['scheme']} {s['method']}" + (f" g{g}" if g else "")
@@ -78,9 +83,11 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
         what += " asymmetric"
     click.echo(f"{rep.family} drafter quantized ({what}): {len(s['quantized'])} Linears -> {rep.out}"
                + ("  [written dequantized: plain float weights]" if s.get("dequantized") else ""))
-    before, after = s["bytes_before"], s["bytes_after"]
-    click.echo(f"  bytes   {_fmt(before)} -> {_fmt(after)}  ({before / max(after, 1):.2f}x smaller; quantized Linears "
-               f"{8 * s['quantized_bytes'] / max(s['quantized_params'], 1):.2f} bits/param)")
+    source, before, after = s["source_bytes"], s["bytes_before"], s["bytes_after"]
+    click.echo(f"  bytes   {_fmt(source)} as stored ({s['source_dtype']}) -> {_fmt(after)}  "
+               f"({source / max(after, 1):.2f}x smaller; {100 * after / max(before, 1):.1f}% of the source in "
+               f"{s['float_dtype']}; quantized Linears {8 * s['quantized_bytes'] / max(s['quantized_params'], 1):.2f}"
+               " bits/param)")
     sq = {k: v for k, v in s["weight_sqnr_db"].items() if v is not None}
     if sq:
         worst = min(sq, key=sq.get)  # type: ignore[arg-type]

@@ -179,10 +179,14 @@ class SweepContext:
         return self._streams[key]
 
     def stored_dtype(self) -> Any:
+        """The dtype compressed points store their float tensors in (the recipe's float_dtype)."""
         import torch
 
-        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(
+        from specpress.compress.quantize.api import resolve_float_dtype
+
+        base = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(
             str(self.base_info.get("dtype")), torch.float32)
+        return resolve_float_dtype(self.recipe.float_dtype, base)
 
     def agreement_sampler(self) -> Any | None:
         """Windows for acc@k (None when agreement_batches is 0)."""

@@ -13,6 +13,8 @@
     max_new_tokens: 64
     seed: 0
     dtype: fp32                      # the target's (and drafter's compute) dtype: fp32 | bf16 | fp16
+    float_dtype: auto                # floats a compressed point stores (norms, kept Linears): auto = the
+                                     # base's dtype when 16-bit, else bf16 | fp32 | bf16 | fp16
     calibration: zoo-train           # data for gptq, prune importance / vocab, recovery: zoo-train | PATH
     agreement_batches: 4             # batches of [8, 128] windows for acc@k; 0 = off
     agreement_data: zoo-val          # zoo-val (held-out stdlib files) | PATH
@@ -38,7 +40,7 @@ from specpress.sweep.grid import Point, expand_grid
 
 RECIPE_VERSION = 1
 TOP_KEYS = ("version", "name", "description", "target", "drafter", "grid", "policies", "prompts", "temperatures",
-            "backends", "max_new_tokens", "seed", "dtype", "calibration", "agreement_batches", "agreement_data")
+            "backends", "max_new_tokens", "seed", "dtype", "float_dtype", "calibration", "agreement_batches", "agreement_data")
 REQUIRED = ("target", "drafter", "grid", "prompts")
 BACKENDS = ("torch",)  # onnxruntime / tensorrt drafters are not wired into sweeps yet
 DTYPES = ("fp32", "bf16", "fp16")
@@ -109,6 +111,7 @@ class Recipe:
     max_new_tokens: int = 64
     seed: int = 0
     dtype: str = "fp32"
+    float_dtype: str = "auto"
     calibration: DataSource = DataSource(zoo_split="train")
     agreement_batches: int = 4
     agreement_data: DataSource = DataSource(zoo_split="val")
@@ -130,7 +133,7 @@ class Recipe:
                 "points": [p.to_dict() for p in self.points], "policies": list(self.policies),
                 "prompts": self.prompts.to_json(), "temperatures": list(self.temperatures),
                 "backends": list(self.backends), "max_new_tokens": self.max_new_tokens, "seed": self.seed,
-                "dtype": self.dtype, "calibration": self.calibration.to_json(),
+                "dtype": self.dtype, "float_dtype": self.float_dtype, "calibration": self.calibration.to_json(),
                 "agreement_batches": self.agreement_batches, "agreement_data": self.agreement_data.to_json()}
 
     def hash(self) -> str:
@@ -284,6 +287,9 @@ def parse_recipe(obj: Any, base_dir: Path, source: Path | None = None) -> Recipe
         dtype = _str(d.get("dtype", "fp32"), "dtype")
         if dtype not in DTYPES:
             raise ConfigError(f"dtype {dtype!r} is not known; choose one of {', '.join(DTYPES)}")
+        float_dtype = _str(d.get("float_dtype", "auto"), "float_dtype")
+        if float_dtype not in ("auto", *DTYPES):
+            raise ConfigError(f"float_dtype {float_dtype!r} is not known; choose one of auto, {', '.join(DTYPES)}")
         return Recipe(
             target=_target(d["target"], base_dir), drafter=_drafter(d["drafter"], base_dir), points=points,
             prompts=_prompts(d["prompts"], base_dir),
@@ -291,7 +297,7 @@ def parse_recipe(obj: Any, base_dir: Path, source: Path | None = None) -> Recipe
             temperatures=_temperatures(d["temperatures"]) if "temperatures" in d else (0.0,),
             backends=_backends(d["backends"]) if "backends" in d else ("torch",),
             max_new_tokens=_int(d.get("max_new_tokens", 64), "max_new_tokens", 1),
-            seed=_int(d.get("seed", 0), "seed", 0), dtype=dtype,
+            seed=_int(d.get("seed", 0), "seed", 0), dtype=dtype, float_dtype=float_dtype,
             calibration=_data(d.get("calibration", "zoo-train"), "calibration", base_dir),
             agreement_batches=_int(d.get("agreement_batches", 4), "agreement_batches", 0),
             agreement_data=_data(d.get("agreement_data", "zoo-val"), "agreement_data", base_dir),

@@ -126,6 +126,22 @@ def test_eagle3_schemes_round_trip_bit_exact(scheme, method, group_size, exclude
     assert stored["midlayer.input_layernorm.weight"] == "F32" and stored["d2t"] == "I64"
 
 
+def test_kept_floats_are_rounded_to_the_stored_dtype(target, tmp_path):
+    """With float_dtype=bf16 the in-memory drafter computes exactly what its bf16 artifact reloads to;
+    without the rounding the reload differs (so the acceptance measured in memory would not be the stored one)."""
+    outs = {}
+    for rounded in (True, False):
+        d = make("eagle3", target)  # randomized: fp32 norms and Linears that bf16 cannot represent
+        quantize(d, config_for("int4", group_size=8), float_dtype=torch.bfloat16 if rounded else None)
+        norm = d.midlayer.input_layernorm.weight
+        assert torch.equal(norm, norm.to(torch.bfloat16).float()) == rounded
+        back = load_drafter(save_drafter(d, tmp_path / str(rounded), dtype=torch.bfloat16), target)
+        outs[rounded] = (run(d, target), run(back, target))
+    assert torch.equal(*outs[True]) and not torch.equal(*outs[False])
+    stored = {k: v.dtype for k, v in tensor_index(tmp_path / "True").items()}
+    assert stored["midlayer.input_layernorm.weight"] == "BF16" and stored["fc.scales"] == "F32"
+
+
 def test_tampered_quantized_tensor_is_named(target, tmp_path):
     from safetensors.torch import load_file, save_file
 
@@ -190,7 +206,8 @@ def test_cli_end_to_end(tmp_path):
     res = CliRunner().invoke(cli, [*args, *small])
     assert res.exit_code == 0, res.output + repr(res.exception)
     assert "bytes" in res.output and "acc@k before" in res.output and "acc@k after" in res.output
-    assert "lm_head: draft head" in res.output
+    assert "lm_head: draft head" in res.output and "% of the source in bfloat16" in res.output
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"  # auto: fp32 source -> bf16
     d = load_drafter(out, t)
     assert isinstance(d.fc, IntLinear) and not isinstance(d.lm_head, IntLinear)
     step = d.provenance[-1]
@@ -207,7 +224,8 @@ def test_cli_end_to_end(tmp_path):
     assert step["method"] == "gptq" and step["calibration"]["windows"] == 4
 
     deq = tmp_path / "e3-deq"
-    res = CliRunner().invoke(cli, [*args[:4], str(deq), *args[5:], "--dequantize", "--include", "lm_head"])
+    res = CliRunner().invoke(cli, [*args[:4], str(deq), *args[5:], "--dequantize", "--include", "lm_head",
+                                   "--float-dtype", "float32"])
     assert res.exit_code == 0, res.output + repr(res.exception)
     assert "acceptance cost not measured" in res.output
     keys = set(tensor_index(deq))
@@ -217,6 +235,7 @@ def test_cli_end_to_end(tmp_path):
     assert plain.provenance[-1]["dequantized"] is True and not quantized_modules(plain)
     quantize(quant, config_for("int4", group_size=8, include=("lm_head",)))
     assert (run(plain, t) - run(quant, t)).abs().max() <= 1e-5
+    assert json.loads((deq / "config.json").read_text())["torch_dtype"] == "float32"
 
 
 def test_cli_bad_input(tmp_path):

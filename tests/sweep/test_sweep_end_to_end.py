@@ -95,7 +95,9 @@ def test_results_have_every_field_and_paired_stats(done):
     assert ffn["retention"] == pytest.approx(ffn["tau"] / base["tau"])
     assert [s for s in ffn["provenance"] if s["step"] == "prune"]
     assert recs["int8"]["steps"] == [{"quantize": {"scheme": "int8"}}]
-    assert (out / "points" / "int8" / "drafter" / "config.json").is_file()
+    for pid in ("int8", "ffn50"):  # float_dtype auto: an fp32 base's compressed points store bf16
+        assert json.loads((out / "points" / pid / "drafter" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    assert ffn["bytes_pct_base16"] == pytest.approx(100 * ffn["bytes"] / (base["bytes"] / 2))
 
 
 def test_a_failing_point_is_recorded_and_the_sweep_goes_on(done):

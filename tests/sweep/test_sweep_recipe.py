@@ -75,6 +75,7 @@ def test_unknown_nested_keys(tmp_path, changes, words):
     (dict(target="zoo:huge"), ["huge", "small"]),
     (dict(backends=["onnxruntime"]), ["onnxruntime", "backends: torch"]),
     (dict(dtype="fp64"), ["fp64", "bf16"]),
+    (dict(float_dtype="half"), ["float_dtype", "half", "auto"]),
     (dict(target=None), ["needs 'target'"]),
 ])
 def test_wrong_types_and_values_are_clear(tmp_path, changes, words):

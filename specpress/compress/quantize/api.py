@@ -271,13 +271,35 @@ def stored_bytes(model: nn.Module, float_dtype: torch.dtype | None = None) -> in
     return total
 
 
+def round_floats(model: nn.Module, float_dtype: torch.dtype) -> None:
+    """Round the drafter's own float tensors (everything but quantized codes and scales) to `float_dtype`
+    in place, keeping their dtype: the in-memory model then computes exactly what a reload of the
+    artifact saved with floats in `float_dtype` computes, so acceptance is measured on what is stored."""
+    frozen = quantized_keys(model)
+    with torch.no_grad():
+        for k, v in model.state_dict().items():
+            if v.is_floating_point() and k not in frozen and v.dtype != float_dtype:
+                v.copy_(v.to(float_dtype).to(v.dtype))
+
+
+def resolve_float_dtype(choice: str | torch.dtype | None, source: torch.dtype) -> torch.dtype:
+    """The dtype kept float tensors are stored in. "auto" (or None): the source's dtype when it is
+    16-bit, else bfloat16 (what deployments store; the issue prices bytes against the 16-bit drafter);
+    otherwise a dtype name (fp32 / bf16 / fp16 or their long names)."""
+    from specpress.device import parse_dtype
+
+    if choice in (None, "auto"):
+        return source if source in (torch.bfloat16, torch.float16) else torch.bfloat16
+    return parse_dtype(choice)  # type: ignore[arg-type]
+
+
 def quantize(model: nn.Module, config: QuantizeConfig, calibration: ForwardLoop | None = None, *,
              float_dtype: torch.dtype | None = None) -> nn.Module:
     """Quantize `model`'s Linears in place per `config`; append the provenance step; return the model.
 
     calibration: a forward loop (called with the model; runs it on calibration data), required by
-    configs with needs_calibration (GPTQ). float_dtype: the dtype the float tensors will be stored in,
-    for the byte counts (default: their current dtype).
+    configs with needs_calibration (GPTQ). float_dtype: the dtype the kept float tensors will be stored
+    in: the byte counts use it and those tensors are rounded to it (default: left as they are).
     """
     handler = handler_for(config)
     if active_quantize_step(getattr(model, "provenance", ())) or quantized_modules(model):
@@ -296,6 +318,8 @@ def quantize(model: nn.Module, config: QuantizeConfig, calibration: ForwardLoop 
     notes: list[str] = []
     with torch.no_grad():
         handler.quantize(model, names, config, calibration, notes)
+    if float_dtype is not None:
+        round_floats(model, float_dtype)
     sq = {}
     for n in names:
         v = P.sqnr(originals[n], model.get_submodule(n).dequantize(torch.float32))

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from specpress.compress.quantize.api import dequantize, quantize, update_step
+from specpress.compress.quantize.api import dequantize, quantize, resolve_float_dtype, update_step
 from specpress.compress.quantize.configs import QuantizeConfig
 from specpress.errors import DataError, UsageError
 
@@ -36,8 +36,14 @@ class QuantizeReport:
 def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str | Path, *,
                        target_dir: str | Path | None = None, data_path: str | Path | None = None,
                        dequantize_out: bool = False, force: bool = False, calib_batches: int = 8, batch: int = 4,
-                       seq_len: int = 128, seed: int = 0, eval_batches: int = 4) -> QuantizeReport:
-    """Load, quantize, measure, write `out` atomically (floats in the source's stored dtype)."""
+                       seq_len: int = 128, seed: int = 0, eval_batches: int = 4,
+                       float_dtype: str | torch.dtype | None = "auto") -> QuantizeReport:
+    """Load, quantize, measure, write `out` atomically.
+
+    float_dtype: what the kept float tensors (norms, biases, unquantized Linears, embeddings) are stored
+    in; "auto" keeps a 16-bit source's dtype and stores an fp32 source in bfloat16 (resolve_float_dtype).
+    They are rounded to it before the after-agreement is measured, so the cost reported is the stored one.
+    """
     from specpress.compress.data import WindowSampler, encode_stream, read_texts
     from specpress.models.drafter_io import load_drafter, save_drafter
     from specpress.models.inspect import inspect_artifact
@@ -52,7 +58,8 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
                          f"--target DIR and --data PATH")
     if out.exists() and not force:
         raise UsageError(f"{out} already exists; choose another --out or pass --force to replace it")
-    stored = STORED_DTYPES.get(str(inspect_artifact(drafter_dir)["dtype"]), torch.float32)
+    source = inspect_artifact(drafter_dir)
+    stored = resolve_float_dtype(float_dtype, STORED_DTYPES.get(str(source["dtype"]), torch.float32))
     target = sampler = None
     first_eval, heldout = 0, False
     if target_dir is not None:
@@ -85,7 +92,8 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
         assert target is not None and sampler is not None
         calibration = DrafterCalibration(target, drafter, sampler, calib_batches)
     quantize(drafter, config, calibration, float_dtype=stored)
-    extra: dict[str, Any] = {"source": str(drafter_dir)}
+    extra: dict[str, Any] = {"source": str(drafter_dir), "source_bytes": source["bytes"],
+                             "source_dtype": source["dtype"], "float_dtype": str(stored).removeprefix("torch.")}
     if calibration is not None:
         extra["calibration"] = {"data": str(data_path), "windows": calibration.windows, "tokens": calibration.tokens,
                                 "seq_len": seq_len, "seed": seed}
