@@ -40,13 +40,17 @@ FAMILIES_HELP = "eagle, eagle3, mtp, dflash, lm"
 @click.option("--labels", type=click.Choice(["target", "data"]), default="target", show_default=True,
               help="mtp/dflash: soft CE to the target's distribution, or CE on the data's next token.")
 @click.option("--checkpoint-minutes", type=click.FloatRange(min=0), default=2.0, show_default=True)
+@click.option("--bf16/--fp32", default=True, show_default=True,
+              help="Run the target's and the student's forwards under bfloat16 autocast (about 2x faster on "
+                   "CPUs with AMX / AVX512-BF16); losses, optimizer and weights stay fp32.")
 @click.option("--cache-teacher", "cache_dir", type=click.Path(path_type=Path),
               help="Cache the target's signals here (memory-mapped) and reuse them in later runs.")
 def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: int | None, minutes: float | None,
             from_dir: Path | None, resume: bool, force: bool, seed: int, lr: float, batch: int, seq_len: int,
             hidden: int | None, layers: int | None, ffn: int | None, heads: int | None, kv_heads: int | None,
             draft_vocab: int | None, ttt_steps: int | None, block_size: int, anchors: int,
-            mask_token_id: int | None, labels: str, checkpoint_minutes: float, cache_dir: Path | None) -> None:
+            mask_token_id: int | None, labels: str, checkpoint_minutes: float, bf16: bool,
+            cache_dir: Path | None) -> None:
     """Train a drafter against a target (or shrink a --from drafter) and write it to --out.
 
     Losses: eagle SmoothL1 feature + 0.1 soft CE; eagle3 training-time test over --ttt-steps steps;
@@ -67,7 +71,8 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
     config = DistillConfig(family=family, steps=steps, minutes=minutes, lr=lr, batch=batch, seq_len=seq_len,
                            seed=seed, hidden=hidden, layers=layers, ffn=ffn, heads=heads, kv_heads=kv_heads,
                            draft_vocab=draft_vocab, ttt_steps=ttt_steps, block_size=block_size, anchors=anchors,
-                           mask_token_id=mask_token_id, labels=labels, checkpoint_minutes=checkpoint_minutes)
+                           mask_token_id=mask_token_id, labels=labels, checkpoint_minutes=checkpoint_minutes,
+                           bf16=bf16)
     report = distill_from_dirs(target_dir, config, data_path, out, from_dir=from_dir, resume=resume, force=force,
                                cache_dir=cache_dir, progress=True)
     acc = " ".join(f"{a:.3f}" for a in report.agreement)

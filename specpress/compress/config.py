@@ -21,7 +21,8 @@ class DistillConfig:
     (paper 7), eagle 1, mtp = its module count), block_size / anchors / gamma / mask_token_id (dflash),
     feature_noise / feature_weight / ce_weight (eagle), step_decay (weight of unrolled step i = decay^i),
     labels ("target" = soft CE to the target's distribution, "data" = CE on the data token; mtp, dflash),
-    teacher_weight (weight of the KL to a --from drafter).
+    teacher_weight (weight of the KL to a --from drafter). bf16: the target's and the student's forwards
+    run under bfloat16 autocast (losses, optimizer state and weights stay fp32).
     """
 
     version: ClassVar[int] = 1
@@ -56,6 +57,7 @@ class DistillConfig:
     teacher_weight: float = 1.0
     checkpoint_minutes: float = 2.0
     eval_batches: int = 4
+    bf16: bool = True
 
     def __post_init__(self) -> None:
         get_family(self.family)  # unknown family -> ConfigError listing the known ones
@@ -80,6 +82,8 @@ class DistillConfig:
                 raise ConfigError(f"distill config field {name!r} must be a number >= 0, found {v!r}")
         if not isinstance(self.step_decay, (int, float)) or not 0 < self.step_decay <= 1:
             raise ConfigError(f"distill config: step_decay must be in (0, 1], found {self.step_decay!r}")
+        if not isinstance(self.bf16, bool):
+            raise ConfigError(f"distill config field 'bf16' must be true or false, found {self.bf16!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ConfigError(f"distill config field 'seed' must be an integer, found {self.seed!r}")
         if self.block_size < 2:

@@ -138,10 +138,11 @@ def distill(target: TargetModel, config: DistillConfig, data: WindowSampler, out
 
     def one_step(s: int, *, update: bool) -> LossOut:
         ids = data.batch_at(s)[lo:lo + rows].to(dev)
-        batch = teacher.signals(s, ids, (lo, lo + rows))
-        ctx = LossContext(student, batch, config, step_generator(config.seed, s), teacher_drafter, True,
-                          (lo, config.batch))
-        res = loss_fn(ctx)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=config.bf16):
+            batch = teacher.signals(s, ids, (lo, lo + rows))
+            ctx = LossContext(student, batch, config, step_generator(config.seed, s), teacher_drafter, True,
+                              (lo, config.batch))
+            res = loss_fn(ctx)
         res.loss.backward()
         if update:
             all_reduce_mean([p.grad for p in params if p.grad is not None], world)

@@ -29,10 +29,12 @@ from specpress.models.target import TargetModel
 
 @torch.no_grad()
 def target_signals(target: TargetModel, ids: Tensor, taps: tuple[int, ...]) -> TeacherBatch:
-    """The target's logits, final hidden and taps on windows ids [B, T] (no graph kept)."""
+    """The target's logits, final hidden and taps on windows ids [B, T] (no graph kept), as float32 even
+    when the forward ran under bf16 autocast, so cached and on-the-fly signals hand the student the same
+    values in the same dtype."""
     out = target(ids, taps=taps)
     assert out.logits is not None
-    return TeacherBatch(ids, out.logits, out.hidden, out.taps)
+    return TeacherBatch(ids, out.logits.float(), out.hidden.float(), {k: v.float() for k, v in out.taps.items()})
 
 
 def needed_taps(*drafters: Drafter | None) -> tuple[int, ...]:
@@ -78,7 +80,7 @@ class Teacher:
             stacked = torch.from_numpy(np.array(arr)).to(ids.device, self.target.lm_head.weight.dtype)
             hidden = stacked[0]
             with torch.no_grad():
-                logits = self.target.lm_head(hidden)
+                logits = self.target.lm_head(hidden).float()
             return TeacherBatch(ids, logits, hidden, {t: stacked[1 + i] for i, t in enumerate(self.taps)})
         self.misses += 1
         batch = target_signals(self.target, ids, self.taps)
