@@ -19,7 +19,8 @@
     agreement_batches: 4             # batches of [8, 128] windows for acc@k; 0 = off
     agreement_data: zoo-val          # zoo-val (held-out stdlib files) | PATH
 
-Data (`calibration`, `agreement_data`, `distill.data`): `zoo-train` / `zoo-val` are the splits of the
+Data (`calibration`, `agreement_data`, `distill.data`): `zoo-train` / `zoo-val` (or `zoo:train` / `zoo:val`,
+as the CLI's --data spells them) are the splits of the
 zoo corpus (this interpreter's stdlib), tokenized with the target's tokenizer; a PATH is a text file, a
 directory of text/code files, a .jsonl of {"text"} / {"messages"}, or a .jsonl of {"input_ids"} (already
 tokenized; needs no tokenizer). Relative paths resolve against the recipe file's directory; existence is
@@ -44,7 +45,7 @@ TOP_KEYS = ("version", "name", "description", "target", "drafter", "grid", "poli
 REQUIRED = ("target", "drafter", "grid", "prompts")
 BACKENDS = ("torch",)  # onnxruntime / tensorrt drafters are not wired into sweeps yet
 DTYPES = ("fp32", "bf16", "fp16")
-ZOO_SPLITS = {"zoo-train": "train", "zoo-val": "val"}
+ZOO_SPLITS = {"zoo-train": "train", "zoo-val": "val", "zoo:train": "train", "zoo:val": "val"}  # CLI spelling too
 BUNDLED = Path(__file__).resolve().parent.parent / "recipes"  # package data: `specpress sweep quickstart`
 
 
@@ -194,7 +195,7 @@ def _data(v: Any, where: str, base: Path) -> DataSource:
     if s in ZOO_SPLITS:
         return DataSource(zoo_split=ZOO_SPLITS[s])
     if s.startswith("zoo"):
-        raise ConfigError(f"{where}: {s!r} is not a zoo split; use zoo-train, zoo-val or a path")
+        raise ConfigError(f"{where}: {s!r} is not a zoo split; use zoo-train, zoo-val (or zoo:train, zoo:val) or a path")
     return DataSource(path=_path(s, where, base))
 
 

@@ -149,3 +149,11 @@ def test_hash_ignores_name_and_description_but_not_settings(tmp_path):
     assert a.hash() != parse(tmp_path, max_new_tokens=65).hash()
     assert parse(tmp_path, policies=["chain:4", "dynamic:depth=2,topk=2,budget=4"]).policies == (
         "chain:4", "dynamic:depth=2,topk=2,budget=4")
+
+
+def test_zoo_splits_accept_the_cli_spelling(tmp_path):
+    """`zoo:train` (as `--data` spells it) and `zoo-train` are the same source, with the same recipe hash."""
+    a, b = parse(tmp_path, calibration="zoo:train", agreement_data="zoo:val"), parse(tmp_path)
+    assert a.calibration == b.calibration and a.agreement_data.zoo_split == "val" and a.hash() == b.hash()
+    with pytest.raises(ConfigError, match="zoo:trian.*zoo:train"):
+        parse(tmp_path, calibration="zoo:trian")
