@@ -163,12 +163,16 @@ def distill(target: TargetModel, config: DistillConfig, data: WindowSampler, out
     stopped_by = "steps"
     consistent = True  # False while an optimizer step is half-booked (weights updated, step not yet)
     try:
-        if planned is None:  # minutes only: time two passes (no update) to size the schedule
+        if planned is None:  # minutes only: size the schedule from the median of 3 timed passes (no update)
             assert config.minutes is not None
-            one_step(0, update=False)
-            t1 = time.monotonic()
-            one_step(1, update=False)
-            planned = from_rank0(max(2, int(config.minutes * 60 / max(time.monotonic() - t1, 1e-6))), world, dev)
+            one_step(0, update=False)  # warm-up, untimed
+            times = []
+            for s in (1, 2, 3):
+                t1 = time.monotonic()
+                one_step(s, update=False)
+                times.append(time.monotonic() - t1)
+            per_step = max(sorted(times)[1], 1e-6)
+            planned = from_rank0(max(2, int(config.minutes * 60 / per_step)), world, dev)
         with TrainProgress(progress and rank == 0, planned, f"distill {config.family}", n_pos) as bar:
             bar.update(step, recent)
             last_ckpt = time.monotonic()
