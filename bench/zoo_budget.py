@@ -38,9 +38,10 @@ def main() -> None:
         shutil.rmtree(p, ignore_errors=True)
     t0 = time.monotonic()
     r = build_zoo(args.out, preset=preset, steps=args.steps, progress=False)
+    rate = r.tokens_seen / max(r.train_seconds, 1e-9)
     print(json.dumps({"steps": args.steps, **kw, "tokens": r.tokens_seen, "val_loss": r.val_loss,
-                      "val_perplexity": r.val_perplexity, "train_s": r.train_seconds,
-                      "tokens_per_s": round(r.tokens_seen / r.train_seconds), "wall_s": round(time.monotonic() - t0)}))
+                      "val_perplexity": r.val_perplexity, "train_s": r.train_seconds, "tokens_per_s": round(rate),
+                      "wall_s": round(time.monotonic() - t0)}))
 
 
 if __name__ == "__main__":

@@ -49,7 +49,8 @@ def _fmt(n: int) -> str:
 @click.option("--seed", type=int, default=0, show_default=True)
 def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, group_size: int | None,
              symmetric: bool | None, include: str | None, exclude: str | None, target_dir: Path | None,
-             data_path: Path | None, dequantize_out: bool, float_dtype: str, force: bool, calib_batches: int, batch: int, seq_len: int,
+             data_path: Path | None, dequantize_out: bool, float_dtype: str, force: bool, calib_batches: int,
+             batch: int, seq_len: int,
              eval_batches: int, seed: int) -> None:
     """Quantize a drafter's Linear weights and report bytes and agreement before / after.
 
@@ -84,10 +85,14 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
     click.echo(f"{rep.family} drafter quantized ({what}): {len(s['quantized'])} Linears -> {rep.out}"
                + ("  [written dequantized: plain float weights]" if s.get("dequantized") else ""))
     source, before, after = s["source_bytes"], s["bytes_before"], s["bytes_after"]
-    click.echo(f"  bytes   {_fmt(source)} as stored ({s['source_dtype']}) -> {_fmt(after)}  "
-               f"({source / max(after, 1):.2f}x smaller; {100 * after / max(before, 1):.1f}% of the source in "
-               f"{s['float_dtype']}; quantized Linears {8 * s['quantized_bytes'] / max(s['quantized_params'], 1):.2f}"
-               " bits/param)")
+    if s.get("dequantized"):
+        click.echo(f"  bytes   {_fmt(source)} as stored ({s['source_dtype']}) -> {_fmt(after)} written as plain "
+                   f"{s['float_dtype']} weights (the quantization error is kept, the packing is not)")
+    else:
+        click.echo(f"  bytes   {_fmt(source)} as stored ({s['source_dtype']}) -> {_fmt(after)}  "
+                   f"({source / max(after, 1):.2f}x smaller; {100 * after / max(before, 1):.1f}% of the source in "
+                   f"{s['float_dtype']}; quantized Linears "
+                   f"{8 * s['quantized_bytes'] / max(s['quantized_params'], 1):.2f} bits/param)")
     sq = {k: v for k, v in s["weight_sqnr_db"].items() if v is not None}
     if sq:
         worst = min(sq, key=sq.get)  # type: ignore[arg-type]

@@ -134,7 +134,7 @@ def distill(target: TargetModel, config: DistillConfig, data: WindowSampler, out
     lo = rank * rows
     teacher = Teacher(target, needed_taps(student, teacher_drafter), cache_dir,
                       {"target": key["target"], "data": dfp, "seed": config.seed, "batch": config.batch,
-                       "seq_len": config.seq_len})
+                       "seq_len": config.seq_len, "bf16": config.bf16})
 
     def one_step(s: int, *, update: bool) -> LossOut:
         ids = data.batch_at(s)[lo:lo + rows].to(dev)

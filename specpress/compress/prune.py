@@ -17,9 +17,10 @@ Stages run in this order, each scored (importance.py) on the model the previous 
 
 The result is a fresh module built from the smaller config (no masks) that save_drafter / load_drafter write
 and read in the public layout; the input's weights are left unchanged. `recover_steps` then distills it
-against the target from the pruned weights (compress.distill). Every call appends one step to the provenance: {"step": "prune", "config", "bytes_before/after", "params_before/after", "shape_before/after",
-"importance" (what each stage removed), "calibration" (KL and top-1 agreement before/after, when measured)};
-recovery appends its own "distill" step after it.
+against the target from the pruned weights (compress.distill, bf16 autocast as its default). Every call
+appends one step to the provenance: {"step": "prune", "config", "bytes_before/after", "params_before/after",
+"shape_before/after", "importance" (what each stage removed), "calibration" (KL and top-1 agreement
+before/after, when measured)}; recovery appends its own "distill" step (with its DistillConfig) after it.
 """
 
 from __future__ import annotations

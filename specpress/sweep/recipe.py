@@ -13,8 +13,8 @@
     max_new_tokens: 64
     seed: 0
     dtype: fp32                      # the target's (and drafter's compute) dtype: fp32 | bf16 | fp16
-    float_dtype: auto                # floats a compressed point stores (norms, kept Linears): auto = the
-                                     # base's dtype when 16-bit, else bf16 | fp32 | bf16 | fp16
+    float_dtype: auto                # dtype of the floats a compressed point stores (norms, unquantized
+                                     # Linears): auto (the base's dtype when 16-bit, else bf16), fp32, bf16, fp16
     calibration: zoo-train           # data for gptq, prune importance / vocab, recovery: zoo-train | PATH
     agreement_batches: 4             # batches of [8, 128] windows for acc@k; 0 = off
     agreement_data: zoo-val          # zoo-val (held-out stdlib files) | PATH
@@ -41,7 +41,8 @@ from specpress.sweep.grid import Point, expand_grid
 
 RECIPE_VERSION = 1
 TOP_KEYS = ("version", "name", "description", "target", "drafter", "grid", "policies", "prompts", "temperatures",
-            "backends", "max_new_tokens", "seed", "dtype", "float_dtype", "calibration", "agreement_batches", "agreement_data")
+            "backends", "max_new_tokens", "seed", "dtype", "float_dtype", "calibration", "agreement_batches",
+            "agreement_data")
 REQUIRED = ("target", "drafter", "grid", "prompts")
 BACKENDS = ("torch",)  # onnxruntime / tensorrt drafters are not wired into sweeps yet
 DTYPES = ("fp32", "bf16", "fp16")
@@ -195,7 +196,8 @@ def _data(v: Any, where: str, base: Path) -> DataSource:
     if s in ZOO_SPLITS:
         return DataSource(zoo_split=ZOO_SPLITS[s])
     if s.startswith("zoo"):
-        raise ConfigError(f"{where}: {s!r} is not a zoo split; use zoo-train, zoo-val (or zoo:train, zoo:val) or a path")
+        raise ConfigError(f"{where}: {s!r} is not a zoo split; use zoo-train, zoo-val (or zoo:train, zoo:val) "
+                          "or a path")
     return DataSource(path=_path(s, where, base))
 
 

@@ -37,7 +37,7 @@ def artifact_key(ctx: SweepContext, point: Point) -> dict[str, Any]:
     calib = any(_uses_calibration(s) for s in point.steps)
     return {"point": point.to_dict(), "base": ctx.base_digest, "target": target_tag(ctx.target_dir),
             "calibration": ctx.recipe.calibration.to_json() if calib else None, "seed": ctx.recipe.seed,
-            "dtype": ctx.recipe.dtype}
+            "dtype": ctx.recipe.dtype, "float_dtype": str(ctx.stored_dtype()).removeprefix("torch.")}
 
 
 def _uses_calibration(step: Step) -> bool:

@@ -154,6 +154,11 @@ def test_teacher_cache_is_bit_identical(target, tmp_path):
     assert len(list((tmp_path / "cache").rglob("step-*.npy"))) == 4
     ref = weights(plain.drafter)
     assert same(ref, weights(first.drafter)) and same(ref, weights(second.drafter))
+    fp32 = cfg("dflash", steps=4, bf16=False)  # bf16 signals are not fp32 signals: a separate cache entry
+    third = distill(target, fp32, sampler(fp32), None, cache_dir=tmp_path / "cache")
+    assert len(list((tmp_path / "cache").rglob("step-*.npy"))) == 8
+    assert same(weights(distill(target, fp32, sampler(fp32), None).drafter), weights(third.drafter))
+    assert not same(ref, weights(third.drafter))
 
 
 def test_from_a_larger_drafter_shrinks_it(target):

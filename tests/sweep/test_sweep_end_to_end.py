@@ -148,6 +148,19 @@ def test_resume_skips_finished_points(done, tmp_path, monkeypatch):
     assert recs["int8"]["artifact_reused"] and len(recs) == 5
 
 
+def test_changing_float_dtype_rebuilds_the_points(done, tmp_path):
+    """A point built with bf16 floats is not reused when the recipe asks for fp32 (it is in the artifact key)."""
+    root, _, out, _ = done
+    changed = root / "fp32.yaml"
+    changed.write_text(yaml.safe_dump({**RECIPE, "float_dtype": "fp32", "grid": [{"quantize": {"scheme": "int8"}}]}))
+    mine = tmp_path / "o"
+    shutil.copytree(out, mine)
+    res = sweep(changed, "--out", mine, "--force")
+    assert res.exit_code == 0, res.output
+    assert by_point(mine)["int8"]["artifact_reused"] is False
+    assert json.loads((mine / "points" / "int8" / "drafter" / "config.json").read_text())["torch_dtype"] == "float32"
+
+
 def test_refuses_another_recipes_out_dir(done, tmp_path):
     root, _, out, _ = done
     other = load_recipe(root / "recipe.yaml")

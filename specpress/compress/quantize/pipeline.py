@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from specpress.compress.quantize.api import dequantize, quantize, resolve_float_dtype, update_step
+from specpress.compress.quantize.api import (dequantize, quantize, resolve_float_dtype, round_floats, stored_bytes,
+                                             update_step)
 from specpress.compress.quantize.configs import QuantizeConfig
 from specpress.errors import DataError, UsageError
 
@@ -42,7 +43,8 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
 
     float_dtype: what the kept float tensors (norms, biases, unquantized Linears, embeddings) are stored
     in; "auto" keeps a 16-bit source's dtype and stores an fp32 source in bfloat16 (resolve_float_dtype).
-    They are rounded to it before the after-agreement is measured, so the cost reported is the stored one.
+    They are rounded to it before the after-agreement is measured, so the cost reported is the stored one;
+    with `dequantize_out` the dequantised weights are rounded and measured the same way.
     """
     from specpress.compress.data import WindowSampler, encode_stream, read_texts
     from specpress.models.drafter_io import load_drafter, save_drafter
@@ -97,13 +99,14 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
     if calibration is not None:
         extra["calibration"] = {"data": str(data_path), "windows": calibration.windows, "tokens": calibration.tokens,
                                 "seq_len": seq_len, "seed": seed}
+    if dequantize_out:  # what is written, and measured: the dequantised weights rounded to the float dtype
+        dequantize(drafter)
+        round_floats(drafter, stored)
+        extra.update(dequantized=True, bytes_after=stored_bytes(drafter, stored))
     if target is not None:
         after = agreement(target, drafter, evals, eval_batches, first_step=first_eval)
         extra["agreement"] = {"before": [round(a, 4) for a in before or []], "after": [round(a, 4) for a in after],
                               "windows": eval_batches * batch, "heldout": heldout, "data": str(data_path)}
     step = update_step(drafter, **extra)
-    if dequantize_out:
-        dequantize(drafter)
-        step = update_step(drafter, dequantized=True)
     save_drafter(drafter, out, force=force, dtype=stored)
     return QuantizeReport(out, drafter.family, step, before, after, heldout, time.monotonic() - t0)
