@@ -165,6 +165,19 @@ def train(model: nn.Module, batches: TokenBatches, cfg: TrainConfig, *, state_di
     `state_dir`: where checkpoints go and where a matching one (same `key`, same config) is resumed
     from. `on_step(step, loss, tokens_per_s)` reports progress after every optimizer step.
     """
+    previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    # Compiled CPU kernels accumulate some gradients (the tied embedding's scatter-add) with parallel
+    # atomics unless deterministic algorithms are on: two compiled builds then end 0.1 nats apart
+    # (measured). warn_only: platforms lacking a deterministic kernel for an op warn instead of failing.
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        return _train(model, batches, cfg, state_dir=state_dir, key=key, on_step=on_step)
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+
+
+def _train(model: nn.Module, batches: TokenBatches, cfg: TrainConfig, *, state_dir: Path | None,
+           key: Mapping[str, Any] | None, on_step: Callable[[int, float, float], None] | None) -> TrainResult:
     key = {"train": cfg.resume_key(), **(key or {})}
     opt = make_optimizer(model, cfg)
     step, tokens_seen, seconds = 0, 0, 0.0
