@@ -70,3 +70,34 @@ def run(d, target: TargetModel, ids: torch.Tensor = IDS, **kw) -> torch.Tensor:
     hidden = d.fuse_taps(out.taps) if d.family == "eagle3" else out.hidden
     logits, g = d(hidden[:, :-1], ids[:, 1:], **kw)
     return torch.cat([logits, g], dim=-1)
+
+
+CODE_TEXT = "def add(a, b):\n    return a + b\n\nclass Point:\n    x = 1\n    y = 2\n" * 20
+
+
+def save_with_tokenizer(target: TargetModel, tmp_path):
+    """Save `target` as an HF dir with a BPE tokenizer (vocab <= V) trained on CODE_TEXT, plus a .jsonl of
+    that text; returns (target dir, data file). Skips the test when `tokenizers` is missing."""
+    import json
+
+    import pytest
+
+    pytest.importorskip("tokenizers")
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from specpress.models.target import save_target
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator([CODE_TEXT], trainers.BpeTrainer(vocab_size=V, special_tokens=["<eos>", "<unk>"]))
+    assert tok.get_vocab_size() <= V
+    tdir = save_target(target, tmp_path / "target", extra_files={"tokenizer.json": tok.to_str()})
+    data = tmp_path / "data.jsonl"
+    data.write_text("\n".join(json.dumps({"text": CODE_TEXT}) for _ in range(3)) + "\n")
+    return tdir, data
+
+
+def random_eos_target() -> TargetModel:
+    """A freshly initialised target (seed 0) of the tiny shape with EOS id 0."""
+    torch.manual_seed(0)
+    return TargetModel(TargetConfig(**SHAPE, num_hidden_layers=L, eos_token_id=0))

@@ -183,9 +183,9 @@ class SweepContext:
         import torch
 
         from specpress.compress.quantize.api import resolve_float_dtype
+        from specpress.device import DTYPES
 
-        base = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(
-            str(self.base_info.get("dtype")), torch.float32)
+        base = DTYPES.get(str(self.base_info.get("dtype")), torch.float32)
         return resolve_float_dtype(self.recipe.float_dtype, base)
 
     def agreement_sampler(self) -> Any | None:

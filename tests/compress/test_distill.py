@@ -3,13 +3,12 @@ checkpoint/resume, the teacher cache, --from shrinking, the CLI end to end, and 
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
 import torch
 
-from drafters_common import SHAPE, L, V, make, tiny_target
+from drafters_common import SHAPE, L, V, make, random_eos_target, save_with_tokenizer, tiny_target
 from specpress.compress.agreement import agreement, batch_loss
 from specpress.compress.config import DistillConfig
 from specpress.compress.data import WindowSampler
@@ -18,7 +17,7 @@ from specpress.compress.losses import dflash_gamma, dflash_inputs, unroll, unrol
 from specpress.compress.students import draft_vocab_by_frequency, init_student
 from specpress.errors import CheckpointError, ConfigError, DataError, UsageError
 from specpress.models.drafter_io import load_drafter
-from specpress.models.target import TargetConfig, TargetModel, save_target
+from specpress.models.target import TargetConfig, TargetModel
 
 FAMILIES = ["eagle", "eagle3", "mtp", "dflash", "lm"]
 PATTERN = np.random.default_rng(0).integers(1, V, size=23)
@@ -181,20 +180,7 @@ def test_minutes_budget_sizes_the_schedule(target):
 
 
 def _target_dir(tmp_path):
-    tokenizers = pytest.importorskip("tokenizers")
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    text = "def add(a, b):\n    return a + b\n\nclass Point:\n    x = 1\n    y = 2\n" * 20
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator([text], trainers.BpeTrainer(vocab_size=V, special_tokens=["<eos>", "<unk>"]))
-    assert tok.get_vocab_size() <= V and tokenizers
-    torch.manual_seed(0)
-    t = TargetModel(TargetConfig(**SHAPE, num_hidden_layers=L, eos_token_id=0))
-    d = save_target(t, tmp_path / "target", extra_files={"tokenizer.json": tok.to_str()})
-    data = tmp_path / "data.jsonl"
-    data.write_text("\n".join(json.dumps({"text": text}) for _ in range(3)) + "\n")
-    return d, data
+    return save_with_tokenizer(random_eos_target(), tmp_path)
 
 
 def test_cli_end_to_end_and_bad_input(tmp_path):

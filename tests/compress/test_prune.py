@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from drafters_common import FAMILIES, SHAPE, L, V, make, run, tiny_target
+from drafters_common import FAMILIES, SHAPE, L, V, make, run, save_with_tokenizer, tiny_target
 
 from specpress.compress.data import WindowSampler
 from specpress.compress.importance import (calibration_signals, ffn_scores, fit, head_scores, layer_scores,
@@ -20,7 +20,7 @@ from specpress.models.drafter_io import load_drafter, save_drafter
 from specpress.models.eagle3 import Eagle3Config
 from specpress.models.inspect import inspect_artifact
 from specpress.models.lm import LMConfig, LMDrafter
-from specpress.models.target import TargetConfig, TargetModel, save_target
+from specpress.models.target import TargetConfig, TargetModel
 from specpress.runtime.loop import speculative_generate
 from specpress.runtime.plain import decode_plain
 from specpress.runtime.policy import parse_policy
@@ -382,18 +382,9 @@ def test_bad_inputs_are_clear(target):
 
 
 def _target_dir(tmp_path):
-    pytest.importorskip("tokenizers")
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    text = "def add(a, b):\n    return a + b\n\nclass Point:\n    x = 1\n    y = 2\n" * 20
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator([text], trainers.BpeTrainer(vocab_size=V, special_tokens=["<eos>", "<unk>"]))
     t = TargetModel(TargetConfig(**SHAPE, num_hidden_layers=L, eos_token_id=0))  # tiny_target() + an EOS id
     t.load_state_dict(tiny_target().state_dict())
-    tdir = save_target(t, tmp_path / "target", extra_files={"tokenizer.json": tok.to_str()})
-    data = tmp_path / "data.jsonl"
-    data.write_text("\n".join(json.dumps({"text": text}) for _ in range(3)) + "\n")
+    tdir, data = save_with_tokenizer(t, tmp_path)
     return tdir, data, t
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from drafters_common import FAMILIES, SHAPE, L, V, make, run, tiny_target
+from drafters_common import FAMILIES, V, make, random_eos_target, run, save_with_tokenizer, tiny_target
 
 from specpress.cli import cli
 from specpress.compress.data import WindowSampler
@@ -23,7 +23,7 @@ from specpress.models.eagle3 import Eagle3Config
 from specpress.models.inspect import inspect_artifact
 from specpress.models.io import tensor_index
 from specpress.models.lm import LMConfig, LMDrafter
-from specpress.models.target import TargetConfig, TargetModel, save_target
+from specpress.models.target import TargetModel
 from specpress.runtime.loop import speculative_generate
 from specpress.runtime.plain import decode_plain
 from specpress.runtime.policy import parse_policy
@@ -181,19 +181,9 @@ def test_int4_g64_bytes_are_exact(symmetric, fc_bytes, tmp_path):
 
 
 def _target_dir(tmp_path):
-    pytest.importorskip("tokenizers")
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    text = "def add(a, b):\n    return a + b\n\nclass Point:\n    x = 1\n    y = 2\n" * 20
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator([text], trainers.BpeTrainer(vocab_size=V, special_tokens=["<eos>", "<unk>"]))
-    torch.manual_seed(0)
-    t = TargetModel(TargetConfig(**SHAPE, num_hidden_layers=L, eos_token_id=0))
-    d = save_target(t, tmp_path / "target", extra_files={"tokenizer.json": tok.to_str()})
-    data = tmp_path / "data.jsonl"
-    data.write_text("\n".join(json.dumps({"text": text}) for _ in range(3)) + "\n")
-    return t, d, data
+    t = random_eos_target()
+    tdir, data = save_with_tokenizer(t, tmp_path)
+    return t, tdir, data
 
 
 def test_cli_end_to_end(tmp_path):

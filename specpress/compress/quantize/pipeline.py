@@ -18,9 +18,8 @@ import torch
 from specpress.compress.quantize.api import (dequantize, quantize, resolve_float_dtype, round_floats, stored_bytes,
                                              update_step)
 from specpress.compress.quantize.configs import QuantizeConfig
+from specpress.device import DTYPES
 from specpress.errors import DataError, UsageError
-
-STORED_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -61,7 +60,7 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
     if out.exists() and not force:
         raise UsageError(f"{out} already exists; choose another --out or pass --force to replace it")
     source = inspect_artifact(drafter_dir)
-    stored = resolve_float_dtype(float_dtype, STORED_DTYPES.get(str(source["dtype"]), torch.float32))
+    stored = resolve_float_dtype(float_dtype, DTYPES.get(str(source["dtype"]), torch.float32))
     target = sampler = None
     first_eval, heldout = 0, False
     if target_dir is not None:
