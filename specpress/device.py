@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from specpress.errors import UsageError
@@ -18,6 +20,13 @@ def pick_device(requested: str | None = None) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"device {requested!r} requested but CUDA is not available; use --device cpu")
     return dev
+
+
+def wall_ms(device: torch.device) -> float:
+    """A wall-clock reading in ms taken after `device` has finished its queued work (CUDA is asynchronous)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() * 1e3
 
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:

@@ -149,7 +149,8 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
         console.print(f"{len(prompts)} prompts, {n_tok} tokens, {pol}: tau {result['tau']:.2f}, AR[k] {ar}; "
                       f"{result['tokens_per_s']:.1f} tok/s vs plain {result['baseline_tokens_per_s']:.1f} "
                       f"(speedup {result['speedup']:.2f}x); round ms draft {result['draft_ms']:.2f} / verify "
-                      f"{result['verify_ms']:.2f} / other {result['other_ms']:.2f}"
+                      f"{result['verify_ms']:.2f} / other {result['other_ms']:.2f}; loop overhead "
+                      f"{100 * result['overhead_fraction']:.0f}%"
                       + ("" if lossless is None else f"; lossless mismatches {lossless}"))
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)

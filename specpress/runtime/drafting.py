@@ -20,6 +20,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
+from specpress.device import wall_ms
 from specpress.errors import UsageError
 from specpress.models.kv import KVCache
 from specpress.models.target import TargetOutput
@@ -143,6 +144,23 @@ def _expand_dynamic(policy: DynamicPolicy, root: int, root_logits: Tensor, root_
 class DraftSession(ABC):
     family: str
     taps: tuple[int, ...]  # target taps the session needs from every target forward
+    forward_ms: float = 0.0  # wall time spent inside drafter forwards so far (the rest of drafting is overhead)
+
+    def _forward(self, *args, **kwargs):
+        """Call the drafter, adding the call's wall time to `forward_ms`."""
+        return self._timed(self.drafter, *args, **kwargs)
+
+    def _timed(self, fn: Callable, *args, **kwargs):
+        """Run one piece of drafter compute (a forward, the tap fusion), adding its wall time to `forward_ms`."""
+        dev = self.device
+        t0 = wall_ms(dev)
+        out = fn(*args, **kwargs)
+        self.forward_ms += wall_ms(dev) - t0
+        return out
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.drafter.parameters()).device
 
     @abstractmethod
     def start(self, prompt: Sequence[int], out: TargetOutput, first: int) -> None: ...
@@ -171,12 +189,12 @@ class FeatureSession(DraftSession):
         self.vocab = drafter.config.vocab_size
 
     def _features(self, out: TargetOutput) -> Tensor:
-        return (self.drafter.fuse_taps(out.taps) if self.taps else out.hidden)[0]  # [T, F]
+        return (self._timed(self.drafter.fuse_taps, out.taps) if self.taps else out.hidden)[0]  # [T, F]
 
     def _run(self, hidden: Tensor, ids: Tensor, positions: Tensor | None, mask: Tensor | None,
              step: int) -> tuple[Tensor, Tensor]:
         kw = {"step": step} if self.family == "mtp" else {}
-        logits, g = self.drafter(hidden[None], ids[None], cache=self.cache, positions=positions, mask=mask, **kw)
+        logits, g = self._forward(hidden[None], ids[None], cache=self.cache, positions=positions, mask=mask, **kw)
         return logits[0], g[0]
 
     def start(self, prompt: Sequence[int], out: TargetOutput, first: int) -> None:
@@ -226,12 +244,12 @@ class LMSession(DraftSession):
                 generator: torch.Generator | None) -> Proposal:
         assert self.pending[-1] == root
         dev = self.drafter.lm_head.weight.device
-        out = self.drafter(torch.tensor([self.pending], device=dev), cache=self.cache, logits="last")
+        out = self._forward(torch.tensor([self.pending], device=dev), cache=self.cache, logits="last")
         self.context = self.cache.length
         root_pos = self.context - 1
 
         def step(tokens: Tensor, parent: Tensor | None, levels: Tensor, mask: Tensor) -> tuple[Tensor, None]:
-            o = self.drafter(tokens[None], cache=self.cache, positions=root_pos + levels, mask=mask)
+            o = self._forward(tokens[None], cache=self.cache, positions=root_pos + levels, mask=mask)
             return o.logits[0], None
 
         return expand(policy, root, out.logits[0, -1], None, step, self.context, params, generator, None,
@@ -257,19 +275,19 @@ class BlockSession(DraftSession):
         self.pending_feats: Tensor | None = None
 
     def start(self, prompt: Sequence[int], out: TargetOutput, first: int) -> None:
-        self.pending_feats = self.drafter.fuse_taps(out.taps)[0]
+        self.pending_feats = self._timed(self.drafter.fuse_taps, out.taps)[0]
 
     def propose(self, root: int, policy: Policy, params: SamplingParams,
                 generator: torch.Generator | None) -> Proposal:
         assert isinstance(policy, BlockPolicy) and self.pending_feats is not None
         dev = self.pending_feats.device
         block = self.drafter.make_block(torch.tensor([root], device=dev), policy.block_size)
-        logits = self.drafter(self.pending_feats[None], block, cache=self.cache)[0]  # [B, V]
+        logits = self._forward(self.pending_feats[None], block, cache=self.cache)[0]  # [B, V]
         drafts = logits[1:].argmax(-1).tolist()
         return Proposal(DraftTree.chain(len(drafts), [root] + drafts), None, {})
 
     def accept(self, proposal: Proposal, result: VerifyResult, out: TargetOutput) -> None:
-        self.pending_feats = self.drafter.fuse_taps(out.taps)[0][list(result.accepted)]
+        self.pending_feats = self._timed(self.drafter.fuse_taps, out.taps)[0][list(result.accepted)]
 
 
 def make_session(drafter, capacity: int) -> DraftSession:

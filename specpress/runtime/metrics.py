@@ -43,6 +43,9 @@ def spec_metrics(spec: list[Any], plain: list[Any], config: dict[str, Any], draf
     spec: SpecGeneration per prompt; plain: Generation per prompt (same prompts, same order).
     tau = 1 + accepted / rounds (tokens per target verify forward, bonus included);
     ar[k-1] = P(accepted >= k) over rounds; draft/verify/other ms = mean per round;
+    draft_forward_ms = mean drafter compute per round (inside draft_ms and other_ms);
+    overhead = the loop's own time, outside the drafter's and the target's forwards
+    (draft + other - draft_forward); overhead_fraction = its share of all round time;
     speedup = plain ms/token / speculative ms/token over all prompts.
     """
     rounds = [r for g in spec for r in g.rounds]
@@ -53,6 +56,8 @@ def spec_metrics(spec: list[Any], plain: list[Any], config: dict[str, Any], draf
     hist: dict[str, int] = {}
     for r in rounds:
         hist[str(r.accepted)] = hist.get(str(r.accepted), 0) + 1
+    overhead = sum(r.overhead_ms for r in rounds)
+    round_ms = sum(r.draft_ms + r.verify_ms + r.other_ms for r in rounds)
     spec_tokens = sum(len(g.tokens) for g in spec)
     spec_s = sum(g.total_ms for g in spec) / 1e3
     plain_tokens = sum(len(g.tokens) for g in plain)
@@ -71,6 +76,9 @@ def spec_metrics(spec: list[Any], plain: list[Any], config: dict[str, Any], draf
         "draft_ms": sum(r.draft_ms for r in rounds) / n_rounds if n_rounds else 0.0,
         "verify_ms": sum(r.verify_ms for r in rounds) / n_rounds if n_rounds else 0.0,
         "other_ms": sum(r.other_ms for r in rounds) / n_rounds if n_rounds else 0.0,
+        "draft_forward_ms": sum(r.draft_forward_ms for r in rounds) / n_rounds if n_rounds else 0.0,
+        "overhead_ms": overhead / n_rounds if n_rounds else 0.0,
+        "overhead_fraction": overhead / round_ms if round_ms else 0.0,
         "tokens_per_s": tps,
         "baseline_tokens_per_s": base,
         "speedup": tps / base if base else 0.0,

@@ -161,7 +161,7 @@ def measure_point(ctx: SweepContext, point: Point, runs: list[RunSpec], *, log: 
             "draft_acceptance_rate": res.get("draft_acceptance_rate"), "tokens_per_s": res["tokens_per_s"],
             "baseline_tokens_per_s": res["baseline_tokens_per_s"], "speedup": res["speedup"],
             "draft_ms": res["draft_ms"], "verify_ms": res["verify_ms"], "other_ms": res["other_ms"],
-            "lossless_mismatches": res["lossless_mismatches"], "bench_config": res["config"],
+            "overhead_fraction": res["overhead_fraction"], "lossless_mismatches": res["lossless_mismatches"], "bench_config": res["config"],
             "bench_s": time.monotonic() - t2})
         rec["wall_s"] = build_s + agreement_s + rec["bench_s"]
         records.append(rec)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from click.testing import CliRunner
 from drafters_common import make, tiny_target
@@ -36,6 +37,9 @@ def test_bench_with_drafter_writes_contract(tmp_path):
     assert d["tau"] > 1.0 and d["tau"] == 1 + sum(int(k) * v for k, v in d["histogram"].items()) / d["rounds"]
     assert d["ar"] == sorted(d["ar"], reverse=True) and 0 < d["ar"][0] <= 1
     assert d["drafter_bytes"] > 0 and d["speedup"] > 0 and d["baseline_tokens_per_s"] > 0
+    assert 0 < d["draft_forward_ms"] <= d["draft_ms"] + d["other_ms"]
+    assert 0 <= d["overhead_fraction"] < 1
+    assert d["overhead_ms"] == pytest.approx(d["draft_ms"] + d["other_ms"] - d["draft_forward_ms"])
     assert len(d["outputs"]) == 3 and d["config"]["policy"] == "dynamic:depth=3,topk=3,budget=8"
 
 

@@ -105,3 +105,27 @@ def test_policy_family_mismatch_is_clear(target):
     d = drafter_for("dflash", target)
     with pytest.raises(UsageError, match="cannot run with a dflash drafter.*block:B"):
         speculative_generate(target, d, PROMPTS[0], 10, parse_policy("chain:3"))
+
+
+@pytest.mark.parametrize("family,policy", [("eagle3", "chain:3"), ("lm", DYN), ("dflash", "block:4")])
+def test_round_timing_attributes_drafter_compute(target, family, policy, monkeypatch):
+    """Time spent inside the drafter is counted as drafter compute, not as the loop's own overhead."""
+    import time
+
+    d = drafter_for(family, target)
+    forward, calls = d.forward, []
+
+    def slow_forward(*args, **kwargs):
+        calls.append(1)
+        time.sleep(0.004)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(d, "forward", slow_forward)
+    got = speculative_generate(target, d, PROMPTS[0], 20, parse_policy(policy), eos_ids=())
+    assert calls and got.rounds
+    for r in got.rounds:
+        assert 0 < r.draft_forward_ms <= r.draft_ms + r.other_ms + 1e-6
+        assert r.draft_forward_ms >= 4.0  # at least one slowed drafter call per round
+        assert r.overhead_ms == pytest.approx(r.draft_ms + r.other_ms - r.draft_forward_ms)
+    total_fwd = sum(r.draft_forward_ms for r in got.rounds)
+    assert total_fwd >= 4.0 * (len(calls) - 1)  # every call after the prefill's start falls in a round
