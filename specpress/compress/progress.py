@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from specpress.ticker import LogTicker
 
 
 class TrainProgress:
@@ -18,6 +21,7 @@ class TrainProgress:
         self.enabled, self.total, self.label, self.k = enabled, total, label, k
         self._bar = None
         self._task = None
+        self._ticker: "LogTicker | None" = None
 
     def __enter__(self) -> "TrainProgress":
         if self.enabled:
@@ -25,10 +29,14 @@ class TrainProgress:
             from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                        TimeRemainingColumn)
 
+            from specpress.ticker import LogTicker
+
             cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("loss {task.fields[loss]}"), TextColumn("acc@k {task.fields[acc]}"),
                     TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
-            self._bar = Progress(*cols, console=Console(stderr=True))
+            console = Console(stderr=True)
+            self._ticker = LogTicker(console, self.label, self.total)
+            self._bar = Progress(*cols, console=console)
             self._bar.__enter__()
             self._task = self._bar.add_task(self.label, total=self.total, loss="-", acc="-")
         return self
@@ -44,6 +52,8 @@ class TrainProgress:
             acc = [float(h / max(c, 1)) for h, c in zip(hits, counts)]  # type: ignore[call-overload]
             fields["acc"] = " ".join(f"{a:.2f}" for a in acc)
         self._bar.update(self._task, completed=step, **fields)
+        if self._ticker is not None:
+            self._ticker.tick(step, f"loss {fields['loss']} acc@k {fields['acc']}")
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if self._bar is not None:

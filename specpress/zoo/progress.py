@@ -9,6 +9,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
     TimeRemainingColumn
 
+from specpress.ticker import LogTicker
+
 OnStep = Callable[[int, float, float], None]
 
 
@@ -35,6 +37,7 @@ class Reporter:
         with Progress(*columns, console=self.console) as bar:
             task = bar.add_task(label, total=total, loss=float("nan"), tps=0.0)
             ema: list[float] = []  # [loss ema, tok/s ema]
+            ticker = LogTicker(self.console, label, total)
 
             def on_step(step: int, loss: float, tps: float) -> None:
                 if not ema:
@@ -43,5 +46,6 @@ class Reporter:
                     ema[0] = 0.9 * ema[0] + 0.1 * loss
                     ema[1] = 0.9 * ema[1] + 0.1 * tps
                 bar.update(task, completed=step, loss=ema[0], tps=ema[1])
+                ticker.tick(step, f"loss {ema[0]:.3f} {ema[1]:,.0f} tok/s")
 
             yield on_step

@@ -1,0 +1,26 @@
+"""Progress lines for logs: rich's live bars draw nothing until they finish when stderr is not a terminal
+(`... > build.log 2>&1`), so long jobs also print one plain line every so often there."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+
+
+class LogTicker:
+    """`tick(step, text)` prints `label step/total text (elapsed)` at most every `every_s` seconds, and
+    only when `console` is not a terminal (a live bar shows the same there)."""
+
+    def __init__(self, console: Console, label: str, total: int, every_s: float = 60.0) -> None:
+        self.console, self.label, self.total, self.every_s = console, label, total, every_s
+        self.enabled = not console.is_terminal
+        self.t0 = self.last = time.monotonic()
+
+    def tick(self, step: int, text: str) -> None:
+        now = time.monotonic()
+        if not self.enabled or now - self.last < self.every_s:
+            return
+        self.last = now
+        m, s = divmod(int(now - self.t0), 60)
+        self.console.print(f"{self.label} {step}/{self.total} {text} ({m}:{s:02d} elapsed)", highlight=False)
