@@ -280,6 +280,9 @@ class DynamicTreeBuilder:
         self._scores: list[Tensor] = []   # per level, cumulative scores
         self._parents: list[Tensor] = []  # per level, parent candidate id (-1 = root)
         self._fed_cands: list[int] = []   # candidate id of each fed slot, in feeding order
+        self._par: list[int] = []         # parent candidate id of every candidate (a Python mirror)
+        self._slot: dict[int, int] = {}   # fed candidate -> its slot
+        self._chain: dict[int, list[int]] = {-1: []}  # fed candidate -> slots of it and its fed ancestors
         self._count = 0
         self._expansions = 0
         tok, lp = self._topk(root_logprobs.reshape(1, -1))
@@ -302,6 +305,7 @@ class DynamicTreeBuilder:
         self._tokens.append(tokens.reshape(-1))
         self._scores.append(scores.reshape(-1))
         self._parents.append(parents.reshape(-1))
+        self._par.extend(parents.reshape(-1).tolist())
         self._count += tokens.numel()
         return ids
 
@@ -309,19 +313,19 @@ class DynamicTreeBuilder:
         """The next drafter call, or None once `depth` expansions are done."""
         if self._expansions >= self.depth:
             return None
-        tokens, parents = torch.cat(self._tokens), torch.cat(self._parents)
-        slot_of = {c: s for s, c in enumerate(self._fed_cands)}
         fed, k = len(self._fed_cands), self.topk
+        frontier = self._frontier.tolist()
+        rows, cols, parent_slots = list(range(k)), list(range(fed, fed + k)), []
+        for row, cand in enumerate(frontier):
+            p = self._par[cand]
+            parent_slots.append(self._slot[p] if p >= 0 else -1)
+            chain = self._chain[p]  # fed slots of the parent and its ancestors
+            rows.extend([row] * len(chain))
+            cols.extend(chain)
         mask = torch.zeros(k, fed + k, dtype=torch.bool)
-        parent_slots = []
-        for row, cand in enumerate(self._frontier.tolist()):
-            mask[row, fed + row] = True
-            p = int(parents[cand])
-            parent_slots.append(slot_of[p] if p >= 0 else -1)
-            while p >= 0:
-                mask[row, slot_of[p]] = True
-                p = int(parents[p])
-        return Frontier(tokens=tokens[self._frontier], parent_slots=torch.tensor(parent_slots, device=self.device),
+        mask[rows, cols] = True
+        return Frontier(tokens=torch.cat(self._tokens)[self._frontier],
+                        parent_slots=torch.tensor(parent_slots, device=self.device),
                         level=self._expansions + 1, mask=mask.to(self.device))
 
     def expand(self, logprobs: Tensor) -> None:
@@ -331,7 +335,10 @@ class DynamicTreeBuilder:
         k = self.topk
         if logprobs.shape[0] != k:
             raise UsageError(f"expected log-probs for the {k} frontier nodes, found shape {tuple(logprobs.shape)}")
-        self._fed_cands.extend(self._frontier.tolist())
+        for cand in self._frontier.tolist():
+            slot = self._slot[cand] = len(self._fed_cands)
+            self._fed_cands.append(cand)
+            self._chain[cand] = self._chain[self._par[cand]] + [slot]
         tok, lp = self._topk(logprobs)                             # [k, k]
         cu = self._frontier_scores[:, None] + lp.to(self.device)   # [k, k] cumulative
         ids = self._add(tok, cu, self._frontier[:, None].expand(k, k))
