@@ -42,8 +42,8 @@ from specpress.compress.progress import TrainProgress
 from specpress.compress.students import init_student, student_config
 from specpress.compress.teacher import Teacher, needed_taps
 from specpress.compress.training import (STATE_FILE, all_reduce_mean, data_fingerprint, from_rank0, load_state,
-                                         lr_at, module_fingerprint, partial_dir, save_state, step_generator,
-                                         world_info)
+                                         lr_at, module_fingerprint, partial_dir, replan_steps, save_state,
+                                         step_generator, world_info)
 from specpress.errors import DataError, UsageError
 from specpress.models.drafter import Drafter, target_fingerprint
 from specpress.models.drafter_io import save_drafter
@@ -117,6 +117,7 @@ def distill(target: TargetModel, config: DistillConfig, data: WindowSampler, out
     n_pos = positions_scored(config, student)
     state_path = partial_dir(out) / STATE_FILE if out is not None else None
     step, seconds, planned = 0, 0.0, config.steps
+    replan_at: int | None = None  # minutes-only runs: the step where the schedule is re-sized from real steps
     recent: list[tuple[float, Tensor, Tensor]] = []
     if resume and state_path is not None and state_path.is_file():
         state = load_state(state_path, key)
@@ -173,6 +174,8 @@ def distill(target: TargetModel, config: DistillConfig, data: WindowSampler, out
                 times.append(time.monotonic() - t1)
             per_step = max(sorted(times)[1], 1e-6)
             planned = from_rank0(max(2, int(config.minutes * 60 / per_step)), world, dev)
+            replan_at = min(planned - 1, max(20, planned // 20))
+        durations: list[float] = []
         with TrainProgress(progress and rank == 0, planned, f"distill {config.family}", n_pos) as bar:
             bar.update(step, recent)
             last_ckpt = time.monotonic()
@@ -192,7 +195,14 @@ def distill(target: TargetModel, config: DistillConfig, data: WindowSampler, out
                 recent = (recent + [(float(stats[0]), stats[1:1 + k], stats[1 + k:])])[-20:]
                 step += 1
                 consistent = True
-                seconds += time.monotonic() - t0
+                dt = time.monotonic() - t0
+                seconds += dt
+                durations.append(dt)
+                if step == replan_at:  # the timed passes had no optimizer update: re-size from real steps
+                    assert config.minutes is not None
+                    measured = durations[3:] or durations  # the first steps warm caches up
+                    planned = from_rank0(replan_steps(step, seconds, config.minutes * 60, measured), world, dev)
+                    bar.set_total(planned)
                 bar.update(step, recent)
                 if on_step is not None:
                     on_step(step, recent[-1][0], [float(h / max(c, 1)) for h, c in zip(recent[-1][1], recent[-1][2])])

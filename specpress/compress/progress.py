@@ -55,6 +55,13 @@ class TrainProgress:
         if self._ticker is not None:
             self._ticker.tick(step, f"loss {fields['loss']} acc@k {fields['acc']}")
 
+    def set_total(self, total: int) -> None:
+        self.total = total
+        if self._bar is not None and self._task is not None:
+            self._bar.update(self._task, total=total)
+        if self._ticker is not None:
+            self._ticker.total = total
+
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if self._bar is not None:
             self._bar.__exit__(kind, exc, tb)

@@ -6,8 +6,9 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import statistics
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -45,6 +46,16 @@ def lr_at(step: int, planned: int, cfg: DistillConfig) -> float:
     frac = min(1.0, (step - warm) / max(1, planned - warm))
     floor = cfg.lr * cfg.min_lr_ratio
     return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * frac))
+
+
+def replan_steps(step: int, seconds: float, budget_s: float, durations: Sequence[float]) -> int:
+    """The schedule length that ends a `--minutes` run on time, from the measured optimizer steps.
+
+    The first plan comes from timed passes without an optimizer update, so it runs long; once some real
+    steps are timed (`durations`, seconds each), the rest of the budget is divided by their median.
+    """
+    per_step = max(statistics.median(durations), 1e-6)
+    return step + max(1, int(max(0.0, budget_s - seconds) / per_step))
 
 
 def first_difference(old: Any, new: Any, path: str = "") -> tuple[str, Any, Any] | None:

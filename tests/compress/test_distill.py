@@ -176,6 +176,32 @@ def test_minutes_budget_sizes_the_schedule(target):
     assert rep.planned_steps >= 2 and 1 <= rep.steps <= rep.planned_steps
 
 
+def test_replan_divides_the_rest_of_the_budget_by_the_median_step():
+    from specpress.compress.training import replan_steps
+
+    # 30 steps took 1 s each; 270 s are left of 300: 270 more steps, whatever one outlier says
+    assert replan_steps(30, 30.0, 300.0, [1.0] * 29 + [50.0]) == 300
+    assert replan_steps(30, 400.0, 300.0, [1.0]) == 31  # over budget already: one more step, then stop
+
+
+def test_minutes_run_resizes_its_schedule_once_from_real_steps(target, monkeypatch):
+    import specpress.compress.distill as distill_mod
+
+    calls = []
+
+    def fake(step, seconds, budget_s, durations):
+        calls.append((step, budget_s, len(durations)))
+        return step + 5
+
+    monkeypatch.setattr(distill_mod, "replan_steps", fake)
+    c = cfg("mtp", steps=None, minutes=0.02)
+    rep = distill(target, c, sampler(c), None)
+    assert len(calls) == 1
+    step, budget, n = calls[0]
+    assert budget == pytest.approx(1.2) and n == (step - 3 if step > 3 else step)  # the first 3 steps are warm-up
+    assert rep.planned_steps == step + 5 and rep.steps <= rep.planned_steps
+
+
 # ------------------------------------------------------------------------------------ CLI
 
 
