@@ -19,8 +19,8 @@ FAMILIES_HELP = "eagle, eagle3, mtp, dflash, lm"
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Drafter directory to write.")
 @click.option("--steps", type=click.IntRange(min=1), help="Optimizer steps (the lr schedule's length).")
 @click.option("--minutes", type=click.FloatRange(min=0.01),
-              help="Wall-clock budget. Alone, it sizes the lr schedule from timed passes and re-sizes it once "
-                   "from the real steps after ~5% of the run, so the schedule ends on time.")
+              help="Wall-clock budget. Alone, the lr schedule follows the share of the budget used (warmup, "
+                   "then cosine to the floor at the end of the budget); with --steps, a cap.")
 @click.option("--from", "from_dir", type=click.Path(path_type=Path),
               help="A larger drafter of the same family to distill into the student (its outputs are matched).")
 @click.option("--resume", is_flag=True, help="Continue from <out>.partial/ left by an interrupted run.")

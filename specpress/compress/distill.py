@@ -25,6 +25,7 @@ checkpoints and the artifact. A sharded run equals the single-process run up to 
 from __future__ import annotations
 
 import shutil
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +43,7 @@ from specpress.compress.progress import TrainProgress
 from specpress.compress.students import init_student, student_config
 from specpress.compress.teacher import Teacher, needed_taps
 from specpress.compress.training import (STATE_FILE, all_reduce_mean, data_fingerprint, from_rank0, load_state,
-                                         lr_at, module_fingerprint, partial_dir, replan_steps, save_state,
+                                         lr_at, lr_at_progress, module_fingerprint, partial_dir, save_state,
                                          step_generator, world_info)
 from specpress.errors import DataError, UsageError
 from specpress.models.drafter import Drafter, target_fingerprint
@@ -117,7 +118,6 @@ def distill(target: TargetModel, config: DistillConfig, data: WindowSampler, out
     n_pos = positions_scored(config, student)
     state_path = partial_dir(out) / STATE_FILE if out is not None else None
     step, seconds, planned = 0, 0.0, config.steps
-    replan_at: int | None = None  # minutes-only runs: the step where the schedule is re-sized from real steps
     recent: list[tuple[float, Tensor, Tensor]] = []
     if resume and state_path is not None and state_path.is_file():
         state = load_state(state_path, key)
@@ -164,28 +164,33 @@ def distill(target: TargetModel, config: DistillConfig, data: WindowSampler, out
     stopped_by = "steps"
     consistent = True  # False while an optimizer step is half-booked (weights updated, step not yet)
     try:
-        if planned is None:  # minutes only: size the schedule from the median of 3 timed passes (no update)
-            assert config.minutes is not None
+        budget_s = config.minutes * 60 if config.minutes is not None else None
+        timed = config.steps is None  # --minutes alone: the lr follows the share of the budget used
+        if planned is None:  # the progress bar's first estimate: the median of 3 timed passes (no update)
             one_step(0, update=False)  # warm-up, untimed
             times = []
             for s in (1, 2, 3):
                 t1 = time.monotonic()
                 one_step(s, update=False)
                 times.append(time.monotonic() - t1)
-            per_step = max(sorted(times)[1], 1e-6)
-            planned = from_rank0(max(2, int(config.minutes * 60 / per_step)), world, dev)
-            replan_at = min(planned - 1, max(20, planned // 20))
+            assert budget_s is not None
+            planned = max(2, int(budget_s / max(sorted(times)[1], 1e-6)))
         durations: list[float] = []
         with TrainProgress(progress and rank == 0, planned, f"distill {config.family}", n_pos) as bar:
             bar.update(step, recent)
             last_ckpt = time.monotonic()
-            while step < planned:
-                if config.minutes is not None and from_rank0(int(seconds >= config.minutes * 60), world, dev):
+            while timed or step < planned:
+                if budget_s is not None and from_rank0(int(seconds >= budget_s), world, dev):
                     stopped_by = "minutes"
                     break
                 t0 = time.monotonic()
+                if timed:
+                    assert budget_s is not None  # every rank uses rank 0's clock, in millionths of the budget
+                    lr = lr_at_progress(from_rank0(int(1e6 * seconds / budget_s), world, dev) / 1e6, config)
+                else:
+                    lr = lr_at(step, planned, config)
                 for g in opt.param_groups:
-                    g["lr"] = lr_at(step, planned, config)
+                    g["lr"] = lr
                 consistent = False
                 res = one_step(step, update=True)
                 stats = torch.cat([res.loss.detach().float().reshape(1).cpu(), res.hits, res.counts]).to(dev)
@@ -198,10 +203,10 @@ def distill(target: TargetModel, config: DistillConfig, data: WindowSampler, out
                 dt = time.monotonic() - t0
                 seconds += dt
                 durations.append(dt)
-                if step == replan_at:  # the timed passes had no optimizer update: re-size from real steps
-                    assert config.minutes is not None
-                    measured = durations[3:] or durations  # the first steps warm caches up
-                    planned = from_rank0(replan_steps(step, seconds, config.minutes * 60, measured), world, dev)
+                if timed and step % 25 == 0:  # re-estimate the bar's total from the recent steps
+                    assert budget_s is not None
+                    per_step = max(statistics.median(durations[-50:]), 1e-6)
+                    planned = step + max(0, int((budget_s - seconds) / per_step))
                     bar.set_total(planned)
                 bar.update(step, recent)
                 if on_step is not None:
@@ -217,6 +222,8 @@ def distill(target: TargetModel, config: DistillConfig, data: WindowSampler, out
         for p in frozen:
             p.requires_grad_(True)
     checkpoint()
+    if timed:
+        planned = step  # the schedule ran to the end of the budget
     student.eval()
     final_loss = sum(r[0] for r in recent) / len(recent) if recent else float("nan")
     h = sum((r[1] for r in recent), torch.zeros(n_pos))

@@ -6,9 +6,8 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import statistics
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 import torch
@@ -48,14 +47,18 @@ def lr_at(step: int, planned: int, cfg: DistillConfig) -> float:
     return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * frac))
 
 
-def replan_steps(step: int, seconds: float, budget_s: float, durations: Sequence[float]) -> int:
-    """The schedule length that ends a `--minutes` run on time, from the measured optimizer steps.
+def lr_at_progress(progress: float, cfg: DistillConfig) -> float:
+    """The same warmup + cosine as `lr_at`, over the fraction of a wall-clock budget used (0..1).
 
-    The first plan comes from timed passes without an optimizer update, so it runs long; once some real
-    steps are timed (`durations`, seconds each), the rest of the budget is divided by their median.
+    `--minutes` alone schedules by time: a plan in steps, sized up front, ran 11 % long when its timed
+    passes were fast and ended at 40 % of the budget when they were slowed by another job (measured).
     """
-    per_step = max(statistics.median(durations), 1e-6)
-    return step + max(1, int(max(0.0, budget_s - seconds) / per_step))
+    p = min(max(progress, 0.0), 1.0)
+    if p < cfg.warmup_ratio:
+        return cfg.lr * max(p / cfg.warmup_ratio, 1e-3)
+    frac = (p - cfg.warmup_ratio) / max(1e-9, 1 - cfg.warmup_ratio)
+    floor = cfg.lr * cfg.min_lr_ratio
+    return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * frac))
 
 
 def first_difference(old: Any, new: Any, path: str = "") -> tuple[str, Any, Any] | None:

@@ -176,30 +176,33 @@ def test_minutes_budget_sizes_the_schedule(target):
     assert rep.planned_steps >= 2 and 1 <= rep.steps <= rep.planned_steps
 
 
-def test_replan_divides_the_rest_of_the_budget_by_the_median_step():
-    from specpress.compress.training import replan_steps
+def test_time_schedule_warms_up_then_decays_to_the_floor():
+    from specpress.compress.training import lr_at_progress
 
-    # 30 steps took 1 s each; 270 s are left of 300: 270 more steps, whatever one outlier says
-    assert replan_steps(30, 30.0, 300.0, [1.0] * 29 + [50.0]) == 300
-    assert replan_steps(30, 400.0, 300.0, [1.0]) == 31  # over budget already: one more step, then stop
+    c = cfg("mtp", steps=None, minutes=1.0)
+    lrs = [lr_at_progress(p / 100, c) for p in range(101)]
+    peak = lrs.index(max(lrs))
+    assert max(lrs) == pytest.approx(c.lr) and peak / 100 == pytest.approx(c.warmup_ratio)
+    assert all(a <= b for a, b in zip(lrs[:peak], lrs[1:peak + 1]))  # warmup rises
+    assert all(a >= b for a, b in zip(lrs[peak:], lrs[peak + 1:]))  # cosine falls
+    assert lrs[-1] == pytest.approx(c.lr * c.min_lr_ratio) and lr_at_progress(1.5, c) == lrs[-1]
 
 
-def test_minutes_run_resizes_its_schedule_once_from_real_steps(target, monkeypatch):
+def test_minutes_alone_runs_to_the_end_of_the_budget(target, monkeypatch):
     import specpress.compress.distill as distill_mod
 
-    calls = []
+    progress = []
+    real = distill_mod.lr_at_progress
 
-    def fake(step, seconds, budget_s, durations):
-        calls.append((step, budget_s, len(durations)))
-        return step + 5
+    def spy(p, config):
+        progress.append(p)
+        return real(p, config)
 
-    monkeypatch.setattr(distill_mod, "replan_steps", fake)
-    c = cfg("mtp", steps=None, minutes=0.02)
+    monkeypatch.setattr(distill_mod, "lr_at_progress", spy)
+    c = cfg("mtp", steps=None, minutes=0.01)
     rep = distill(target, c, sampler(c), None)
-    assert len(calls) == 1
-    step, budget, n = calls[0]
-    assert budget == pytest.approx(1.2) and n == (step - 3 if step > 3 else step)  # the first 3 steps are warm-up
-    assert rep.planned_steps == step + 5 and rep.steps <= rep.planned_steps
+    assert rep.stopped_by == "minutes" and rep.planned_steps == rep.steps == len(progress)
+    assert progress == sorted(progress) and progress[0] == 0.0 and progress[-1] < 1.0
 
 
 # ------------------------------------------------------------------------------------ CLI
