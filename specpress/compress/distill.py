@@ -27,6 +27,7 @@ from __future__ import annotations
 import shutil
 import statistics
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -175,7 +176,7 @@ def distill(target: TargetModel, config: DistillConfig, data: WindowSampler, out
                 times.append(time.monotonic() - t1)
             assert budget_s is not None
             planned = max(2, int(budget_s / max(sorted(times)[1], 1e-6)))
-        durations: list[float] = []
+        durations: deque[float] = deque(maxlen=50)  # the last steps' wall times
         with TrainProgress(progress and rank == 0, planned, f"distill {config.family}", n_pos) as bar:
             bar.update(step, recent)
             last_ckpt = time.monotonic()
@@ -205,7 +206,7 @@ def distill(target: TargetModel, config: DistillConfig, data: WindowSampler, out
                 durations.append(dt)
                 if timed and step % 25 == 0:  # re-estimate the bar's total from the recent steps
                     assert budget_s is not None
-                    per_step = max(statistics.median(durations[-50:]), 1e-6)
+                    per_step = max(statistics.median(durations), 1e-6)
                     planned = step + max(0, int((budget_s - seconds) / per_step))
                     bar.set_total(planned)
                 bar.update(step, recent)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable, Sequence
 
 import torch
@@ -158,7 +159,7 @@ class DraftSession(ABC):
         self.forward_ms += wall_ms(dev) - t0
         return out
 
-    @property
+    @cached_property
     def device(self) -> torch.device:
         return next(self.drafter.parameters()).device
 
