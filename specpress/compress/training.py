@@ -42,9 +42,7 @@ def lr_at(step: int, planned: int, cfg: DistillConfig) -> float:
     warm = max(1, int(math.ceil(cfg.warmup_ratio * planned)))
     if step < warm:
         return cfg.lr * (step + 1) / warm
-    frac = min(1.0, (step - warm) / max(1, planned - warm))
-    floor = cfg.lr * cfg.min_lr_ratio
-    return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * frac))
+    return _cosine((step - warm) / max(1, planned - warm), cfg)
 
 
 def lr_at_progress(progress: float, cfg: DistillConfig) -> float:
@@ -56,9 +54,13 @@ def lr_at_progress(progress: float, cfg: DistillConfig) -> float:
     p = min(max(progress, 0.0), 1.0)
     if p < cfg.warmup_ratio:
         return cfg.lr * max(p / cfg.warmup_ratio, 1e-3)
-    frac = (p - cfg.warmup_ratio) / max(1e-9, 1 - cfg.warmup_ratio)
+    return _cosine((p - cfg.warmup_ratio) / max(1e-9, 1 - cfg.warmup_ratio), cfg)
+
+
+def _cosine(frac: float, cfg: DistillConfig) -> float:
+    """Cosine decay from `lr` (frac 0) to `lr * min_lr_ratio` (frac >= 1)."""
     floor = cfg.lr * cfg.min_lr_ratio
-    return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * frac))
+    return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
 
 
 def first_difference(old: Any, new: Any, path: str = "") -> tuple[str, Any, Any] | None:

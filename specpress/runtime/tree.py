@@ -357,11 +357,10 @@ class DynamicTreeBuilder:
         par = parents.tolist()
         missing = [c for c in keep if par[c] not in node_of]
         assert not missing, f"dynamic tree not connected: candidates {missing} lost their parents"
-        slot_of = {c: s for s, c in enumerate(self._fed_cands)}
         tree = DraftTree((-1,) + tuple(node_of[par[c]] for c in keep),
                          tokens=(self.root_token,) + tuple(tokens[keep].tolist()))
         node_scores = torch.cat([torch.zeros(1, device=self.device), scores[keep]])
-        return DynamicDraft(tree, node_scores, (-1,) + tuple(slot_of.get(c, -1) for c in keep))
+        return DynamicDraft(tree, node_scores, (-1,) + tuple(self._slot.get(c, -1) for c in keep))
 
 
 def build_dynamic_tree(expand_fn: Callable[[Frontier], Tensor], root_logprobs: Tensor, depth: int, topk: int,
