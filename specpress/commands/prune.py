@@ -29,13 +29,18 @@ import click
 @click.option("--recover-lr", type=float, default=1e-4, show_default=True)
 @click.option("--batch", type=int, default=8, show_default=True, help="Windows per calibration / recovery batch.")
 @click.option("--seq-len", type=int, default=128, show_default=True, help="Tokens per window.")
-@click.option("--calib-batches", type=int, default=2, show_default=True, help="Calibration batches.")
+@click.option("--calib-batches", type=int, default=2, show_default=True,
+              help="Calibration batches for activation / kl importance.")
+@click.option("--vocab-tokens", type=int,  # default: PruneConfig's (kept out of here: it would import torch)
+              help="Tokens --vocab counts (target predictions or data tokens) to rank the vocabulary.  "
+                   "[default: 262144]")
 @click.option("--kl-group", type=int, default=8, show_default=True, help="FFN channels scored together by kl.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--force", is_flag=True, help="Replace an existing --out.")
 def prune(drafter_dir: Path, out: Path, ffn: float | None, heads: float | None, layers: int | None,
           vocab: int | None, importance: str, vocab_source: str, target_dir: Path | None, data_path: Path | None,
-          recover_steps: int, recover_lr: float, batch: int, seq_len: int, calib_batches: int, kl_group: int,
+          recover_steps: int, recover_lr: float, batch: int, seq_len: int, calib_batches: int, vocab_tokens: int | None,
+          kl_group: int,
           seed: int, force: bool) -> None:
     """Remove FFN channels, KV groups, layers or draft-vocabulary tokens: a smaller dense drafter.
 
@@ -61,7 +66,8 @@ def prune(drafter_dir: Path, out: Path, ffn: float | None, heads: float | None, 
 
     config = PruneConfig(ffn=ffn, heads=heads, layers=layers, vocab=vocab, importance=importance,
                          vocab_source=vocab_source, kl_group=kl_group, batch=batch, seq_len=seq_len,
-                         calib_batches=calib_batches, seed=seed, recover_steps=recover_steps, recover_lr=recover_lr)
+                         calib_batches=calib_batches, seed=seed, recover_steps=recover_steps, recover_lr=recover_lr,
+                         **({} if vocab_tokens is None else {"vocab_tokens": vocab_tokens}))
     out = out.expanduser()
     if out.exists() and not force:
         raise UsageError(f"{out} already exists; choose another --out or pass --force to replace it")

@@ -367,9 +367,27 @@ def lowest(score: Tensor, k: int, tiebreak: Tensor | None = None) -> list[int]:
 # ----------------------------------------------------------------------------------------------
 
 
-def token_stream(source: str, signals: Sequence[TeacherBatch], windows: Sequence[Tensor]) -> np.ndarray:
+def vocab_count_stream(source: str, target: TargetModel | None, calib: np.ndarray | Tensor, batch: int,
+                       seq_len: int, seed: int, n_tokens: int) -> np.ndarray:
     """The tokens whose frequency picks a draft vocabulary: "target" = the target's greedy next-token
-    predictions on the calibration windows (what a drafter must propose to be accepted at T=0), "data" =
-    the windows' own tokens."""
-    parts = [s.logits.argmax(-1) for s in signals] if source == "target" else list(windows)
-    return torch.cat([p.flatten().cpu() for p in parts]).numpy()
+    predictions (what a drafter must propose to be accepted at T=0), "data" = the data's own tokens.
+
+    They are counted over about `n_tokens` tokens of calibration windows (WindowSampler with `seed`, so the
+    first windows are those the other stages calibrate on), or over every window when `calib` is windows
+    [N, T]. A frequency ranking needs far more tokens than importance scoring: a 4096-token vocabulary cut to
+    1024 covered 92.6 % of the zoo target's held-out greedy output when counted on 2k predictions, 97.9 %
+    on 131k (BENCHMARKS.md)."""
+    if isinstance(calib, Tensor) and calib.dim() == 2:
+        windows = list(calib.long().cpu().split(batch))
+    else:
+        stream = np.asarray(calib.cpu().numpy() if isinstance(calib, Tensor) else calib).astype(np.int64).ravel()
+        sampler = WindowSampler(stream, seq_len, batch, seed)
+        windows = [sampler.batch_at(i) for i in range(max(1, -(-n_tokens // (batch * seq_len))))]
+    if source != "target":
+        return torch.cat([w.flatten() for w in windows]).numpy()
+    if target is None:
+        raise UsageError("counting the target's predictions for the draft vocabulary needs the target")
+    dev = target.lm_head.weight.device
+    with torch.inference_mode():
+        parts = [target(w.to(dev)).logits.argmax(-1).flatten().cpu() for w in windows]  # type: ignore[union-attr]
+    return torch.cat(parts).numpy()

@@ -11,7 +11,8 @@ Stages run in this order, each scored (importance.py) on the model the previous 
   ffn     remove round(ffn x F) channels of every MLP: gate/up rows, down columns.
   vocab   eagle3: keep the `vocab` draft tokens most frequent on the calibration data, among those already in
           the draft vocab (FR-Spec's rule): vocab_source "target" counts the target's greedy next-token
-          predictions (what must be drafted to be accepted at T=0), "data" the data's tokens; lm_head rows,
+          predictions (what must be drafted to be accepted at T=0), "data" the data's tokens, over
+          `vocab_tokens` tokens of calibration windows (a ranking needs far more than scoring does); lm_head rows,
           d2t and t2d rebuilt. eagle / mtp / dflash draft through the target's own head (no reduced head
           without model changes); lm owns its vocabulary.
 
@@ -37,7 +38,7 @@ from torch import Tensor
 from specpress.compress.data import WindowSampler
 from specpress.compress.importance import (METHODS, attentions, calibration_signals, calibration_windows, ffn_scores,
                                            fit, head_scores, layer_scores, layer_stack, lowest, make_probes, mlps,
-                                           token_stream)
+                                           vocab_count_stream)
 from specpress.errors import ConfigError, UsageError
 from specpress.config import config_kwargs
 from specpress.models.drafter import Drafter, get_family
@@ -48,6 +49,9 @@ SHAPE_FIELDS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads
                 "draft_vocab_size")
 
 
+VOCAB_TOKENS = 262144  # tokens the vocab stage counts by default (~10 s of target forwards on the small zoo)
+
+
 @dataclass(frozen=True)
 class PruneConfig:
     """What one pruning run removes and how it decides. Frozen, validated, strict from_dict (version 1).
@@ -55,6 +59,7 @@ class PruneConfig:
     ffn / heads: fraction of FFN channels / KV groups to REMOVE, 0 < R < 1; layers / vocab: how many layers /
     draft tokens to KEEP. importance: magnitude | activation | kl. kl_group: FFN channels scored together by
     kl. Calibration: calib_batches windows batches of [batch, seq_len] drawn with `seed` from the data;
+    vocab_tokens: how many tokens of such windows the vocab stage counts (all of them when given windows);
     draft_steps: chained steps it runs (eagle, eagle3, mtp; default 1, every module for mtp).
     recover_steps / recover_lr: distillation after pruning (0 = none), on [batch, seq_len] windows.
     """
@@ -66,6 +71,7 @@ class PruneConfig:
     vocab: int | None = None
     importance: str = "magnitude"
     vocab_source: str = "target"
+    vocab_tokens: int = VOCAB_TOKENS
     kl_group: int = 8
     batch: int = 8
     seq_len: int = 128
@@ -82,7 +88,7 @@ class PruneConfig:
                 raise ConfigError(f"--{name} must be the fraction of {'FFN channels' if name == 'ffn' else 'KV groups'}"
                                   f" to remove, in the open range (0, 1); found {v!r}")
         for name, lo in (("layers", 1), ("vocab", 1), ("kl_group", 1), ("batch", 1), ("seq_len", 2),
-                         ("calib_batches", 1), ("draft_steps", 1), ("recover_steps", 0)):
+                         ("calib_batches", 1), ("vocab_tokens", 1), ("draft_steps", 1), ("recover_steps", 0)):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < lo):
                 raise ConfigError(f"--{name.replace('_', '-')} must be an integer >= {lo}, found {v!r}")
@@ -141,7 +147,9 @@ def prune(drafter: Drafter, config: PruneConfig, *, target: TargetModel | None =
         if "ffn" in counts:
             model, record["ffn"] = _stage_ffn(model, counts["ffn"], method, probes, config.kl_group)
         if "vocab" in counts:
-            toks = token_stream(config.vocab_source, signals, windows)
+            assert calib is not None
+            toks = vocab_count_stream(config.vocab_source, target, calib, config.batch, config.seq_len,
+                                      config.seed, config.vocab_tokens)
             model, record["vocab"] = _stage_vocab(model, counts["vocab"], toks, config.vocab_source)
         calibration: dict[str, Any] = dict(provenance_extra or {})
         if probes:

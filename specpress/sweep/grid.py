@@ -115,6 +115,8 @@ def quant_label(cfg: Any) -> str:
 
 
 def prune_label(cfg: Any) -> str:
+    from specpress.compress.prune import VOCAB_TOKENS
+
     parts = [f"{name}{_pct(getattr(cfg, name))}" for name in ("ffn", "heads") if getattr(cfg, name) is not None]
     parts += [f"{name}{getattr(cfg, name)}" for name in ("layers", "vocab") if getattr(cfg, name) is not None]
     s = "-".join(parts)
@@ -122,6 +124,8 @@ def prune_label(cfg: Any) -> str:
         s += f"-{cfg.importance}"
     if cfg.vocab is not None and cfg.vocab_source != "target":
         s += f"-v{cfg.vocab_source}"
+    if cfg.vocab is not None and cfg.vocab_tokens != VOCAB_TOKENS:
+        s += f"-vt{cfg.vocab_tokens}"
     if cfg.recover_steps:
         s += f"-r{cfg.recover_steps}"
     return s

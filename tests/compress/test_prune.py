@@ -199,17 +199,21 @@ def test_vocab_keeps_the_most_frequent_tokens_and_d2t_t2d_agree(target):
     assert torch.equal(p.lm_head.weight, d.lm_head.weight[rows])
 
 
-def test_vocab_from_target_predictions(target):
+@pytest.mark.parametrize("n_batches", [3, 11])
+def test_vocab_from_target_predictions_over_vocab_tokens(target, n_batches):
+    """The vocabulary is ranked on ~vocab_tokens target predictions, not on the (fewer) calibration windows."""
     d = make("eagle3", target)
-    p = prune(d, PruneConfig(vocab=8, **SMALL, calib_batches=3), target=target, calib=STREAM)
+    n_tok = n_batches * SMALL["batch"] * SMALL["seq_len"] - 5  # rounds up to whole window batches
+    p = prune(d, PruneConfig(vocab=8, **SMALL, calib_batches=2, vocab_tokens=n_tok), target=target, calib=STREAM)
     probes_ids = torch.cat([s.logits.argmax(-1).flatten() for s in calibration_signals(
-        target, [w for w in _windows(3)], d.taps)])
+        target, [w for w in _windows(n_batches)], d.taps)])
     c = torch.bincount(probes_ids, minlength=V)
     old = d.to_target_ids(torch.arange(24)).tolist()
     want = sorted(sorted(old, key=lambda t: (-int(c[t]), t))[:8])
     assert p.to_target_ids(torch.arange(8)).tolist() == want
     rec = p.provenance[-1]["importance"]["vocab"]
     assert rec["source"] == "target" and rec["coverage_after"] <= rec["coverage_before"]
+    assert rec["counted_tokens"] == n_batches * SMALL["batch"] * SMALL["seq_len"]
 
 
 def _windows(n: int) -> list[torch.Tensor]:
@@ -432,3 +436,13 @@ def test_a_quantized_drafter_is_refused(target):
         prune(d, PruneConfig(ffn=0.5))
     d.provenance = ({"step": "quantize", "scheme": "int8", "dequantized": True},)
     assert prune(d, PruneConfig(ffn=0.5)).config.intermediate_size == 20
+
+
+def test_cli_help_states_the_vocab_tokens_default():
+    from click.testing import CliRunner
+
+    from specpress.cli import cli
+    from specpress.compress.prune import VOCAB_TOKENS
+
+    res = CliRunner().invoke(cli, ["prune", "--help"])
+    assert res.exit_code == 0 and f"[default: {VOCAB_TOKENS}]" in " ".join(res.output.split())
