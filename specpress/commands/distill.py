@@ -6,6 +6,20 @@ from pathlib import Path
 
 import click
 
+
+def _int_list(value: str | None, flag: str) -> tuple[int, ...] | None:
+    """'2,4,7' -> (2, 4, 7); a clear error for anything else."""
+    if value is None:
+        return None
+    try:
+        out = tuple(int(x) for x in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers, e.g. 2,4,7",
+                                 param_hint=flag) from None
+    if any(i < 0 for i in out):
+        raise click.BadParameter(f"{value!r}: indices must be >= 0", param_hint=flag)
+    return out
+
 FAMILIES_HELP = "eagle, eagle3, mtp, dflash, lm"
 
 
@@ -35,6 +49,9 @@ FAMILIES_HELP = "eagle, eagle3, mtp, dflash, lm"
 @click.option("--heads", type=click.IntRange(min=1), help="Student attention heads [target's].")
 @click.option("--kv-heads", type=click.IntRange(min=1), help="Student KV heads [target's, or --heads].")
 @click.option("--draft-vocab", type=click.IntRange(min=1), help="eagle3 draft vocabulary [min(V, 32000)].")
+@click.option("--taps", callback=lambda ctx, param, v: _int_list(v, "--taps"),
+              help="eagle3: target taps to fuse, comma-separated HF hidden_states indices (i < L: the residual "
+                   "entering layer i; L: the final normed hidden) [2,L//2,L-3].")
 @click.option("--ttt-steps", type=click.IntRange(min=1), help="Unrolled draft steps [eagle3 3, eagle 1, mtp modules].")
 @click.option("--block-size", type=click.IntRange(min=2), default=8, show_default=True, help="dflash block size.")
 @click.option("--anchors", type=click.IntRange(min=1), default=16, show_default=True, help="dflash anchors per window.")
@@ -50,7 +67,7 @@ FAMILIES_HELP = "eagle, eagle3, mtp, dflash, lm"
 def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: int | None, minutes: float | None,
             from_dir: Path | None, resume: bool, force: bool, seed: int, lr: float, batch: int, seq_len: int,
             hidden: int | None, layers: int | None, ffn: int | None, heads: int | None, kv_heads: int | None,
-            draft_vocab: int | None, ttt_steps: int | None, block_size: int, anchors: int,
+            draft_vocab: int | None, taps: tuple[int, ...] | None, ttt_steps: int | None, block_size: int, anchors: int,
             mask_token_id: int | None, labels: str, checkpoint_minutes: float, bf16: bool,
             cache_dir: Path | None) -> None:
     """Train a drafter against a target (or shrink a --from drafter) and write it to --out.
@@ -72,7 +89,7 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
         raise UsageError("give a budget: --steps N and/or --minutes M")
     config = DistillConfig(family=family, steps=steps, minutes=minutes, lr=lr, batch=batch, seq_len=seq_len,
                            seed=seed, hidden=hidden, layers=layers, ffn=ffn, heads=heads, kv_heads=kv_heads,
-                           draft_vocab=draft_vocab, ttt_steps=ttt_steps, block_size=block_size, anchors=anchors,
+                           draft_vocab=draft_vocab, taps=taps, ttt_steps=ttt_steps, block_size=block_size, anchors=anchors,
                            mask_token_id=mask_token_id, labels=labels, checkpoint_minutes=checkpoint_minutes,
                            bf16=bf16)
     report = distill_from_dirs(target_dir, config, data_path, out, from_dir=from_dir, resume=resume, force=force,

@@ -17,7 +17,8 @@ class DistillConfig:
     """What one distillation run does. Frozen, validated on construction, strict from_dict (version 1).
 
     Student shape (None = from the target): hidden, layers, ffn, heads, kv_heads. Family options:
-    draft_vocab (eagle3; default min(V, 32000)), ttt_steps (unrolled draft steps: eagle3 3 on CPU
+    draft_vocab (eagle3; default min(V, 32000)), taps (eagle3: the target taps fused, HF hidden_states indices,
+    L = the final normed hidden; default 2, L//2, L-3), ttt_steps (unrolled draft steps: eagle3 3 on CPU
     (paper 7), eagle 1, mtp = its module count), block_size / anchors / gamma / mask_token_id (dflash),
     feature_noise / feature_weight / ce_weight (eagle), step_decay (weight of unrolled step i = decay^i),
     labels ("target" = soft CE to the target's distribution, "data" = CE on the data token; mtp, dflash),
@@ -44,6 +45,7 @@ class DistillConfig:
     heads: int | None = None
     kv_heads: int | None = None
     draft_vocab: int | None = None
+    taps: tuple[int, ...] | None = None
     ttt_steps: int | None = None
     block_size: int = 8
     anchors: int = 16
@@ -61,6 +63,15 @@ class DistillConfig:
 
     def __post_init__(self) -> None:
         get_family(self.family)  # unknown family -> ConfigError listing the known ones
+        if self.taps is not None:
+            taps = self.taps
+            if isinstance(taps, (str, bytes)) or not hasattr(taps, "__iter__") or not list(taps) or any(
+                    not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in taps):
+                raise ConfigError(f"distill config field 'taps' must be a non-empty list of layer indices >= 0, "
+                                  f"found {taps!r}")
+            if self.family != "eagle3":
+                raise ConfigError(f"distill config field 'taps' applies to eagle3 drafters, not {self.family}")
+            object.__setattr__(self, "taps", tuple(taps))  # a JSON list (resume, provenance) compares equal
         if self.steps is None and self.minutes is None:
             raise ConfigError("distill needs a budget: steps and/or minutes")
         for name in ("steps", "batch", "seq_len", "hidden", "layers", "ffn", "heads", "kv_heads", "draft_vocab",

@@ -65,7 +65,7 @@ def student_config(config: "DistillConfig", t: TargetConfig, teacher: Drafter | 
                              f"({teacher.config.draft_vocab_size}); the student's must be a subset of it")
         if n > t.vocab_size:
             raise UsageError(f"--draft-vocab {n} is larger than the target's vocabulary ({t.vocab_size})")
-        return Eagle3Config(**shape, draft_vocab_size=n)  # type: ignore[arg-type]
+        return Eagle3Config(**shape, draft_vocab_size=n, target_layer_ids=config.taps)  # type: ignore[arg-type]
     if fam == "mtp":
         return MTPConfig(**shape, num_target_layers=t.num_hidden_layers,  # type: ignore[arg-type]
                          num_nextn_predict_layers=layers or 1, qk_norm=t.qk_norm)

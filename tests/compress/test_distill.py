@@ -320,3 +320,24 @@ def test_init_drafter_keeps_its_shape_and_trains_every_mtp_module(target):
         assert not torch.equal(after[key], before[key]), key
     with pytest.raises(UsageError, match="drop ffn"):
         distill(target, cfg("mtp", ffn=8), sampler(cfg("mtp")), None, init=init)
+
+
+def test_eagle3_taps_choose_the_fused_target_layers(target):
+    """--taps sets the student's target_layer_ids (L = the final normed hidden); the run trains on them, the
+    saved config keeps them, a JSON list resumes as the same config; wrong uses are clear errors."""
+    c = cfg("eagle3", steps=3, taps=[1, L])  # a JSON list, as from a provenance record
+    assert c.taps == (1, L) and DistillConfig.from_dict(c.to_dict()) == c
+    rep = distill(target, c, sampler(c), None)
+    assert rep.drafter.taps == (1, L) and rep.drafter.fc.in_features == 2 * SHAPE["hidden_size"]
+    assert rep.drafter.config.target_layer_ids == (1, L)
+    with pytest.raises(ConfigError, match="applies to eagle3"):
+        cfg("mtp", taps=(1, 2))
+    with pytest.raises(ConfigError, match="non-empty list of layer indices"):
+        cfg("eagle3", taps=())
+    from click.testing import CliRunner
+
+    from specpress.cli import cli
+
+    res = CliRunner().invoke(cli, ["distill", "--target", "x", "--family", "eagle3", "--data", "y", "--out", "z",
+                                   "--steps", "1", "--taps", "2,a"])
+    assert res.exit_code == 2 and "comma-separated list of integers" in res.output
