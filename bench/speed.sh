@@ -8,6 +8,7 @@
 #   specpress zoo build --size medium          # once, <= 60 min
 #   bash bench/speed.sh [OUT]                  # OUT defaults to ./runs/speed
 #   FAMILIES="eagle3 mtp" DTYPES=bf16 bash bench/speed.sh
+#   POLICY=chain:3 FAMILIES=eagle bash bench/speed.sh     # one policy instead of the family's list
 # Results: $OUT/<family>-<policy>-<dtype>.json; existing drafters are kept (delete one to redo it).
 set -euo pipefail
 OUT=${1:-runs/speed}
@@ -19,18 +20,18 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 mkdir -p "$OUT"
 declare -A EXTRA=([mtp]="--ttt-steps 3" [lm]="--layers 2")
 declare -A POLICIES=(
-  [eagle3]="chain:4 dynamic:depth=6,topk=8,budget=32 dynamic:depth=5,topk=4,budget=16"
-  [eagle]="chain:4 dynamic:depth=5,topk=4,budget=16"
-  [lm]="chain:4 dynamic:depth=5,topk=4,budget=16"
+  [eagle3]="chain:3 chain:4 dynamic:depth=4,topk=4,budget=12 dynamic:depth=6,topk=8,budget=32"
+  [eagle]="chain:3 chain:4 dynamic:depth=4,topk=4,budget=12"
+  [lm]="chain:3 chain:4"
   [mtp]="mtp:3"
-  [dflash]="block:8 block:4")
+  [dflash]="block:4 block:8")
 [ -f "$OUT/prompts.jsonl" ] || python bench/make_prompts.py --target "$T" --n "$N" --tokens 64 --out "$OUT/prompts.jsonl"
 for fam in ${FAMILIES:-eagle3}; do
   # shellcheck disable=SC2086
   [ -d "$OUT/$fam" ] || specpress distill --target "$T" --family "$fam" --data zoo:train --out "$OUT/$fam" \
       --minutes "$MIN" ${EXTRA[$fam]:-} > "$OUT/distill-$fam.log" 2>&1
   for dtype in ${DTYPES:-fp32 bf16}; do
-    for policy in ${POLICIES[$fam]}; do
+    for policy in ${POLICY:-${POLICIES[$fam]}}; do
       name=$(echo "$policy" | tr -c 'a-z0-9\n' '-')
       echo "== $fam $policy $dtype"
       specpress bench --target "$T" --drafter "$OUT/$fam" --policy "$policy" --dtype "$dtype" \
