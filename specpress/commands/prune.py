@@ -85,7 +85,7 @@ def prune(drafter_dir: Path, out: Path, ffn: float | None, heads: float | None, 
         stream = encode_stream(read_texts(data_path), load_tokenizer(target_dir), target.config.eos_ids[0])
         extra = {"source": str(data_path), "target": str(target_dir)}
     pruned = prune_drafter(load_drafter(drafter_dir, target), config, target=target, calib=stream,
-                           provenance_extra=extra)
+                           provenance_extra=extra, progress=True)
     save_drafter(pruned, out, force=force)
     step = next(s for s in reversed(pruned.provenance) if s.get("step") == "prune")
     before, after = step["shape_before"], step["shape_after"]

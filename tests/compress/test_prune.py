@@ -205,8 +205,9 @@ def test_vocab_from_target_predictions_over_vocab_tokens(target, n_batches):
     d = make("eagle3", target)
     n_tok = n_batches * SMALL["batch"] * SMALL["seq_len"] - 5  # rounds up to whole window batches
     p = prune(d, PruneConfig(vocab=8, **SMALL, calib_batches=2, vocab_tokens=n_tok), target=target, calib=STREAM)
-    probes_ids = torch.cat([s.logits.argmax(-1).flatten() for s in calibration_signals(
-        target, [w for w in _windows(n_batches)], d.taps)])
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # how prune runs an fp32 target on CPU
+        probes_ids = torch.cat([s.logits.argmax(-1).flatten() for s in calibration_signals(
+            target, [w for w in _windows(n_batches)], d.taps)])
     c = torch.bincount(probes_ids, minlength=V)
     old = d.to_target_ids(torch.arange(24)).tolist()
     want = sorted(sorted(old, key=lambda t: (-int(c[t]), t))[:8])
