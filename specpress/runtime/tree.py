@@ -274,49 +274,45 @@ class DynamicTreeBuilder:
         policy = DynamicPolicy(depth, topk, budget)  # validates the ranges
         self.depth, self.topk, self.budget = policy.depth, policy.topk, policy.budget
         self.root_token = int(root_token)
-        self.token_map = token_map
+        self.token_map = None if token_map is None else token_map.to(root_logprobs.device)
         self.device = root_logprobs.device
-        self._tokens: list[Tensor] = []   # per level, candidate token ids (target vocab)
-        self._scores: list[Tensor] = []   # per level, cumulative scores
-        self._parents: list[Tensor] = []  # per level, parent candidate id (-1 = root)
+        # Every candidate, by id, as Python lists: after the drafter's top-k the tree is a few dozen
+        # numbers, and list arithmetic costs less per round than tensor ops on [k, k] (measured).
+        self._tok: list[int] = []         # target token id
+        self._score: list[float] = []     # cumulative log-prob
+        self._par: list[int] = []         # parent candidate id (-1 = the root)
         self._fed_cands: list[int] = []   # candidate id of each fed slot, in feeding order
-        self._par: list[int] = []         # parent candidate id of every candidate (a Python mirror)
         self._slot: dict[int, int] = {}   # fed candidate -> its slot
         self._chain: dict[int, list[int]] = {-1: []}  # fed candidate -> slots of it and its fed ancestors
-        self._count = 0
         self._expansions = 0
         tok, lp = self._topk(root_logprobs.reshape(1, -1))
-        self._add(tok[0], lp[0], torch.full((topk,), -1, dtype=torch.long, device=self.device))
-        self._frontier = torch.arange(topk, device=self.device)  # candidate ids
+        self._frontier = self._add(tok[0], lp[0], [-1] * topk)
         self._frontier_scores = lp[0]
 
-    def _topk(self, logprobs: Tensor) -> tuple[Tensor, Tensor]:
-        """[r, V] -> (target token ids [r, k], log-probs [r, k] clamped to <= 0)."""
+    def _topk(self, logprobs: Tensor) -> tuple[list[list[int]], list[list[float]]]:
+        """[r, V] -> (target token ids [r][k], log-probs [r][k] clamped to <= 0)."""
         if torch.isnan(logprobs).any():
             raise UsageError("the drafter returned NaN log-probabilities")
         if logprobs.shape[-1] < self.topk:
             raise UsageError(f"topk={self.topk} exceeds the drafter's vocabulary of {logprobs.shape[-1]}")
         top = torch.topk(logprobs.float(), self.topk, dim=-1)
-        ids = top.indices if self.token_map is None else self.token_map.to(self.device)[top.indices]
-        return ids, top.values.clamp(max=0.0)
+        ids = top.indices if self.token_map is None else self.token_map[top.indices]
+        return ids.tolist(), top.values.clamp(max=0.0).tolist()
 
-    def _add(self, tokens: Tensor, scores: Tensor, parents: Tensor) -> Tensor:
-        ids = torch.arange(self._count, self._count + tokens.numel(), device=self.device)
-        self._tokens.append(tokens.reshape(-1))
-        self._scores.append(scores.reshape(-1))
-        self._parents.append(parents.reshape(-1))
-        self._par.extend(parents.reshape(-1).tolist())
-        self._count += tokens.numel()
-        return ids
+    def _add(self, tokens: list[int], scores: list[float], parents: list[int]) -> list[int]:
+        first = len(self._tok)
+        self._tok.extend(tokens)
+        self._score.extend(scores)
+        self._par.extend(parents)
+        return list(range(first, len(self._tok)))
 
     def next_frontier(self) -> Frontier | None:
         """The next drafter call, or None once `depth` expansions are done."""
         if self._expansions >= self.depth:
             return None
         fed, k = len(self._fed_cands), self.topk
-        frontier = self._frontier.tolist()
         rows, cols, parent_slots = list(range(k)), list(range(fed, fed + k)), []
-        for row, cand in enumerate(frontier):
+        for row, cand in enumerate(self._frontier):
             p = self._par[cand]
             parent_slots.append(self._slot[p] if p >= 0 else -1)
             chain = self._chain[p]  # fed slots of the parent and its ancestors
@@ -324,7 +320,7 @@ class DynamicTreeBuilder:
             cols.extend(chain)
         mask = torch.zeros(k, fed + k, dtype=torch.bool)
         mask[rows, cols] = True
-        return Frontier(tokens=torch.cat(self._tokens)[self._frontier],
+        return Frontier(tokens=torch.tensor([self._tok[c] for c in self._frontier], device=self.device),
                         parent_slots=torch.tensor(parent_slots, device=self.device),
                         level=self._expansions + 1, mask=mask.to(self.device))
 
@@ -335,31 +331,29 @@ class DynamicTreeBuilder:
         k = self.topk
         if logprobs.shape[0] != k:
             raise UsageError(f"expected log-probs for the {k} frontier nodes, found shape {tuple(logprobs.shape)}")
-        for cand in self._frontier.tolist():
+        for cand in self._frontier:
             slot = self._slot[cand] = len(self._fed_cands)
             self._fed_cands.append(cand)
             self._chain[cand] = self._chain[self._par[cand]] + [slot]
-        tok, lp = self._topk(logprobs)                             # [k, k]
-        cu = self._frontier_scores[:, None] + lp.to(self.device)   # [k, k] cumulative
-        ids = self._add(tok, cu, self._frontier[:, None].expand(k, k))
-        best = torch.topk(cu.reshape(-1), k).indices
-        self._frontier, self._frontier_scores = ids[best], cu.reshape(-1)[best]
+        tok, lp = self._topk(logprobs)
+        cu = [base + v for base, row in zip(self._frontier_scores, lp) for v in row]  # [k * k], row-major
+        ids = self._add([t for row in tok for t in row], cu, [c for c in self._frontier for _ in range(k)])
+        best = sorted(range(k * k), key=cu.__getitem__, reverse=True)[:k]  # stable: ties keep the earlier
+        self._frontier, self._frontier_scores = [ids[b] for b in best], [cu[b] for b in best]
         self._expansions += 1
 
     def finish(self) -> DynamicDraft:
         """Rerank all candidates; keep the `budget` best, parents before children."""
-        tokens, scores, parents = torch.cat(self._tokens), torch.cat(self._scores), torch.cat(self._parents)
-        keep_n = min(self.budget, scores.numel())
+        score, par = self._score, self._par
+        keep_n = min(self.budget, len(score))
         # Stable sort: on equal scores the earlier candidate (a parent precedes its children) wins.
-        order = torch.sort(scores.cpu(), descending=True, stable=True).indices[:keep_n]
-        keep = torch.sort(order).values.tolist()
+        keep = sorted(sorted(range(len(score)), key=score.__getitem__, reverse=True)[:keep_n])
         node_of = {-1: 0} | {c: i + 1 for i, c in enumerate(keep)}
-        par = parents.tolist()
         missing = [c for c in keep if par[c] not in node_of]
         assert not missing, f"dynamic tree not connected: candidates {missing} lost their parents"
         tree = DraftTree((-1,) + tuple(node_of[par[c]] for c in keep),
-                         tokens=(self.root_token,) + tuple(tokens[keep].tolist()))
-        node_scores = torch.cat([torch.zeros(1, device=self.device), scores[keep]])
+                         tokens=(self.root_token,) + tuple(self._tok[c] for c in keep))
+        node_scores = torch.tensor([0.0] + [score[c] for c in keep], device=self.device)
         return DynamicDraft(tree, node_scores, (-1,) + tuple(self._slot.get(c, -1) for c in keep))
 
 
