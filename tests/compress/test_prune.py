@@ -30,7 +30,7 @@ SMALL = dict(batch=2, seq_len=16)  # calibration windows
 # What each family can prune (lm: the 2-KV-head oracle below; the shared lm config has one KV head).
 REQUESTS = {
     "eagle": dict(ffn=0.5, heads=0.5),
-    "eagle3": dict(ffn=0.5, heads=0.5, vocab=12),
+    "eagle3": dict(ffn=0.5, heads=0.5, vocab=12, vocab_tokens=512),  # the default 262k: ~45 s on a tiny target
     "mtp": dict(ffn=0.5, heads=0.5),
     "dflash": dict(ffn=0.5, heads=0.5, layers=1),
     "lm": dict(ffn=0.5, heads=0.5, layers=5),
@@ -402,7 +402,7 @@ def test_cli_end_to_end_compose_recover_and_errors(tmp_path):
     src = save_drafter(make("eagle3", t), tmp_path / "e3")
     out = tmp_path / "p1"
     args = ["prune", "--drafter", str(src), "--out", str(out), "--ffn", "0.5", "--heads", "0.5", "--vocab", "12",
-            "--importance", "kl", "--target", str(tdir), "--data", str(data), "--batch", "2", "--seq-len", "16"]
+            "--vocab-tokens", "512", "--importance", "kl", "--target", str(tdir), "--data", str(data), "--batch", "2", "--seq-len", "16"]
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 0, res.output + repr(res.exception)
     assert "intermediate_size 40 -> 20" in res.output and "draft_vocab_size 24 -> 12" in res.output
