@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Mapping
 
 from specpress.errors import ConfigError
 from specpress.config import config_kwargs
-from specpress.models.drafter import get_family
+from specpress.models.drafter import as_int_tuple, get_family
 
 CHAINED = ("eagle", "eagle3", "mtp")
 
@@ -64,14 +64,13 @@ class DistillConfig:
     def __post_init__(self) -> None:
         get_family(self.family)  # unknown family -> ConfigError listing the known ones
         if self.taps is not None:
-            taps = self.taps
-            if isinstance(taps, (str, bytes)) or not hasattr(taps, "__iter__") or not list(taps) or any(
-                    not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in taps):
+            taps = as_int_tuple(self.taps, "taps")  # a JSON list (resume, provenance) becomes an equal tuple
+            if not taps or min(taps) < 0:
                 raise ConfigError(f"distill config field 'taps' must be a non-empty list of layer indices >= 0, "
-                                  f"found {taps!r}")
+                                  f"found {self.taps!r}")
             if self.family != "eagle3":
                 raise ConfigError(f"distill config field 'taps' applies to eagle3 drafters, not {self.family}")
-            object.__setattr__(self, "taps", tuple(taps))  # a JSON list (resume, provenance) compares equal
+            object.__setattr__(self, "taps", taps)
         if self.steps is None and self.minutes is None:
             raise ConfigError("distill needs a budget: steps and/or minutes")
         for name in ("steps", "batch", "seq_len", "hidden", "layers", "ffn", "heads", "kv_heads", "draft_vocab",
