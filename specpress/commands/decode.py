@@ -22,9 +22,18 @@ POLICY = click.option("--policy", default=None, metavar="P",
                            "mtp:K  [default: chain:4; mtp:3 for mtp; block:8 for dflash]")
 STRICT = click.option("--strict", is_flag=True,
                       help="Refuse a drafter built for a different target (default: warn and run).")
+COMPILE = click.option("--compile", "compile_drafter", is_flag=True,
+                       help="Compile the drafter's forward with torch.compile (Inductor, dynamic shapes). The "
+                            "target stays eager, so bench's plain baseline is unchanged. The first rounds "
+                            "compile (tens of seconds on CPU); bench warms up on 3 prompts before timing.")
+COMPILE_WARMUP_PROMPTS = 3
 BACKEND = click.option("--backend", type=click.Choice(["torch"]), default="torch", show_default=True,
                        help="Where the drafter runs.")
 
+
+def check_compile(compile_drafter: bool, drafter_dir: Path | None) -> None:
+    if compile_drafter and drafter_dir is None:
+        raise click.UsageError("--compile compiles the drafter; pass --drafter too (plain decoding stays eager)")
 
 
 def DECODING(fn):  # noqa: N802 - used as a decorator like the option constants above
@@ -39,9 +48,11 @@ def DECODING(fn):  # noqa: N802 - used as a decorator like the option constants 
 @click.option("--prompt", required=True, help="Prompt text (encoded with the target's tokenizer.json).")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @DECODING
+@COMPILE
 @STRICT
 def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens: int, policy: str | None,
-        temperature: float, top_k: int, top_p: float, seed: int, dtype: str, strict: bool) -> None:
+        temperature: float, top_k: int, top_p: float, seed: int, dtype: str, compile_drafter: bool,
+        strict: bool) -> None:
     """Decode one prompt and print the prompt and its continuation (stderr: a tau / speed line).
 
     \b
@@ -54,12 +65,15 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
     from specpress.models.target import load_target
     from specpress.models.tokenizer import load_tokenizer
     from specpress.runtime.bench import default_policy, load_drafter_for
+    from specpress.runtime.compile import compile_drafter as compile_fn
+    from specpress.runtime.compile import compile_errors
     from specpress.runtime.loop import speculative_generate
     from specpress.runtime.plain import decode_plain
     from specpress.runtime.policy import parse_policy
     from specpress.runtime.prompts import encode
     from specpress.runtime.sampling import SamplingParams
 
+    check_compile(compile_drafter, drafter_dir)
     target = load_target(target_dir, dtype=dtype)
     tok = load_tokenizer(target_dir)
     ids = encode(prompt, tok)
@@ -73,8 +87,11 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
         return
     drafter = load_drafter_for(target, drafter_dir, strict=strict, warn=lambda m: click.echo(m, err=True))
     pol = parse_policy(policy or default_policy(drafter.family))
-    s = speculative_generate(target, drafter, ids, max_new_tokens, pol, SamplingParams(temperature, top_k, top_p),
-                             gen)
+    if compile_drafter:
+        compile_fn(drafter)
+    with compile_errors(compile_drafter):
+        s = speculative_generate(target, drafter, ids, max_new_tokens, pol,
+                                 SamplingParams(temperature, top_k, top_p), gen)
     click.echo(prompt + tok.decode(s.tokens))
     tau = 1 + sum(r.accepted for r in s.rounds) / max(1, len(s.rounds))
     click.echo(f"[{len(s.tokens)} tokens, {len(s.tokens) / (s.total_ms / 1e3):.1f} tok/s, {pol}, tau {tau:.2f} "
@@ -89,11 +106,12 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
 @click.option("--max-new-tokens", type=click.IntRange(min=1), required=True)
 @DECODING
 @BACKEND
+@COMPILE
 @STRICT
 @click.option("--json", "json_out", type=click.Path(path_type=Path), help="Write the full metrics object here.")
 def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_new_tokens: int, policy: str | None,
-          temperature: float, top_k: int, top_p: float, seed: int, dtype: str, backend: str, strict: bool,
-          json_out: Path | None) -> None:
+          temperature: float, top_k: int, top_p: float, seed: int, dtype: str, backend: str,
+          compile_drafter: bool, strict: bool, json_out: Path | None) -> None:
     """Decode every prompt of a file and report acceptance (tau, AR[k]), tokens/s and speedup.
 
     With --drafter, each prompt is decoded speculatively AND plainly, interleaved in this process, so
@@ -107,6 +125,8 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
           --max-new-tokens 64 --json plain.json
       specpress bench --target ~/.cache/specpress/zoo/small --drafter ./eagle3 \\
           --policy dynamic:depth=6,topk=8,budget=32 --prompts prompts.jsonl --max-new-tokens 64 --json e3.json
+      specpress bench --target ~/.cache/specpress/zoo/medium --drafter ./eagle3 --dtype bf16 --compile \
+          --policy dynamic:depth=4,topk=2,budget=8 --prompts prompts.jsonl --max-new-tokens 64 --json e3c.json
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -114,12 +134,16 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
     from specpress.artifacts import write_json
     from specpress.runtime.bench import bench_plain, bench_speculative, default_policy, load_bench_inputs
     from specpress.runtime.bench import load_drafter_for
+    from specpress.runtime.compile import compile_drafter as compile_fn
+    from specpress.runtime.compile import compile_errors
     from specpress.runtime.policy import parse_policy
 
+    check_compile(compile_drafter, drafter_dir)
     console = Console(stderr=True)
     target, prompts = load_bench_inputs(target_dir, prompts_file, dtype)
     config = {"target": str(target_dir), "prompts_file": str(prompts_file), "dtype": dtype,
-              "drafter": None if drafter_dir is None else str(drafter_dir), "backend": backend, "policy": None}
+              "drafter": None if drafter_dir is None else str(drafter_dir), "backend": backend, "policy": None,
+              "compile": compile_drafter}
     drafter = pol = None
     if drafter_dir is not None:
         from specpress.models.inspect import inspect_artifact
@@ -128,8 +152,10 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
         pol = parse_policy(policy or default_policy(drafter.family))
         config["policy"] = str(pol)
         drafter_bytes = int(inspect_artifact(drafter_dir)["bytes"])
+        if compile_drafter:
+            compile_fn(drafter)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
+    with Progress(*columns, console=console, transient=True) as progress, compile_errors(compile_drafter):
         task = progress.add_task("decoding" if drafter is None else f"decoding ({pol}) + baseline",
                                  total=len(prompts))
         kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, config=config,
@@ -138,7 +164,7 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
             result = bench_plain(target, prompts, max_new_tokens, **kw)
         else:
             result = bench_speculative(target, drafter, prompts, max_new_tokens, pol, drafter_bytes=drafter_bytes,
-                                       **kw)
+                                       warmup_prompts=COMPILE_WARMUP_PROMPTS if compile_drafter else 0, **kw)
     n_tok = sum(len(o) for o in result["outputs"])
     if drafter is None:
         console.print(f"{len(prompts)} prompts, {n_tok} tokens, {result['tokens_per_s']:.1f} tok/s "

@@ -65,11 +65,15 @@ def bench_plain(target: TargetModel, prompts: list[Prompt], max_new_tokens: int,
 
 def bench_speculative(target: TargetModel, drafter: Any, prompts: list[Prompt], max_new_tokens: int, policy: Any,
                       *, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-                      drafter_bytes: int = 0, config: dict[str, Any] | None = None,
+                      drafter_bytes: int = 0, config: dict[str, Any] | None = None, warmup_prompts: int = 0,
                       on_prompt: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Speculative decoding of every prompt, with plain decoding of the same prompt interleaved
     (alternating which goes first) as the same-process baseline; at temperature 0 each output is
-    checked against plain greedy decoding."""
+    checked against plain greedy decoding.
+
+    Before timing, the first prompt is decoded for 8 tokens both ways; `warmup_prompts` more are decoded
+    speculatively in full (a compiled drafter meets every shape it will see, so no compilation is timed).
+    """
     from specpress.runtime.drafting import check_policy, draft_slots
     from specpress.runtime.loop import speculative_generate
     from specpress.runtime.sampling import SamplingParams
@@ -82,6 +86,8 @@ def bench_speculative(target: TargetModel, drafter: Any, prompts: list[Prompt], 
     plain_gen = torch.Generator().manual_seed(seed + 1)
     warm = prompts[0].ids
     speculative_generate(target, drafter, warm, min(8, max_new_tokens), policy, params, spec_gen)
+    for p in prompts[:warmup_prompts]:
+        speculative_generate(target, drafter, p.ids, max_new_tokens, policy, params, spec_gen)
     decode_plain(target, warm, min(8, max_new_tokens), temperature=temperature, top_k=top_k, top_p=top_p,
                  generator=plain_gen)
     spec_gen.manual_seed(seed)
@@ -101,5 +107,5 @@ def bench_speculative(target: TargetModel, drafter: Any, prompts: list[Prompt], 
             on_prompt(i)
     cfg = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
            "seed": seed, "prompts": len(prompts), "policy": str(policy), "threads": torch.get_num_threads(),
-           **(config or {})}
+           "warmup_prompts": warmup_prompts, **(config or {})}
     return spec_metrics(spec, plain, cfg, drafter_bytes, greedy=temperature == 0)

@@ -70,3 +70,36 @@ def test_bad_policy_shows_grammar(tmp_path):
     res = CliRunner().invoke(cli, ["bench", "--target", str(tdir), "--drafter", str(ddir), "--prompts", str(prompts),
                                    "--max-new-tokens", "4", "--policy", "chain:x"])
     assert res.exit_code != 0 and "dynamic:depth=" in str(res.exception)
+
+
+@pytest.mark.parametrize("family, policy", [("eagle3", "dynamic:depth=3,topk=3,budget=8"), ("lm", "chain:3")])
+def test_compiled_drafter_stays_lossless_and_compiles(tmp_path, family, policy):
+    """--compile: Inductor really runs the drafter, outputs stay lossless, and (lm = the target itself, so
+    every draft must be accepted) the compiled drafter's cache bookkeeping is intact: tau = 4."""
+    import torch._dynamo
+
+    _, tdir, ddir, prompts = setup(tmp_path, family)
+    drafter = tdir if family == "lm" else ddir
+    out = tmp_path / "res.json"
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    try:
+        res = CliRunner().invoke(cli, ["bench", "--target", str(tdir), "--drafter", str(drafter), "--prompts",
+                                       str(prompts), "--max-new-tokens", "13", "--policy", policy, "--compile",
+                                       "--json", str(out)])
+        assert res.exit_code == 0, res.output
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1
+    finally:
+        torch._dynamo.reset()
+    d = json.loads(out.read_text())
+    assert d["lossless_mismatches"] == 0 and d["tau"] > 1.0
+    assert d["config"]["compile"] is True and d["config"]["warmup_prompts"] == 3
+    if family == "lm":
+        assert d["tau"] == 4.0 and d["ar"] == [1.0, 1.0, 1.0]
+
+
+def test_compile_needs_a_drafter(tmp_path):
+    _, tdir, _, prompts = setup(tmp_path)
+    res = CliRunner().invoke(cli, ["bench", "--target", str(tdir), "--prompts", str(prompts), "--max-new-tokens", "4",
+                                   "--compile"])
+    assert res.exit_code != 0 and "--drafter" in res.output

@@ -1,0 +1,37 @@
+"""`--compile`: TorchInductor compilation of the drafter's forward.
+
+On a CPU a drafter forward over one to a few new tokens spends about half its time outside the matrix
+multiplies (norms, rotary, masks, module calls); Inductor fuses that work. Only the drafter is compiled:
+the target stays eager, so a bench's plain baseline and its verify forwards run the same code and the
+speedup moves only because drafting got cheaper. Shapes change every round (cache length, tree width,
+number of accepted tokens), hence dynamic shapes; the first calls compile (tens of seconds on CPU).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+from specpress.errors import UsageError
+
+
+def compile_drafter(drafter) -> None:  # drafter: any registered Drafter (an nn.Module)
+    """Compile `drafter`'s forward in place; its weights, caches and outputs are unchanged."""
+    drafter.compile(dynamic=True)
+
+
+@contextmanager
+def compile_errors(enabled: bool) -> Iterator[None]:
+    """Turn a failure inside torch.compile into a UsageError that says how to run without it."""
+    if not enabled:
+        yield
+        return
+    from torch._dynamo.exc import TorchDynamoException  # Inductor's errors derive from it
+    from torch._inductor.exc import CppCompileError
+
+    try:
+        yield
+    except (TorchDynamoException, CppCompileError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"--compile failed while compiling the drafter ({type(exc).__name__}: {first}); "
+                         "Inductor needs a working C++ compiler on CPU. Run without --compile.") from exc
