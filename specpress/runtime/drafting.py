@@ -159,6 +159,15 @@ class DraftSession(ABC):
         self.forward_ms += wall_ms(dev) - t0
         return out
 
+    def _features(self, out: TargetOutput, rows: list[int] | None = None) -> Tensor:
+        """[T, F]: the drafter's input features from a target forward, for all positions or `rows` only.
+        Rows are picked before the taps are fused: fusing is row-wise, and after a verify forward only the
+        accepted path's rows are needed."""
+        if not self.taps:
+            return out.hidden[0] if rows is None else out.hidden[0, rows]
+        taps = out.taps if rows is None else {i: t[:, rows] for i, t in out.taps.items()}
+        return self._timed(self.drafter.fuse_taps, taps)[0]
+
     @cached_property
     def device(self) -> torch.device:
         return next(self.drafter.parameters()).device
@@ -189,9 +198,6 @@ class FeatureSession(DraftSession):
         self.token_map = (torch.arange(vd, device=drafter.d2t.device) + drafter.d2t) if vd else None
         self.vocab = drafter.config.vocab_size
 
-    def _features(self, out: TargetOutput) -> Tensor:
-        return (self._timed(self.drafter.fuse_taps, out.taps) if self.taps else out.hidden)[0]  # [T, F]
-
     def _run(self, hidden: Tensor, ids: Tensor, positions: Tensor | None, mask: Tensor | None,
              step: int) -> tuple[Tensor, Tensor]:
         kw = {"step": step} if self.family == "mtp" else {}
@@ -220,8 +226,7 @@ class FeatureSession(DraftSession):
     def accept(self, proposal: Proposal, result: VerifyResult, out: TargetOutput) -> None:
         # Drop the draft slots; the accepted tokens are fed again with the target's own features.
         self.cache.crop(self.context)
-        feats = self._features(out)
-        self.pending_feats = feats[list(result.accepted)]
+        self.pending_feats = self._features(out, list(result.accepted))
         self.pending_ids = list(result.tokens)
 
 
@@ -276,7 +281,7 @@ class BlockSession(DraftSession):
         self.pending_feats: Tensor | None = None
 
     def start(self, prompt: Sequence[int], out: TargetOutput, first: int) -> None:
-        self.pending_feats = self._timed(self.drafter.fuse_taps, out.taps)[0]
+        self.pending_feats = self._features(out)
 
     def propose(self, root: int, policy: Policy, params: SamplingParams,
                 generator: torch.Generator | None) -> Proposal:
@@ -288,7 +293,7 @@ class BlockSession(DraftSession):
         return Proposal(DraftTree.chain(len(drafts), [root] + drafts), None, {})
 
     def accept(self, proposal: Proposal, result: VerifyResult, out: TargetOutput) -> None:
-        self.pending_feats = self._timed(self.drafter.fuse_taps, out.taps)[0][list(result.accepted)]
+        self.pending_feats = self._features(out, list(result.accepted))
 
 
 def make_session(drafter, capacity: int) -> DraftSession:
