@@ -125,7 +125,7 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
           --max-new-tokens 64 --json plain.json
       specpress bench --target ~/.cache/specpress/zoo/small --drafter ./eagle3 \\
           --policy dynamic:depth=6,topk=8,budget=32 --prompts prompts.jsonl --max-new-tokens 64 --json e3.json
-      specpress bench --target ~/.cache/specpress/zoo/medium --drafter ./eagle3 --dtype bf16 --compile \
+      specpress bench --target ~/.cache/specpress/zoo/medium --drafter ./eagle3 --dtype bf16 --compile \\
           --policy dynamic:depth=4,topk=2,budget=8 --prompts prompts.jsonl --max-new-tokens 64 --json e3c.json
     """
     from rich.console import Console
