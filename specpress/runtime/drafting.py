@@ -30,8 +30,9 @@ from specpress.runtime.sampling import SamplingParams, process_logits
 from specpress.runtime.tree import DraftTree, DynamicTreeBuilder, tree_for_policy
 from specpress.runtime.verify import VerifyResult
 
-# step(tokens [k], parent_hidden [k, H] | None, positions [k], mask [k, cache+k]) -> (logits [k, Vd], hidden [k, H])
-StepFn = Callable[[Tensor, "Tensor | None", Tensor, Tensor], tuple[Tensor, "Tensor | None"]]
+# step(tokens [k], parent_hidden [k, H] | None, level, mask [k, cache+k]) -> (logits [k, Vd], hidden [k, H]);
+# level = the nodes' depth below the root (their position is the root's position + level).
+StepFn = Callable[[Tensor, "Tensor | None", int, Tensor], tuple[Tensor, "Tensor | None"]]
 
 POLICIES_BY_FAMILY: dict[str, tuple[type, ...]] = {
     "eagle": (ChainPolicy, TreePolicy, DynamicPolicy),
@@ -114,8 +115,7 @@ def expand(policy: Policy, root: int, root_logits: Tensor, root_hidden: Tensor |
                 mask[row, context + fed[anc]] = True
         parents = [hidden[tree.parents[i]] for i in feed]
         ph = None if parents[0] is None else torch.stack(parents)  # type: ignore[arg-type]
-        logits, h = step(torch.tensor([tokens[i] for i in feed], device=dev), ph,
-                         torch.full((k,), level, device=dev), mask)
+        logits, h = step(torch.tensor([tokens[i] for i in feed], device=dev), ph, level, mask)
         for row, node in enumerate(feed):
             fed[node] = start + row
             hidden[node] = None if h is None else h[row]
@@ -131,9 +131,8 @@ def _expand_dynamic(policy: DynamicPolicy, root: int, root_logits: Tensor, root_
     while (f := builder.next_frontier()) is not None:
         ph = None
         if root_hidden is not None:
-            ph = torch.stack([root_hidden if s < 0 else fed_hidden[s] for s in f.parent_slots.tolist()])
-        logits, h = step(f.tokens, ph, torch.full((f.tokens.numel(),), f.level, device=f.tokens.device),
-                         f.full_mask(context))
+            ph = torch.stack([root_hidden if s < 0 else fed_hidden[s] for s in f.parent_list])
+        logits, h = step(f.tokens, ph, f.level, f.full_mask(context))
         if h is not None:
             fed_hidden.extend(h.unbind(0))
         builder.expand(torch.log_softmax(logits.float(), -1))
@@ -216,9 +215,9 @@ class FeatureSession(DraftSession):
         context = self.context = self.cache.length
         base = context - 1  # drafter position of the pair whose next token is the root
 
-        def step(tokens: Tensor, parent: Tensor | None, levels: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        def step(tokens: Tensor, parent: Tensor | None, level: int, mask: Tensor) -> tuple[Tensor, Tensor]:
             assert parent is not None
-            return self._run(parent, tokens, base + levels, mask, int(levels[0]))
+            return self._run(parent, tokens, torch.full(tokens.shape, base + level, device=dev), mask, level)
 
         return expand(policy, root, logits[-1], g[-1], step, context, params, generator, self.token_map,
                       self.vocab)
@@ -254,8 +253,9 @@ class LMSession(DraftSession):
         self.context = self.cache.length
         root_pos = self.context - 1
 
-        def step(tokens: Tensor, parent: Tensor | None, levels: Tensor, mask: Tensor) -> tuple[Tensor, None]:
-            o = self._forward(tokens[None], cache=self.cache, positions=root_pos + levels, mask=mask)
+        def step(tokens: Tensor, parent: Tensor | None, level: int, mask: Tensor) -> tuple[Tensor, None]:
+            positions = torch.full(tokens.shape, root_pos + level, device=dev)
+            o = self._forward(tokens[None], cache=self.cache, positions=positions, mask=mask)
             return o.logits[0], None
 
         return expand(policy, root, out.logits[0, -1], None, step, self.context, params, generator, None,

@@ -16,6 +16,8 @@ Builders: `DraftTree.from_choices` (static trees), `DraftTree.chain`, and `build
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable, Sequence
@@ -231,6 +233,7 @@ class Frontier:
     parent_slots: Tensor
     level: int
     mask: Tensor
+    parent_list: tuple[int, ...] = ()  # parent_slots as Python ints (saves a tensor round trip per call)
 
     @property
     def fed(self) -> int:
@@ -239,8 +242,10 @@ class Frontier:
 
     def full_mask(self, context: int) -> Tensor:
         """bool [k, context + fed + k]."""
-        ones = torch.ones(self.mask.shape[0], context, dtype=torch.bool, device=self.mask.device)
-        return torch.cat([ones, self.mask], dim=1)
+        k, width = self.mask.shape
+        full = torch.ones(k, context + width, dtype=torch.bool, device=self.mask.device)
+        full[:, context:] = self.mask
+        return full
 
 
 @dataclass(frozen=True)
@@ -291,13 +296,15 @@ class DynamicTreeBuilder:
 
     def _topk(self, logprobs: Tensor) -> tuple[list[list[int]], list[list[float]]]:
         """[r, V] -> (target token ids [r][k], log-probs [r][k] clamped to <= 0)."""
-        if torch.isnan(logprobs).any():
-            raise UsageError("the drafter returned NaN log-probabilities")
         if logprobs.shape[-1] < self.topk:
             raise UsageError(f"topk={self.topk} exceeds the drafter's vocabulary of {logprobs.shape[-1]}")
         top = torch.topk(logprobs.float(), self.topk, dim=-1)
         ids = top.indices if self.token_map is None else self.token_map[top.indices]
-        return ids.tolist(), top.values.clamp(max=0.0).tolist()
+        values = top.values.tolist()
+        # topk ranks NaN above every number, so a NaN anywhere in a row shows up in its first value.
+        if any(math.isnan(row[0]) for row in values):
+            raise UsageError("the drafter returned NaN log-probabilities")
+        return ids.tolist(), [[min(v, 0.0) for v in row] for row in values]
 
     def _add(self, tokens: list[int], scores: list[float], parents: list[int]) -> list[int]:
         first = len(self._tok)
@@ -311,18 +318,19 @@ class DynamicTreeBuilder:
         if self._expansions >= self.depth:
             return None
         fed, k = len(self._fed_cands), self.topk
-        rows, cols, parent_slots = list(range(k)), list(range(fed, fed + k)), []
+        rows, parent_slots = [], []
         for row, cand in enumerate(self._frontier):
             p = self._par[cand]
             parent_slots.append(self._slot[p] if p >= 0 else -1)
-            chain = self._chain[p]  # fed slots of the parent and its ancestors
-            rows.extend([row] * len(chain))
-            cols.extend(chain)
-        mask = torch.zeros(k, fed + k, dtype=torch.bool)
-        mask[rows, cols] = True
+            line = [False] * (fed + k)
+            for slot in self._chain[p]:  # fed slots of the parent and its ancestors
+                line[slot] = True
+            line[fed + row] = True
+            rows.append(line)
         return Frontier(tokens=torch.tensor([self._tok[c] for c in self._frontier], device=self.device),
                         parent_slots=torch.tensor(parent_slots, device=self.device),
-                        level=self._expansions + 1, mask=mask.to(self.device))
+                        level=self._expansions + 1, mask=torch.tensor(rows, dtype=torch.bool, device=self.device),
+                        parent_list=tuple(parent_slots))
 
     def expand(self, logprobs: Tensor) -> None:
         """Take the drafter's log-probs [k, V] for the frontier just returned by next_frontier()."""
