@@ -131,7 +131,7 @@ def _expand_dynamic(policy: DynamicPolicy, root: int, root_logits: Tensor, root_
     while (f := builder.next_frontier()) is not None:
         ph = None
         if root_hidden is not None:
-            ph = torch.stack([root_hidden if s < 0 else fed_hidden[s] for s in f.parent_list])
+            ph = torch.stack([root_hidden if s < 0 else fed_hidden[s] for s in f.parent_slots.tolist()])
         logits, h = step(f.tokens, ph, f.level, f.full_mask(context))
         if h is not None:
             fed_hidden.extend(h.unbind(0))

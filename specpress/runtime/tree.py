@@ -17,7 +17,6 @@ Builders: `DraftTree.from_choices` (static trees), `DraftTree.chain`, and `build
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable, Sequence
@@ -233,7 +232,6 @@ class Frontier:
     parent_slots: Tensor
     level: int
     mask: Tensor
-    parent_list: tuple[int, ...] = ()  # parent_slots as Python ints (saves a tensor round trip per call)
 
     @property
     def fed(self) -> int:
@@ -329,8 +327,7 @@ class DynamicTreeBuilder:
             rows.append(line)
         return Frontier(tokens=torch.tensor([self._tok[c] for c in self._frontier], device=self.device),
                         parent_slots=torch.tensor(parent_slots, device=self.device),
-                        level=self._expansions + 1, mask=torch.tensor(rows, dtype=torch.bool, device=self.device),
-                        parent_list=tuple(parent_slots))
+                        level=self._expansions + 1, mask=torch.tensor(rows, dtype=torch.bool, device=self.device))
 
     def expand(self, logprobs: Tensor) -> None:
         """Take the drafter's log-probs [k, V] for the frontier just returned by next_frontier()."""
