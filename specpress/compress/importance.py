@@ -23,9 +23,8 @@ token (EAGLE-3: restricted to its draft vocabulary and renormalized, as it is tr
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -34,6 +33,7 @@ from torch import Tensor, nn
 
 from specpress.compress.data import WindowSampler
 from specpress.compress.losses import TeacherBatch, dflash_inputs, unroll
+from specpress.compress.progress import count_bar
 from specpress.compress.teacher import target_signals
 from specpress.errors import UsageError
 from specpress.models.drafter import Drafter
@@ -393,26 +393,10 @@ def vocab_count_stream(source: str, target: TargetModel | None, calib: np.ndarra
     dev = target.lm_head.weight.device
     cpu_fp32 = dev.type == "cpu" and target.lm_head.weight.dtype == torch.float32
     parts: list[Tensor] = []
-    with _bar(progress, "draft vocabulary: target predictions", len(windows)) as advance, torch.inference_mode(), \
+    with count_bar(progress, "draft vocabulary: target predictions", len(windows)) as advance, torch.inference_mode(), \
             torch.autocast("cpu", dtype=torch.bfloat16, enabled=cpu_fp32):
         for w in windows:
             parts.append(target(w.to(dev)).logits.argmax(-1).flatten().cpu())  # type: ignore[union-attr]
             advance()
     return torch.cat(parts).numpy()
 
-
-@contextmanager
-def _bar(enabled: bool, label: str, total: int) -> Iterator[Callable[[], None]]:
-    """Yield `advance()` for a transient rich progress bar on stderr (a no-op when disabled)."""
-    if not enabled:
-        yield lambda: None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
-        TimeRemainingColumn
-
-    cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TimeRemainingColumn())
-    with Progress(*cols, console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task(label, total=total)
-        yield lambda: bar.advance(task)

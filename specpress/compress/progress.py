@@ -1,9 +1,11 @@
-"""The training progress bar of distill (rich, on stderr): step, loss and acc@k over the last batches."""
+"""Progress bars of the compress stages (rich, on stderr): distill's training bar (step, loss and acc@k over
+the last batches) and a plain counting bar for long loops such as prune's vocabulary counting."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from types import TracebackType
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from torch import Tensor
 
@@ -65,3 +67,20 @@ class TrainProgress:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if self._bar is not None:
             self._bar.__exit__(kind, exc, tb)
+
+
+@contextmanager
+def count_bar(enabled: bool, label: str, total: int) -> Iterator[Callable[[], None]]:
+    """Yield `advance()` for a transient progress bar over `total` items (a no-op when disabled)."""
+    if not enabled:
+        yield lambda: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+        TimeRemainingColumn
+
+    cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TimeRemainingColumn())
+    with Progress(*cols, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda: bar.advance(task)
