@@ -50,8 +50,9 @@ FAMILIES_HELP = "eagle, eagle3, mtp, dflash, lm"
 @click.option("--kv-heads", type=click.IntRange(min=1), help="Student KV heads [target's, or --heads].")
 @click.option("--draft-vocab", type=click.IntRange(min=1), help="eagle3 draft vocabulary [min(V, 32000)].")
 @click.option("--taps", callback=lambda ctx, param, v: _int_list(v, "--taps"),
-              help="eagle3: target taps to fuse, comma-separated HF hidden_states indices (i < L: the residual "
-                   "entering layer i; L: the final normed hidden) [2,L//2,L-3].")
+              help="eagle3/dflash: target taps to fuse, comma-separated HF hidden_states indices (i < L: the "
+                   "residual entering layer i; L: the final normed hidden) [eagle3 2,L//2,L-3; dflash the "
+                   "published spread over the layers].")
 @click.option("--ttt-steps", type=click.IntRange(min=1), help="Unrolled draft steps [eagle3 3, eagle 1, mtp modules].")
 @click.option("--block-size", type=click.IntRange(min=2), default=8, show_default=True, help="dflash block size.")
 @click.option("--anchors", type=click.IntRange(min=1), default=16, show_default=True, help="dflash anchors per window.")

@@ -17,8 +17,8 @@ class DistillConfig:
     """What one distillation run does. Frozen, validated on construction, strict from_dict (version 1).
 
     Student shape (None = from the target): hidden, layers, ffn, heads, kv_heads. Family options:
-    draft_vocab (eagle3; default min(V, 32000)), taps (eagle3: the target taps fused, HF hidden_states indices,
-    L = the final normed hidden; default 2, L//2, L-3), ttt_steps (unrolled draft steps: eagle3 3 on CPU
+    draft_vocab (eagle3; default min(V, 32000)), taps (eagle3 / dflash: the target taps fused, HF hidden_states
+    indices, L = the final normed hidden; default eagle3 2, L//2, L-3, dflash the published spread), ttt_steps (unrolled draft steps: eagle3 3 on CPU
     (paper 7), eagle 1, mtp = its module count), block_size / anchors / gamma / mask_token_id (dflash),
     feature_noise / feature_weight / ce_weight (eagle), step_decay (weight of unrolled step i = decay^i),
     labels ("target" = soft CE to the target's distribution, "data" = CE on the data token; mtp, dflash),
@@ -68,8 +68,9 @@ class DistillConfig:
             if not taps or min(taps) < 0:
                 raise ConfigError(f"distill config field 'taps' must be a non-empty list of layer indices >= 0, "
                                   f"found {self.taps!r}")
-            if self.family != "eagle3":
-                raise ConfigError(f"distill config field 'taps' applies to eagle3 drafters, not {self.family}")
+            if self.family not in ("eagle3", "dflash"):
+                raise ConfigError(f"distill config field 'taps' applies to eagle3 and dflash drafters, not "
+                                  f"{self.family}")
             object.__setattr__(self, "taps", taps)
         if self.steps is None and self.minutes is None:
             raise ConfigError("distill needs a budget: steps and/or minutes")

@@ -71,7 +71,14 @@ def student_config(config: "DistillConfig", t: TargetConfig, teacher: Drafter | 
                          num_nextn_predict_layers=layers or 1, qk_norm=t.qk_norm)
     if fam == "dflash":
         n_layers = layers or 2
-        ids = tuple(sorted(set(default_target_layer_ids(t.num_hidden_layers, n_layers))))
+        if config.taps is not None:  # HF hidden_states indices, like eagle3's; DFlash reads layer id = tap - 1
+            bad = [i for i in config.taps if not 1 <= i <= t.num_hidden_layers]
+            if bad:
+                raise UsageError(f"--taps {bad} out of range for dflash: HF hidden_states indices 1..{t.num_hidden_layers} "
+                                 f"(the output of layer i-1; {t.num_hidden_layers} = the final normed hidden)")
+            ids = tuple(sorted({i - 1 for i in config.taps}))
+        else:
+            ids = tuple(sorted(set(default_target_layer_ids(t.num_hidden_layers, n_layers))))
         mask = config.mask_token_id if config.mask_token_id is not None else 0
         if not 0 <= mask < t.vocab_size:
             raise UsageError(f"--mask-token-id {mask} is outside the target's vocabulary 0..{t.vocab_size - 1}")

@@ -49,10 +49,14 @@ def dir_digest(path: Path) -> str:
 def resolve_target(recipe: Recipe, log: Callable[[str], None] = print) -> Path:
     spec = recipe.target
     if spec.zoo is not None:
-        from specpress.zoo import default_zoo_dir, ensure_zoo, is_zoo_dir
+        from specpress.zoo import default_zoo_dir, ensure_zoo, is_zoo_dir, preset_changes
 
-        if not is_zoo_dir(default_zoo_dir(spec.zoo)):
+        cached = default_zoo_dir(spec.zoo)
+        if not is_zoo_dir(cached):
             log(f"building the zoo target ({spec.zoo}) first: `specpress zoo build --size {spec.zoo}` (cached after)")
+        elif changes := preset_changes(cached, spec.zoo):
+            log(f"note: the cached zoo target {cached} was built with an older `{spec.zoo}` preset "
+                f"({'; '.join(changes)}); using it as is. `specpress zoo build --size {spec.zoo}` rebuilds it")
         return ensure_zoo(spec.zoo)
     assert spec.path is not None
     if not (spec.path / "config.json").is_file():

@@ -10,8 +10,8 @@ from typing import Any
 
 from specpress.zoo.corpus import CorpusFile, corpus_files, load_split_text, split_of, stdlib_root
 
-_LAZY = {"build_zoo", "ensure_zoo", "default_zoo_dir", "is_zoo_dir", "ZooPreset", "ZooReport", "PRESETS",
-         "preset_with"}
+_LAZY = {"build_zoo", "ensure_zoo", "default_zoo_dir", "is_zoo_dir", "preset_changes", "ZooPreset", "ZooReport",
+         "PRESETS", "preset_with"}
 
 __all__ = ["CorpusFile", "corpus_files", "load_split_text", "split_of", "stdlib_root", *sorted(_LAZY)]
 

@@ -11,6 +11,7 @@ if TYPE_CHECKING:
 
 ZOO_FORMAT = "specpress-zoo"
 ZOO_VERSION = 1
+_OPTIMIZER_NAMES = {"adamw": "AdamW", "muon": "Muon (block matrices) + AdamW (embedding, norms)"}
 
 
 def zoo_json(report: "ZooReport", preset: "ZooPreset", extra: dict[str, Any]) -> str:
@@ -37,7 +38,8 @@ def model_card(report: "ZooReport", preset: "ZooPreset", extra: dict[str, Any]) 
                          f"context {preset.max_position_embeddings} (trained on {preset.seq_len})"),
         ("parameters", f"{r.params:,}"),
         ("training", f"{r.steps:,} of {r.steps_planned:,} steps (stopped by {r.stopped_by}), "
-                     f"batch {preset.batch_size} x {preset.seq_len}, AdamW lr {preset.lr:g} cosine, "
+                     f"batch {preset.batch_size} x {preset.seq_len}, {_OPTIMIZER_NAMES[preset.optimizer]} lr "
+                     f"{preset.lr:g} cosine, "
                      f"{'bf16 autocast' if r.bf16 else 'fp32'}{', torch.compile' if r.compiled else ''}"),
         ("tokens seen", f"{r.tokens_seen:,}"),
         ("train time", f"{r.train_seconds:.0f} s ({extra['torch_threads']} threads, torch {extra['torch']})"),

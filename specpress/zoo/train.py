@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from specpress.errors import CheckpointError, DataError, UsageError
 
 STATE_FILE = "train_state.pt"
+OPTIMIZERS = ("adamw", "muon")
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class TrainConfig:
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0
+    optimizer: str = "adamw"  # "adamw", or "muon": Muon on the blocks' matrices, AdamW on the rest
     bf16: bool = True
     compile: bool = False
     checkpoint_every_s: float = 120.0
@@ -53,6 +55,8 @@ class TrainConfig:
         if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1:
             raise UsageError(f"need lr > 0 and 0 <= min_lr_ratio <= 1, got lr={self.lr}, "
                              f"min_lr_ratio={self.min_lr_ratio}")
+        if self.optimizer not in OPTIMIZERS:
+            raise UsageError(f"unknown optimizer {self.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
         if self.max_seconds is not None and self.max_seconds <= 0:
             raise UsageError(f"max_seconds must be positive, got {self.max_seconds}")
 
@@ -125,13 +129,57 @@ def init_weights(model: nn.Module, num_layers: int, std: float = 0.02) -> None:
                 nn.init.zeros_(module.bias)
 
 
-def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW; matrices decay, norms (1-D tensors) do not."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    other = [p for p in params if p.dim() < 2]
+class MuonWithAdamW:
+    """Muon (torch.optim.Muon) for the transformer blocks' weight matrices, AdamW for everything else.
+
+    Muon orthogonalises each matrix's momentum (Newton-Schulz) before the step; it is meant for hidden
+    matrices only, so the (tied) embedding and the norms stay on AdamW. Muon's learning rate is
+    rescaled to AdamW's update RMS (`match_rms_adamw`), so one schedule and one weight decay drive both.
+    Exposes what the training loop uses: `param_groups` (both optimizers'), `step`, `zero_grad`,
+    `state_dict` / `load_state_dict`.
+    """
+
+    def __init__(self, muon: torch.optim.Optimizer, adamw: torch.optim.Optimizer) -> None:
+        self.parts = (muon, adamw)
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return [g for opt in self.parts for g in opt.param_groups]
+
+    def step(self) -> None:
+        for opt in self.parts:
+            opt.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for opt in self.parts:
+            opt.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"muon": self.parts[0].state_dict(), "adamw": self.parts[1].state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.parts[0].load_state_dict(state["muon"])
+        self.parts[1].load_state_dict(state["adamw"])
+
+
+Optimizer = torch.optim.AdamW | MuonWithAdamW
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig) -> Optimizer:
+    """AdamW (matrices decay, norms do not), or Muon on the blocks' matrices with AdamW for the rest."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if cfg.optimizer == "muon":
+        blocks = [p for n, p in named if p.dim() == 2 and ".layers." in f".{n}"]
+        on_muon = {id(p) for p in blocks}
+        named = [(n, p) for n, p in named if id(p) not in on_muon]
+    decay = [p for _, p in named if p.dim() >= 2]
+    other = [p for _, p in named if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": other, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8)
+    adamw = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8)
+    if cfg.optimizer == "adamw":
+        return adamw
+    muon = torch.optim.Muon(blocks, lr=cfg.lr, weight_decay=cfg.weight_decay, adjust_lr_fn="match_rms_adamw")
+    return MuonWithAdamW(muon, adamw)
 
 
 def lm_loss(logits: Tensor, labels: Tensor) -> Tensor:
@@ -139,7 +187,7 @@ def lm_loss(logits: Tensor, labels: Tensor) -> Tensor:
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
 
-def save_state(path: Path, model: nn.Module, opt: torch.optim.Optimizer, *, step: int, tokens_seen: int,
+def save_state(path: Path, model: nn.Module, opt: Optimizer, *, step: int, tokens_seen: int,
                seconds: float, key: Mapping[str, Any]) -> None:
     """Atomic checkpoint: temp file, then rename."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")

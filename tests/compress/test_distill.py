@@ -330,8 +330,14 @@ def test_eagle3_taps_choose_the_fused_target_layers(target):
     rep = distill(target, c, sampler(c), None)
     assert rep.drafter.taps == (1, L) and rep.drafter.fc.in_features == 2 * SHAPE["hidden_size"]
     assert rep.drafter.config.target_layer_ids == (1, L)
-    with pytest.raises(ConfigError, match="applies to eagle3"):
+    with pytest.raises(ConfigError, match="applies to eagle3 and dflash"):
         cfg("mtp", taps=(1, 2))
+    # dflash reads the output of layer i-1 for tap i (its target_layer_ids), the final normed hidden included
+    c = cfg("dflash", steps=2, taps=[2, L])
+    rep = distill(target, c, sampler(c), None)
+    assert rep.drafter.config.target_layer_ids == (1, L - 1) and rep.drafter.taps == (2, L)
+    with pytest.raises(UsageError, match=r"--taps \[0\] out of range for dflash"):
+        distill(target, cfg("dflash", steps=1, taps=[0, 2]), sampler(c), None)
     with pytest.raises(ConfigError, match="non-empty list of layer indices"):
         cfg("eagle3", taps=())
     from click.testing import CliRunner

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -16,7 +17,8 @@ from specpress.errors import CheckpointError, DataError, UsageError
 from specpress.zoo import build as zb
 from specpress.zoo.corpus import EXCLUDED_DIRS, corpus_files, load_split_text, split_of, stdlib_root
 from specpress.zoo.tokenizer import EOS_ID, EOS_TOKEN, encode_documents, tokenizer_files, train_tokenizer
-from specpress.zoo.train import STATE_FILE, TokenBatches, TrainConfig, init_weights, lr_at, train
+from specpress.zoo.train import (STATE_FILE, TokenBatches, TrainConfig, init_weights, lr_at, make_optimizer,
+                                 train)
 
 TINY = zb.preset_with("small", hidden_size=32, intermediate_size=64, num_heads=2, vocab_size=300,
                       seq_len=32, batch_size=4, steps=6, warmup_steps=2, max_position_embeddings=64,
@@ -146,9 +148,11 @@ class _Crash(Exception):
     pass
 
 
-def test_resumed_training_matches_an_uninterrupted_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_resumed_training_matches_an_uninterrupted_run(tmp_path: Path, optimizer: str) -> None:
     toks = np.random.default_rng(0).integers(0, 300, 5000).astype(np.uint16)
-    cfg = TrainConfig(steps=6, batch_size=2, seq_len=16, warmup_steps=2, checkpoint_every_s=0.0)
+    cfg = TrainConfig(steps=6, batch_size=2, seq_len=16, warmup_steps=2, checkpoint_every_s=0.0,
+                      optimizer=optimizer)
     batches = TokenBatches(toks, 16, 2, seed=0)
     ref = _tiny_model()
     full = train(ref, batches, cfg)
@@ -168,6 +172,27 @@ def test_resumed_training_matches_an_uninterrupted_run(tmp_path: Path) -> None:
         assert torch.equal(a, b), k
     with pytest.raises(CheckpointError, match="different build"):
         train(_tiny_model(), batches, TrainConfig(steps=7, batch_size=2, seq_len=16), state_dir=tmp_path)
+
+
+def test_muon_takes_the_block_matrices_and_adamw_the_rest() -> None:
+    model = _tiny_model()
+    opt = make_optimizer(model, TrainConfig(steps=2, batch_size=1, seq_len=8, optimizer="muon"))
+    muon, adamw = opt.parts
+    names = {id(p): n for n, p in model.named_parameters()}
+    on_muon = {names[id(p)] for g in muon.param_groups for p in g["params"]}
+    on_adamw = {names[id(p)] for g in adamw.param_groups for p in g["params"]}
+    assert on_muon.isdisjoint(on_adamw) and on_muon | on_adamw == set(names.values())
+    assert on_muon == {n for n, p in model.named_parameters() if p.dim() == 2 and ".layers." in n}
+    assert "model.embed_tokens.weight" in on_adamw and len(on_muon) == 7 * TINY.num_layers
+    assert len(opt.param_groups) == len(muon.param_groups) + len(adamw.param_groups)
+    # one step moves every parameter that has a gradient, through whichever optimizer holds it
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    x = torch.randint(0, TINY.vocab_size, (2, 9))
+    torch.nn.functional.cross_entropy(model(x[:, :-1]).logits.flatten(0, 1), x[:, 1:].flatten()).backward()
+    opt.step()
+    assert all(not torch.equal(before[n], p) for n, p in model.named_parameters())
+    with pytest.raises(UsageError, match="unknown optimizer 'sgd'; choose one of: adamw, muon"):
+        TrainConfig(steps=1, batch_size=1, seq_len=8, optimizer="sgd")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -304,6 +329,25 @@ def test_ensure_zoo_reuses_a_finished_build(mini_zoo: tuple[Path, zb.ZooReport],
     assert zb.ensure_zoo("small") == tmp_path / "zoo" / "small"
     with pytest.raises(AssertionError, match="rebuilt"):
         zb.ensure_zoo("medium")
+
+
+def test_preset_changes_names_what_an_older_build_was_made_with(mini_zoo: tuple[Path, zb.ZooReport],
+                                                                 tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    out, _ = mini_zoo
+    monkeypatch.setitem(zb.PRESETS, "small", zb.preset_with("small", steps=1200, optimizer="muon"))
+    shutil.copytree(out, tmp_path / "z")
+    meta = json.loads((tmp_path / "z" / "zoo.json").read_text())
+    meta["preset"] = {k: v for k, v in dataclasses.asdict(zb.PRESETS["small"]).items() if k != "optimizer"}
+    (tmp_path / "z" / "zoo.json").write_text(json.dumps(meta))
+    assert zb.preset_changes(tmp_path / "z", "small") == ["optimizer: adamw -> muon"]  # absent = the default
+    meta["preset"]["steps"] = 1000
+    (tmp_path / "z" / "zoo.json").write_text(json.dumps(meta))
+    assert zb.preset_changes(tmp_path / "z", "small") == ["steps: 1000 -> 1200", "optimizer: adamw -> muon"]
+    meta["preset"]["optimizer"] = "muon"
+    meta["preset"]["steps"] = 1200
+    (tmp_path / "z" / "zoo.json").write_text(json.dumps(meta))
+    assert zb.preset_changes(tmp_path / "z", "small") == []
 
 
 def test_a_failing_compile_falls_back_to_eager_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
