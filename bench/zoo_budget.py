@@ -1,6 +1,7 @@
 """Short zoo builds with preset overrides, for choosing the training budget (batch, lr, steps).
 
     python bench/zoo_budget.py --steps 300 --set lr=0.004 --out /tmp/zoo-lr4
+    python bench/zoo_budget.py --steps 400 --set optimizer=muon --set lr=0.004 --out /tmp/zoo-muon
 
 Builds the small preset with the given overrides into --out (from scratch) and prints one JSON line:
 the overrides, validation loss / perplexity, training seconds and tokens/s. Compare runs that saw the
@@ -32,7 +33,10 @@ def main() -> None:
         name, _, value = item.partition("=")
         if name not in types:
             ap.error(f"unknown preset field {name!r}; fields: {', '.join(types)}")
-        kw[name] = json.loads(value)
+        try:
+            kw[name] = json.loads(value)
+        except json.JSONDecodeError:  # a bare word, e.g. optimizer=muon
+            kw[name] = value
     preset = replace(PRESETS["small"], **kw)
     for p in (args.out, args.out.with_name(args.out.name + ".partial")):
         shutil.rmtree(p, ignore_errors=True)
