@@ -16,14 +16,14 @@ CHAINED = ("eagle", "eagle3", "mtp")
 class DistillConfig:
     """What one distillation run does. Frozen, validated on construction, strict from_dict (version 1).
 
-    Student shape (None = from the target): hidden, layers, ffn, heads, kv_heads. Family options:
-    draft_vocab (eagle3; default min(V, 32000)), taps (eagle3 / dflash: the target taps fused, HF hidden_states
-    indices, L = the final normed hidden; default eagle3 2, L//2, L-3, dflash the published spread), ttt_steps (unrolled draft steps: eagle3 3 on CPU
-    (paper 7), eagle 1, mtp = its module count), block_size / anchors / gamma / mask_token_id (dflash),
-    feature_noise / feature_weight / ce_weight (eagle), step_decay (weight of unrolled step i = decay^i),
+    Student shape (None = from the target): hidden, layers, ffn, heads, kv_heads. Family options: draft_vocab
+    (eagle3; default min(V, 32000)), taps (eagle3 / dflash: the target taps fused, HF hidden_states indices, L = the
+    final normed hidden; default eagle3 2, L//2, L-3, dflash the published spread), ttt_steps (unrolled draft steps:
+    eagle3 3 on CPU (paper 7), eagle 1, mtp = its module count), block_size / anchors / gamma / mask_token_id
+    (dflash), feature_noise / feature_weight / ce_weight (eagle), step_decay (weight of unrolled step i = decay^i),
     labels ("target" = soft CE to the target's distribution, "data" = CE on the data token; mtp, dflash),
-    teacher_weight (weight of the KL to a --from drafter). bf16: the target's and the student's forwards
-    run under bfloat16 autocast (losses, optimizer state and weights stay fp32).
+    teacher_weight (weight of the KL to a --from drafter). bf16: the target's and the student's forwards run under
+    bfloat16 autocast (losses, optimizer state and weights stay fp32).
     """
 
     version: ClassVar[int] = 1

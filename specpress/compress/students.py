@@ -74,8 +74,9 @@ def student_config(config: "DistillConfig", t: TargetConfig, teacher: Drafter | 
         if config.taps is not None:  # HF hidden_states indices, like eagle3's; DFlash reads layer id = tap - 1
             bad = [i for i in config.taps if not 1 <= i <= t.num_hidden_layers]
             if bad:
-                raise UsageError(f"--taps {bad} out of range for dflash: HF hidden_states indices 1..{t.num_hidden_layers} "
-                                 f"(the output of layer i-1; {t.num_hidden_layers} = the final normed hidden)")
+                n = t.num_hidden_layers
+                raise UsageError(f"--taps {bad} out of range for dflash: HF hidden_states indices 1..{n} "
+                                 f"(the output of layer i-1; {n} = the final normed hidden)")
             ids = tuple(sorted({i - 1 for i in config.taps}))
         else:
             ids = tuple(sorted(set(default_target_layer_ids(t.num_hidden_layers, n_layers))))

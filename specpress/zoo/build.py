@@ -80,8 +80,8 @@ class ZooPreset:
         total = self.steps if steps is None else steps
         return TrainConfig(steps=total, batch_size=self.batch_size, seq_len=self.seq_len, seed=seed, lr=self.lr,
                            warmup_steps=min(self.warmup_steps, max(1, total // 10)),
-                           weight_decay=self.weight_decay, optimizer=self.optimizer, bf16=self.bf16, compile=self.compile,
-                           max_seconds=max_seconds)
+                           weight_decay=self.weight_decay, optimizer=self.optimizer, bf16=self.bf16,
+                           compile=self.compile, max_seconds=max_seconds)
 
 
 PRESETS: dict[str, ZooPreset] = {
