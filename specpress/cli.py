@@ -18,6 +18,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "zoo": ("specpress.commands.zoo", "zoo", "Build the built-in tiny target (trained here on the Python stdlib)."),
     "inspect": ("specpress.commands.inspect", "inspect_cmd",
                 "Show family, parameters, bytes and provenance of a model or drafter."),
+    "regenerate": ("specpress.commands.regenerate", "regenerate",
+                   "Continue corpus prompts with the target: distillation data that says what it emits."),
     "distill": ("specpress.commands.distill", "distill", "Train a drafter against a target (or shrink a drafter)."),
     "prune": ("specpress.commands.prune", "prune",
               "Prune FFN channels, KV groups, layers or draft vocabulary: a smaller dense drafter."),

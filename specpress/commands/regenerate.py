@@ -1,0 +1,83 @@
+"""`specpress regenerate`: a thin layer over specpress.compress.regen."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.option("--target", "target_dir", required=True, type=click.Path(path_type=Path),
+              help="Target model directory (HF format with tokenizer.json).")
+@click.option("--data", "data_path", required=True, type=click.Path(path_type=Path),
+              help="Where prompts come from: a text file, .jsonl, a directory of text/code files, or zoo:train.")
+@click.option("--out", required=True, type=click.Path(path_type=Path),
+              help="JSON-lines file to write ({\"text\": prompt + continuation} per line).")
+@click.option("--sequences", type=click.IntRange(min=1), default=4096, show_default=True,
+              help="Prompts to continue.")
+@click.option("--prompt-tokens", type=click.IntRange(min=1), default=48, show_default=True,
+              help="Tokens per prompt window, drawn at seeded random offsets of the tokenized data.")
+@click.option("--new-tokens", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Target tokens per continuation (fewer when the target emits EOS).")
+@click.option("--batch", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Sequences decoded together (one KV cache).")
+@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="0 = greedy, the policy the acceptance bars are measured under.")
+@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=1.0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--resume", is_flag=True, help="Continue <out>.partial left by an interrupted run.")
+@click.option("--force", is_flag=True, help="Replace an existing --out (kept until the new file is complete).")
+def regenerate(target_dir: Path, data_path: Path, out: Path, sequences: int, prompt_tokens: int, new_tokens: int,
+               batch: int, temperature: float, top_k: int, top_p: float, seed: int, resume: bool,
+               force: bool) -> None:
+    """Continue prompts from --data with the target itself: distillation data that says what the
+    target emits (DFlash and EAGLE-3 train on target-regenerated responses).
+
+    Prompts are windows of the tokenized data; each is continued with batched decoding and written
+    as one JSON line, so `distill --data OUT` reads it directly. A card <stem>.card.json beside OUT
+    records the target fingerprint, the settings, tokens generated, rows that stopped at EOS, and how
+    many lines re-encode to exactly the generated ids. Interrupted runs continue with --resume.
+
+    \b
+    Example (about 5 minutes for the small zoo target on 2 CPU cores):
+      specpress regenerate --target ~/.cache/specpress/zoo/small --data zoo:train \\
+          --out data/regen-small.jsonl --sequences 6144
+      specpress distill --target ~/.cache/specpress/zoo/small --family dflash \\
+          --data data/regen-small.jsonl --out drafters/dflash --minutes 10
+    """
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from specpress.compress.data import encode_stream, read_texts
+    from specpress.compress.regen import RegenConfig, regenerate as run
+    from specpress.errors import UsageError
+    from specpress.models.target import load_target
+    from specpress.models.tokenizer import load_tokenizer
+    from specpress.ticker import LogTicker
+
+    cfg = RegenConfig(sequences=sequences, prompt_tokens=prompt_tokens, new_tokens=new_tokens, batch=batch,
+                      temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    if out.expanduser().exists() and not force:  # before loading anything
+        raise UsageError(f"{out} already exists; choose another --out or pass --force to replace it")
+    target = load_target(target_dir)
+    if not target.config.eos_ids:
+        raise UsageError(f"{target_dir}/config.json has no eos_token_id, needed to join documents; add one")
+    tok = load_tokenizer(target_dir)
+    stream = encode_stream(read_texts(data_path), tok, target.config.eos_ids[0])
+    console = Console(stderr=True)
+    ticker = LogTicker(console, "regenerate", sequences)
+    with Progress(TextColumn("regenerate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("eta"), TimeRemainingColumn(), console=console) as bar:
+        task = bar.add_task("regenerate", total=sequences)
+
+        def on_batch(done: int, total: int) -> None:
+            bar.update(task, completed=done)
+            ticker.tick(done, "sequences")
+
+        card = run(target, tok, stream, cfg, out, resume=resume, force=force, source=str(data_path),
+                   on_batch=on_batch)
+    click.echo(f"wrote {out}: {card['sequences']} sequences, {card['generated_tokens']} generated tokens "
+               f"({card['tokens_per_s']:.0f} tokens/s), {card['stopped_at_eos']} stopped at EOS, "
+               f"{card['round_trip_exact']}/{card['sequences']} re-encode exactly")
