@@ -37,6 +37,9 @@ FAMILIES_HELP = "eagle, eagle3, mtp, dflash, lm"
                    "then cosine to the floor at the end of the budget); with --steps, a cap.")
 @click.option("--from", "from_dir", type=click.Path(path_type=Path),
               help="A larger drafter of the same family to distill into the student (its outputs are matched).")
+@click.option("--init", "init_dir", type=click.Path(path_type=Path),
+              help="Fine-tune this drafter (same family) instead of starting from a fresh one: its shape, taps "
+                   "and draft vocabulary are kept, so shape flags are refused.")
 @click.option("--resume", is_flag=True, help="Continue from <out>.partial/ left by an interrupted run.")
 @click.option("--force", is_flag=True, help="Replace an existing --out.")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -56,6 +59,8 @@ FAMILIES_HELP = "eagle, eagle3, mtp, dflash, lm"
 @click.option("--ttt-steps", type=click.IntRange(min=1), help="Unrolled draft steps [eagle3 3, eagle 1, mtp modules].")
 @click.option("--block-size", type=click.IntRange(min=2), default=8, show_default=True, help="dflash block size.")
 @click.option("--anchors", type=click.IntRange(min=1), default=16, show_default=True, help="dflash anchors per window.")
+@click.option("--markov-rank", type=click.IntRange(min=1),
+              help="dflash: add DSpark's sequential Markov head of this rank (a bigram bias; drafts left to right).")
 @click.option("--mask-token-id", type=click.IntRange(min=0), help="dflash MASK id [0].")
 @click.option("--labels", type=click.Choice(["target", "data"]), default="target", show_default=True,
               help="mtp/dflash: soft CE to the target's distribution, or CE on the data's next token.")
@@ -66,12 +71,13 @@ FAMILIES_HELP = "eagle, eagle3, mtp, dflash, lm"
 @click.option("--cache-teacher", "cache_dir", type=click.Path(path_type=Path),
               help="Cache the target's signals here (memory-mapped) and reuse them in later runs.")
 def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: int | None, minutes: float | None,
-            from_dir: Path | None, resume: bool, force: bool, seed: int, lr: float, batch: int, seq_len: int,
-            hidden: int | None, layers: int | None, ffn: int | None, heads: int | None, kv_heads: int | None,
-            draft_vocab: int | None, taps: tuple[int, ...] | None, ttt_steps: int | None, block_size: int, anchors: int,
-            mask_token_id: int | None, labels: str, checkpoint_minutes: float, bf16: bool,
-            cache_dir: Path | None) -> None:
-    """Train a drafter against a target (or shrink a --from drafter) and write it to --out.
+            from_dir: Path | None, init_dir: Path | None, resume: bool, force: bool, seed: int, lr: float, batch: int,
+            seq_len: int, hidden: int | None, layers: int | None, ffn: int | None, heads: int | None,
+            kv_heads: int | None, draft_vocab: int | None, taps: tuple[int, ...] | None, ttt_steps: int | None,
+            block_size: int, anchors: int, markov_rank: int | None, mask_token_id: int | None, labels: str,
+            checkpoint_minutes: float, bf16: bool, cache_dir: Path | None) -> None:
+    """Train a drafter against a target (or shrink a --from drafter, or fine-tune an --init one) and write it
+    to --out.
 
     Losses: eagle SmoothL1 feature + 0.1 soft CE; eagle3 training-time test over --ttt-steps steps;
     mtp soft CE per chained step; dflash block loss with random anchors; lm forward KL. Progress shows
@@ -90,10 +96,11 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
         raise UsageError("give a budget: --steps N and/or --minutes M")
     config = DistillConfig(family=family, steps=steps, minutes=minutes, lr=lr, batch=batch, seq_len=seq_len,
                            seed=seed, hidden=hidden, layers=layers, ffn=ffn, heads=heads, kv_heads=kv_heads,
-                           draft_vocab=draft_vocab, taps=taps, ttt_steps=ttt_steps, block_size=block_size, anchors=anchors,
-                           mask_token_id=mask_token_id, labels=labels, checkpoint_minutes=checkpoint_minutes,
-                           bf16=bf16)
-    report = distill_from_dirs(target_dir, config, data_path, out, from_dir=from_dir, resume=resume, force=force,
+                           draft_vocab=draft_vocab, taps=taps, ttt_steps=ttt_steps, block_size=block_size,
+                           anchors=anchors, markov_rank=markov_rank, mask_token_id=mask_token_id, labels=labels,
+                           checkpoint_minutes=checkpoint_minutes, bf16=bf16)
+    report = distill_from_dirs(target_dir, config, data_path, out, from_dir=from_dir, init_dir=init_dir,
+                               resume=resume, force=force,
                                cache_dir=cache_dir, progress=True)
     acc = " ".join(f"{a:.3f}" for a in report.agreement)
     click.echo(f"{family} drafter written to {report.out}")

@@ -48,7 +48,8 @@ def regenerate(target_dir: Path, data_path: Path, out: Path, sequences: int, pro
           --data data/regen-small.jsonl --out drafters/dflash --minutes 10
     """
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
 
     from specpress.compress.data import encode_stream, read_texts
     from specpress.compress.regen import RegenConfig, regenerate as run

@@ -20,7 +20,8 @@ class DistillConfig:
     (eagle3; default min(V, 32000)), taps (eagle3 / dflash: the target taps fused, HF hidden_states indices, L = the
     final normed hidden; default eagle3 2, L//2, L-3, dflash the published spread), ttt_steps (unrolled draft steps:
     eagle3 3 on CPU (paper 7), eagle 1, mtp = its module count), block_size / anchors / gamma / mask_token_id
-    (dflash), feature_noise / feature_weight / ce_weight (eagle), step_decay (weight of unrolled step i = decay^i),
+    (dflash), markov_rank (dflash: DSpark's sequential Markov head, 0/None = none), feature_noise /
+    feature_weight / ce_weight (eagle), step_decay (weight of unrolled step i = decay^i),
     labels ("target" = soft CE to the target's distribution, "data" = CE on the data token; mtp, dflash),
     teacher_weight (weight of the KL to a --from drafter). bf16: the target's and the student's forwards run under
     bfloat16 autocast (losses, optimizer state and weights stay fp32).
@@ -51,6 +52,7 @@ class DistillConfig:
     anchors: int = 16
     gamma: float | None = None
     mask_token_id: int | None = None
+    markov_rank: int | None = None
     feature_noise: float = 0.1
     feature_weight: float = 1.0
     ce_weight: float = 0.1
@@ -72,10 +74,12 @@ class DistillConfig:
                 raise ConfigError(f"distill config field 'taps' applies to eagle3 and dflash drafters, not "
                                   f"{self.family}")
             object.__setattr__(self, "taps", taps)
+        if self.markov_rank is not None and self.family != "dflash":
+            raise ConfigError(f"distill config field 'markov_rank' applies to dflash drafters, not {self.family}")
         if self.steps is None and self.minutes is None:
             raise ConfigError("distill needs a budget: steps and/or minutes")
         for name in ("steps", "batch", "seq_len", "hidden", "layers", "ffn", "heads", "kv_heads", "draft_vocab",
-                     "ttt_steps", "block_size", "anchors", "eval_batches"):
+                     "ttt_steps", "block_size", "anchors", "eval_batches", "markov_rank"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise ConfigError(f"distill config field {name!r} must be a positive integer, found {v!r}")

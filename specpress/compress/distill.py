@@ -261,10 +261,11 @@ def split_stream(stream: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarr
 
 
 def distill_from_dirs(target_dir: str | Path, config: DistillConfig, data_path: str | Path, out: str | Path, *,
-                      from_dir: str | Path | None = None, resume: bool = False, force: bool = False,
+                      from_dir: str | Path | None = None, init_dir: str | Path | None = None,
+                      resume: bool = False, force: bool = False,
                       cache_dir: str | Path | None = None, progress: bool = False) -> DistillReport:
     """The CLI's path: load the target and its tokenizer, tokenize the data (documents joined by the
-    target's EOS; the last 5% held out for the final agreement), load a --from drafter, distill."""
+    target's EOS; the last 5% held out for the final agreement), load --from / --init drafters, distill."""
     from specpress.compress.data import encode_stream, read_texts
     from specpress.models.drafter_io import load_drafter
     from specpress.models.target import load_target
@@ -285,10 +286,12 @@ def distill_from_dirs(target_dir: str | Path, config: DistillConfig, data_path: 
     sampler = WindowSampler(train, config.seq_len, config.batch, config.seed)
     heldout = WindowSampler(held, config.seq_len, config.batch, config.seed + 1) if held is not None else None
     teacher = load_drafter(from_dir, target) if from_dir is not None else None
-    return distill(target, config, sampler, out, teacher_drafter=teacher, resume=resume, force=force,
+    init = load_drafter(init_dir, target) if init_dir is not None else None
+    return distill(target, config, sampler, out, init=init, teacher_drafter=teacher, resume=resume, force=force,
                    heldout=heldout, cache_dir=cache_dir, progress=progress,
                    provenance_extra={"source": str(data_path), "heldout_tokens": 0 if held is None else len(held),
-                                     "target": str(target_dir), "from": None if from_dir is None else str(from_dir)})
+                                     "target": str(target_dir), "from": None if from_dir is None else str(from_dir),
+                                     "init": None if init_dir is None else str(init_dir)})
 
 
 __all__ = ["DistillConfig", "DistillReport", "distill", "distill_from_dirs", "agreement", "batch_loss",

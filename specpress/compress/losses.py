@@ -325,7 +325,9 @@ def dflash_loss(ctx: LossContext) -> LossOut:
     src = (anchors[..., None] + torch.arange(bk - 1, device=anchors.device))  # [B, N, Bk-1] = a+k-1
     z = b.logits.gather(1, src.flatten(1)[..., None].expand(-1, -1, b.logits.shape[-1])).view(
         bsz, -1, bk - 1, b.logits.shape[-1]).float()
-    q = logits[:, :, 1:]
+    # a Markov head sees the true token before each position (teacher forcing): ids[a+k-1]
+    prev = b.ids.gather(1, src.flatten(1)).view_as(src)
+    q = s.with_markov(logits[:, :, 1:], prev)
     if cfg.labels == "data":
         lab = b.ids.gather(1, (src + 1).flatten(1)).view_as(src)
         per = F.cross_entropy(q.float().flatten(0, 2), lab.flatten(), reduction="none").view_as(src)
@@ -337,7 +339,7 @@ def dflash_loss(ctx: LossContext) -> LossOut:
     if ctx.teacher is not None:
         with torch.no_grad():
             tl = ctx.teacher(ctx.teacher.fuse_taps(b.taps), blocks, positions=pos, mask=mask)
-        tl = tl.view(bsz, -1, bk, tl.shape[-1])[:, :, 1:]
+        tl = ctx.teacher.with_markov(tl.view(bsz, -1, bk, tl.shape[-1])[:, :, 1:], prev)
         loss = loss + cfg.teacher_weight * (kl(tl, q) * w).sum(-1).mean() / w.sum()
     ref = z.argmax(-1)
     hit = (q.argmax(-1) == ref).float().sum(dim=(0, 1)).cpu()

@@ -63,7 +63,7 @@ def prompt_windows(stream: np.ndarray, cfg: RegenConfig) -> np.ndarray:
     if len(stream) < cfg.prompt_tokens + 1:
         raise DataError(f"the data holds {len(stream)} tokens, fewer than one prompt of {cfg.prompt_tokens}; "
                         f"give more data or a smaller --prompt-tokens")
-    starts = np.random.default_rng([cfg.seed, 0]).integers(0, len(stream) - cfg.prompt_tokens, cfg.sequences)
+    starts = np.random.default_rng(cfg.seed).integers(0, len(stream) - cfg.prompt_tokens, cfg.sequences)
     return np.stack([stream[s:s + cfg.prompt_tokens] for s in starts]).astype(np.int64)
 
 

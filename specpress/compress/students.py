@@ -28,7 +28,7 @@ from specpress.models.target import TargetConfig, TargetModel
 if TYPE_CHECKING:
     from specpress.compress.distill import DistillConfig
 
-SHAPE_FLAGS = ("hidden", "layers", "ffn", "heads", "kv_heads", "draft_vocab")
+SHAPE_FLAGS = ("hidden", "layers", "ffn", "heads", "kv_heads", "draft_vocab", "taps", "markov_rank")
 MAX_DRAFT_VOCAB = 32000
 
 
@@ -85,7 +85,7 @@ def student_config(config: "DistillConfig", t: TargetConfig, teacher: Drafter | 
             raise UsageError(f"--mask-token-id {mask} is outside the target's vocabulary 0..{t.vocab_size - 1}")
         return DFlashConfig(**shape, num_hidden_layers=n_layers,  # type: ignore[arg-type]
                             num_target_layers=t.num_hidden_layers, block_size=config.block_size,
-                            mask_token_id=mask, target_layer_ids=ids)
+                            mask_token_id=mask, target_layer_ids=ids, markov_rank=config.markov_rank or 0)
     if fam == "lm":
         base = dataclasses.replace(t, hidden_size=hidden, intermediate_size=config.ffn or t.intermediate_size,
                                    num_hidden_layers=layers or max(1, t.num_hidden_layers // 4),

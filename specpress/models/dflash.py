@@ -8,6 +8,12 @@ input block is [anchor, MASK x (B-1)]; outputs 1..B-1 are the drafts. No own emb
 the target's. Public layout: `fc.weight`, `hidden_norm.weight`, `layers.{i}.*`, `norm.weight`; config
 `architectures: ["DFlashDraftModel"]`, `block_size`, `dflash_config: {mask_token_id, target_layer_ids}`,
 `num_target_layers`, `model_type: qwen3`. An `auto_map` is ignored: no checkpoint code ever runs.
+
+Optional (markov_rank > 0): DSpark's sequential Markov head (algorithms.md §6), a low-rank bigram bias
+`markov_w2(markov_w1[x_{k-1}])` added to block position k's logits, with x_{k-1} the token before it
+(the anchor for k = 1, then the previous draft), so drafts are chosen left to right. Tensors
+`markov_head.markov_w1.weight` [V, r] and `markov_head.markov_w2.weight` [V, r] as DSpark names them;
+config `dflash_config.markov_rank`. Only the head is DSpark's: the block layout stays DFlash's.
 """
 
 from __future__ import annotations
@@ -46,12 +52,17 @@ class DFlashConfig(LlamaDrafterConfig):
     mask_token_id: int | None = None
     # Target layers whose OUTPUT is read (tap = id + 1); None -> default_target_layer_ids.
     target_layer_ids: tuple[int, ...] | None = None
+    # DSpark's sequential Markov head: rank of the bigram bias (0 = none, plain DFlash).
+    markov_rank: int = 0
 
     def validate(self) -> None:
         super().validate()
         for name in ("num_hidden_layers", "num_target_layers", "block_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"dflash config: {name} must be >= 1, found {getattr(self, name)}")
+        r = self.markov_rank
+        if not isinstance(r, int) or isinstance(r, bool) or r < 0:
+            raise ConfigError(f"dflash config: markov_rank must be an integer >= 0 (0 = no Markov head), found {r!r}")
         ids = as_int_tuple(self.target_layer_ids, "target_layer_ids")
         if ids is None:
             ids = default_target_layer_ids(self.num_target_layers, self.num_hidden_layers)
@@ -99,6 +110,20 @@ class DFlashLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+class MarkovHead(nn.Module):
+    """bias(x_prev) = markov_w2(markov_w1[x_prev]): a rank-r bigram correction over the vocabulary."""
+
+    def __init__(self, vocab_size: int, rank: int) -> None:
+        super().__init__()
+        self.markov_w1 = nn.Embedding(vocab_size, rank)
+        self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)
+        nn.init.zeros_(self.markov_w2.weight)  # starts as plain DFlash
+
+    def forward(self, prev_ids: Tensor) -> Tensor:
+        """prev_ids [...] -> bias [..., V]."""
+        return self.markov_w2(self.markov_w1(prev_ids))
+
+
 class DFlashDrafter(Drafter):
     family: ClassVar[str] = "dflash"
 
@@ -113,6 +138,7 @@ class DFlashDrafter(Drafter):
         self.layers = nn.ModuleList(DFlashLayer(lc) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(h, config.rms_norm_eps)
         self.rotary = Rotary(config.rope, config.head_dim, config.max_position_embeddings)
+        self.markov_head = MarkovHead(config.vocab_size, config.markov_rank) if config.markov_rank else None
 
     @property
     def taps(self) -> tuple[int, ...]:
@@ -184,6 +210,28 @@ class DFlashDrafter(Drafter):
                                        keep_block=keep_block))
 
 
+    def with_markov(self, logits: Tensor, prev_ids: Tensor) -> Tensor:
+        """Logits of block positions [..., V] plus the Markov bias of the tokens before them (unchanged
+        without a Markov head). Training passes the true previous tokens; drafting passes its own."""
+        if self.markov_head is None:
+            return logits
+        return logits + self.markov_head(prev_ids).to(logits.dtype)
+
+    @torch.no_grad()
+    def greedy_drafts(self, logits: Tensor, anchor: int) -> list[int]:
+        """logits [Bk, V] of one block -> drafts at positions 1..Bk-1: each position's argmax, or with a
+        Markov head left to right, each position biased by the draft before it (the anchor first)."""
+        if self.markov_head is None:
+            return logits[1:].argmax(-1).tolist()
+        drafts, prev = [], anchor
+        prev_t = torch.empty(1, dtype=torch.long, device=logits.device)
+        for k in range(1, logits.shape[0]):
+            prev_t[0] = prev
+            prev = int(self.with_markov(logits[k:k + 1], prev_t).argmax(-1))
+            drafts.append(prev)
+        return drafts
+
+
 def read_config(cfg: Mapping[str, Any], source: str) -> DFlashConfig:
     """A DFlash config.json (z-lab / SpecForge); `auto_map` and other HF boilerplate are ignored."""
     types = set(cfg.get("layer_types") or ["full_attention"])
@@ -203,11 +251,15 @@ def read_config(cfg: Mapping[str, Any], source: str) -> DFlashConfig:
     if not cfg.get("num_target_layers"):
         raise ConfigError(f"{source}: a DFlash config needs 'num_target_layers' (the target's layer count)")
     ids, mask = get("target_layer_ids"), get("mask_token_id")
+    if get("markov_head_type", "vanilla") != "vanilla":
+        raise ConfigError(f"{source}: dflash_config.markov_head_type {get('markov_head_type')!r} is not supported "
+                          f"(only 'vanilla', the low-rank bigram head)")
     return DFlashConfig(**LlamaDrafterConfig.llama_fields(cfg, source, arch="Qwen3ForCausalLM"),
                         num_hidden_layers=int(cfg.get("num_hidden_layers", 1)),
                         num_target_layers=int(cfg["num_target_layers"]), block_size=int(get("block_size", 16)),
                         mask_token_id=None if mask is None else int(mask),
-                        target_layer_ids=None if ids is None else tuple(int(i) for i in ids))
+                        target_layer_ids=None if ids is None else tuple(int(i) for i in ids),
+                        markov_rank=int(get("markov_rank", 0) or 0))
 
 
 def write_config(config: DFlashConfig) -> dict[str, Any]:
@@ -219,6 +271,9 @@ def write_config(config: DFlashConfig) -> dict[str, Any]:
     dcfg: dict[str, Any] = {"target_layer_ids": list(config.target_layer_ids or ())}
     if config.mask_token_id is not None:
         dcfg["mask_token_id"] = config.mask_token_id
+    if config.markov_rank:
+        dcfg["markov_rank"] = config.markov_rank
+        dcfg["markov_head_type"] = "vanilla"
     out["dflash_config"] = dcfg
     return out
 

@@ -289,7 +289,7 @@ class BlockSession(DraftSession):
         dev = self.pending_feats.device
         block = self.drafter.make_block(torch.tensor([root], device=dev), policy.block_size)
         logits = self._forward(self.pending_feats[None], block, cache=self.cache)[0]  # [B, V]
-        drafts = logits[1:].argmax(-1).tolist()
+        drafts = self.drafter.greedy_drafts(logits, root)
         return Proposal(DraftTree.chain(len(drafts), [root] + drafts), None, {})
 
     def accept(self, proposal: Proposal, result: VerifyResult, out: TargetOutput) -> None:

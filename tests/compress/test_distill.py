@@ -240,6 +240,30 @@ def test_cli_end_to_end_and_bad_input(tmp_path):
     assert isinstance(res.exception, ConfigError) and "eagle3" in str(res.exception)
 
 
+def test_cli_init_fine_tunes_an_existing_drafter(tmp_path):
+    from click.testing import CliRunner
+
+    from specpress.cli import cli
+    from specpress.models.target import load_target
+
+    tdir, data = _target_dir(tmp_path)
+    base = ["distill", "--target", str(tdir), "--family", "dflash", "--data", str(data), "--steps", "2", "--batch", "2",
+            "--seq-len", "16", "--block-size", "4", "--anchors", "2"]
+    res = CliRunner().invoke(cli, [*base, "--out", str(tmp_path / "a"), "--markov-rank", "4"])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    res = CliRunner().invoke(cli, [*base, "--out", str(tmp_path / "b"), "--init", str(tmp_path / "a"), "--seed", "1"])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    target = load_target(tdir)
+    a, b = load_drafter(tmp_path / "a", target), load_drafter(tmp_path / "b", target)
+    assert b.config == a.config and b.config.markov_rank == 4
+    assert [p["step"] for p in b.provenance] == ["distill", "distill"]
+    assert b.provenance[-1]["data"]["init"] == str(tmp_path / "a")
+    assert not torch.equal(a.markov_head.markov_w1.weight, b.markov_head.markov_w1.weight)  # trained further
+    res = CliRunner().invoke(cli, [*base, "--out", str(tmp_path / "c"), "--init", str(tmp_path / "a"), "--layers", "3"])
+    assert isinstance(res.exception, UsageError) and "layers" in str(res.exception)
+    assert not (tmp_path / "c").exists()
+
+
 def test_bad_inputs_are_clear(target):
     with pytest.raises(ConfigError, match="budget"):
         DistillConfig(family="eagle")
