@@ -72,8 +72,8 @@ def continue_batch(target: TargetModel, prompts: Tensor, new_tokens: int, params
                    generator: torch.Generator | None, eos_ids: Sequence[int]) -> list[list[int]]:
     """prompts [B, P] -> each row's continuation (up to new_tokens ids, cut before its first EOS).
 
-    One KV cache for the batch; rows that hit EOS keep decoding (their tokens are dropped), so every
-    row shares the same positions and the loop stops only when all rows are done or the budget is spent.
+    One KV cache for the batch; rows that hit EOS keep decoding (what follows their EOS is dropped), so
+    every row shares the same positions and the loop stops when all rows are done or the budget is spent.
     """
     b, p = prompts.shape
     dev = target.lm_head.weight.device
@@ -84,20 +84,14 @@ def continue_batch(target: TargetModel, prompts: Tensor, new_tokens: int, params
     steps: list[Tensor] = []
     while True:
         tok = sample(logits.float(), params, generator).to(dev)
-        steps.append(torch.where(done, torch.full_like(tok, -1), tok))
+        steps.append(tok)
         done |= torch.isin(tok, eos)
         if len(steps) == new_tokens or bool(done.all()):
             break
         logits = target(tok[:, None], cache=cache, logits="last").logits[:, -1]
-    rows = torch.stack(steps, 1).tolist()
-    return [[t for t in row[:_first_stop(row, set(eos_ids))]] for row in rows]
-
-
-def _first_stop(row: list[int], eos: set[int]) -> int:
-    for i, t in enumerate(row):
-        if t < 0 or t in eos:
-            return i
-    return len(row)
+    stop = set(eos_ids)
+    return [row[:next((i for i, t in enumerate(row) if t in stop), len(row))]
+            for row in torch.stack(steps, 1).tolist()]
 
 
 def card_path(out: Path) -> Path:

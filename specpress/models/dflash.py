@@ -62,7 +62,8 @@ class DFlashConfig(LlamaDrafterConfig):
                 raise ConfigError(f"dflash config: {name} must be >= 1, found {getattr(self, name)}")
         r = self.markov_rank
         if not isinstance(r, int) or isinstance(r, bool) or r < 0:
-            raise ConfigError(f"dflash config: markov_rank must be an integer >= 0 (0 = no Markov head), found {r!r}")
+            raise ConfigError(f"dflash config: markov_rank must be an integer >= 0 (0 = no Markov head), "
+                              f"found {r!r}")
         ids = as_int_tuple(self.target_layer_ids, "target_layer_ids")
         if ids is None:
             ids = default_target_layer_ids(self.num_target_layers, self.num_hidden_layers)
@@ -208,7 +209,6 @@ class DFlashDrafter(Drafter):
         """
         return self.head(self.features(ctx_hidden, block_ids, cache=cache, positions=positions, mask=mask,
                                        keep_block=keep_block))
-
 
     def with_markov(self, logits: Tensor, prev_ids: Tensor) -> Tensor:
         """Logits of block positions [..., V] plus the Markov bias of the tokens before them (unchanged
