@@ -100,8 +100,7 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
                            anchors=anchors, markov_rank=markov_rank, mask_token_id=mask_token_id, labels=labels,
                            checkpoint_minutes=checkpoint_minutes, bf16=bf16)
     report = distill_from_dirs(target_dir, config, data_path, out, from_dir=from_dir, init_dir=init_dir,
-                               resume=resume, force=force,
-                               cache_dir=cache_dir, progress=True)
+                               resume=resume, force=force, cache_dir=cache_dir, progress=True)
     acc = " ".join(f"{a:.3f}" for a in report.agreement)
     click.echo(f"{family} drafter written to {report.out}")
     click.echo(f"  steps {report.steps}/{report.planned_steps} ({report.stopped_by})  loss {report.final_loss:.4f}  "
