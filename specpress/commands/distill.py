@@ -44,6 +44,9 @@ FAMILIES_HELP = "eagle, eagle3, mtp, dflash, lm"
 @click.option("--force", is_flag=True, help="Replace an existing --out.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=1e-3, show_default=True)
+@click.option("--optimizer", type=click.Choice(["adamw", "muon"]), default="adamw", show_default=True,
+              help="muon: Muon on the weight matrices inside the drafter's transformer layers, AdamW on the rest "
+                   "(learning rate matched to AdamW's update size).")
 @click.option("--batch", type=click.IntRange(min=1), default=8, show_default=True, help="Windows per step.")
 @click.option("--seq-len", type=click.IntRange(min=4), default=128, show_default=True, help="Tokens per window.")
 @click.option("--hidden", type=click.IntRange(min=1), help="Student hidden size [target's; lm only may differ].")
@@ -71,11 +74,12 @@ FAMILIES_HELP = "eagle, eagle3, mtp, dflash, lm"
 @click.option("--cache-teacher", "cache_dir", type=click.Path(path_type=Path),
               help="Cache the target's signals here (memory-mapped) and reuse them in later runs.")
 def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: int | None, minutes: float | None,
-            from_dir: Path | None, init_dir: Path | None, resume: bool, force: bool, seed: int, lr: float, batch: int,
-            seq_len: int, hidden: int | None, layers: int | None, ffn: int | None, heads: int | None,
-            kv_heads: int | None, draft_vocab: int | None, taps: tuple[int, ...] | None, ttt_steps: int | None,
-            block_size: int, anchors: int, markov_rank: int | None, mask_token_id: int | None, labels: str,
-            checkpoint_minutes: float, bf16: bool, cache_dir: Path | None) -> None:
+            from_dir: Path | None, init_dir: Path | None, resume: bool, force: bool, seed: int, lr: float,
+            optimizer: str, batch: int, seq_len: int, hidden: int | None, layers: int | None, ffn: int | None,
+            heads: int | None, kv_heads: int | None, draft_vocab: int | None, taps: tuple[int, ...] | None,
+            ttt_steps: int | None, block_size: int, anchors: int, markov_rank: int | None,
+            mask_token_id: int | None, labels: str, checkpoint_minutes: float, bf16: bool,
+            cache_dir: Path | None) -> None:
     """Train a drafter against a target (or shrink a --from drafter, or fine-tune an --init one) and write it
     to --out.
 
@@ -94,11 +98,12 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
 
     if steps is None and minutes is None:
         raise UsageError("give a budget: --steps N and/or --minutes M")
-    config = DistillConfig(family=family, steps=steps, minutes=minutes, lr=lr, batch=batch, seq_len=seq_len,
-                           seed=seed, hidden=hidden, layers=layers, ffn=ffn, heads=heads, kv_heads=kv_heads,
-                           draft_vocab=draft_vocab, taps=taps, ttt_steps=ttt_steps, block_size=block_size,
-                           anchors=anchors, markov_rank=markov_rank, mask_token_id=mask_token_id, labels=labels,
-                           checkpoint_minutes=checkpoint_minutes, bf16=bf16)
+    config = DistillConfig(family=family, steps=steps, minutes=minutes, lr=lr, optimizer=optimizer, batch=batch,
+                           seq_len=seq_len, seed=seed, hidden=hidden, layers=layers, ffn=ffn, heads=heads,
+                           kv_heads=kv_heads, draft_vocab=draft_vocab, taps=taps, ttt_steps=ttt_steps,
+                           block_size=block_size, anchors=anchors, markov_rank=markov_rank,
+                           mask_token_id=mask_token_id, labels=labels, checkpoint_minutes=checkpoint_minutes,
+                           bf16=bf16)
     report = distill_from_dirs(target_dir, config, data_path, out, from_dir=from_dir, init_dir=init_dir,
                                resume=resume, force=force, cache_dir=cache_dir, progress=True)
     acc = " ".join(f"{a:.3f}" for a in report.agreement)

@@ -23,7 +23,8 @@ class DistillConfig:
     (dflash), markov_rank (dflash: DSpark's sequential Markov head, 0/None = none), feature_noise /
     feature_weight / ce_weight (eagle), step_decay (weight of unrolled step i = decay^i),
     labels ("target" = soft CE to the target's distribution, "data" = CE on the data token; mtp, dflash),
-    teacher_weight (weight of the KL to a --from drafter). bf16: the target's and the student's forwards run under
+    teacher_weight (weight of the KL to a --from drafter), optimizer ("adamw", or "muon": Muon on the 2-D weights
+    inside the drafter's transformer layers, AdamW on the rest). bf16: the target's and the student's forwards run under
     bfloat16 autocast (losses, optimizer state and weights stay fp32).
     """
 
@@ -33,6 +34,7 @@ class DistillConfig:
     steps: int | None = None
     minutes: float | None = None
     lr: float = 1e-3
+    optimizer: str = "adamw"
     warmup_ratio: float = 0.04
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.0
@@ -103,6 +105,11 @@ class DistillConfig:
             raise ConfigError(f"distill config field 'seed' must be an integer, found {self.seed!r}")
         if self.block_size < 2:
             raise ConfigError(f"distill config: block_size must be >= 2 (anchor + drafts), found {self.block_size}")
+        from specpress.optim import OPTIMIZERS
+
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"distill config: optimizer must be one of {', '.join(OPTIMIZERS)}, "
+                              f"found {self.optimizer!r}")
         if self.labels not in ("target", "data"):
             raise ConfigError(f"distill config: labels must be 'target' or 'data', found {self.labels!r}")
         if not 0 <= self.warmup_ratio < 1 or not 0 <= self.min_lr_ratio <= 1:

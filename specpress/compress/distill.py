@@ -50,6 +50,7 @@ from specpress.errors import DataError, UsageError
 from specpress.models.drafter import Drafter, target_fingerprint
 from specpress.models.drafter_io import save_drafter
 from specpress.models.target import TargetModel
+from specpress.optim import build_optimizer
 
 FRESH_WINDOWS = 10_000_019  # first sampler step of the final agreement when there is no held-out data
 HELDOUT_FRACTION = 0.05  # of the token stream, when it holds at least 20 windows
@@ -114,7 +115,7 @@ def distill(target: TargetModel, config: DistillConfig, data: WindowSampler, out
            "world_size": world}
 
     params = [p for p in student.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=config.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=config.weight_decay)
+    opt = build_optimizer(student.named_parameters(), config.optimizer, config.lr, config.weight_decay, (0.9, 0.95))
     loss_fn = get_loss(config.family)
     n_pos = positions_scored(config, student)
     state_path = partial_dir(out) / STATE_FILE if out is not None else None

@@ -22,9 +22,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specpress.errors import CheckpointError, DataError, UsageError
+from specpress.optim import OPTIMIZERS, Optimizer, build_optimizer
 
 STATE_FILE = "train_state.pt"
-OPTIMIZERS = ("adamw", "muon")
 
 
 @dataclass(frozen=True)
@@ -129,57 +129,9 @@ def init_weights(model: nn.Module, num_layers: int, std: float = 0.02) -> None:
                 nn.init.zeros_(module.bias)
 
 
-class MuonWithAdamW:
-    """Muon (torch.optim.Muon) for the transformer blocks' weight matrices, AdamW for everything else.
-
-    Muon orthogonalises each matrix's momentum (Newton-Schulz) before the step; it is meant for hidden
-    matrices only, so the (tied) embedding and the norms stay on AdamW. Muon's learning rate is
-    rescaled to AdamW's update RMS (`match_rms_adamw`), so one schedule and one weight decay drive both.
-    Exposes what the training loop uses: `param_groups` (both optimizers'), `step`, `zero_grad`,
-    `state_dict` / `load_state_dict`.
-    """
-
-    def __init__(self, muon: torch.optim.Optimizer, adamw: torch.optim.Optimizer) -> None:
-        self.parts = (muon, adamw)
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return [g for opt in self.parts for g in opt.param_groups]
-
-    def step(self) -> None:
-        for opt in self.parts:
-            opt.step()
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for opt in self.parts:
-            opt.zero_grad(set_to_none=set_to_none)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"muon": self.parts[0].state_dict(), "adamw": self.parts[1].state_dict()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.parts[0].load_state_dict(state["muon"])
-        self.parts[1].load_state_dict(state["adamw"])
-
-
-Optimizer = torch.optim.AdamW | MuonWithAdamW
-
-
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> Optimizer:
     """AdamW (matrices decay, norms do not), or Muon on the blocks' matrices with AdamW for the rest."""
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    if cfg.optimizer == "muon":
-        blocks = [p for n, p in named if p.dim() == 2 and ".layers." in f".{n}"]
-        on_muon = {id(p) for p in blocks}
-        named = [(n, p) for n, p in named if id(p) not in on_muon]
-    decay = [p for _, p in named if p.dim() >= 2]
-    other = [p for _, p in named if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": other, "weight_decay": 0.0}]
-    adamw = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8)
-    if cfg.optimizer == "adamw":
-        return adamw
-    muon = torch.optim.Muon(blocks, lr=cfg.lr, weight_decay=cfg.weight_decay, adjust_lr_fn="match_rms_adamw")
-    return MuonWithAdamW(muon, adamw)
+    return build_optimizer(model.named_parameters(), cfg.optimizer, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2))
 
 
 def lm_loss(logits: Tensor, labels: Tensor) -> Tensor:

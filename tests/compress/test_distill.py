@@ -68,6 +68,30 @@ def test_distillation_lowers_the_loss(family, target):
     assert rep.steps == 30 and rep.stopped_by == "steps"
 
 
+@pytest.mark.parametrize("family", ["eagle3", "dflash"])
+def test_muon_trains_the_block_matrices(family, target):
+    from specpress.optim import MuonWithAdamW, build_optimizer
+
+    c = cfg(family, optimizer="muon")
+    student = init_student(c, target, STREAM)
+    opt = build_optimizer(student.named_parameters(), "muon", 1e-3, 0.0, (0.9, 0.95))
+    assert isinstance(opt, MuonWithAdamW)
+    on_muon = {id(p) for g in opt.parts[0].param_groups for p in g["params"]}
+    names = {n for n, p in student.named_parameters() if id(p) in on_muon}
+    block = "midlayer." if family == "eagle3" else "layers."
+    assert names and all(n.startswith(block) and n.endswith("proj.weight") for n in names)
+    assert not any(n.startswith("fc.") for n in names)  # projections outside the block stay on AdamW
+    ids = sampler(c).batch_at(0)
+    with torch.no_grad():
+        before = float(batch_loss(target, student, ids, c).loss)
+    rep = distill(target, c, sampler(c), None)
+    with torch.no_grad():
+        after = float(batch_loss(target, rep.drafter, ids, c).loss)
+    assert after < 0.75 * before, (before, after)
+    with pytest.raises(ConfigError, match="optimizer"):
+        cfg(family, optimizer="sgd")
+
+
 @pytest.mark.parametrize("family", ["eagle", "eagle3", "mtp"])
 def test_unrolled_training_forward_equals_chained_inference(family, target):
     """Step i at index j of the batched training-time test = prefill pairs 0..j, then i single-token
@@ -116,8 +140,9 @@ def test_mask_gamma_and_vocab_helpers():
 # ------------------------------------------------------------------------------------ runs
 
 
-def test_deterministic_and_resume_equals_uninterrupted(target, tmp_path):
-    c = cfg("eagle3", steps=10, checkpoint_minutes=0)
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_deterministic_and_resume_equals_uninterrupted(target, tmp_path, optimizer):
+    c = cfg("eagle3", steps=10, checkpoint_minutes=0, optimizer=optimizer)
     full = distill(target, c, sampler(c), tmp_path / "a")
     again = distill(target, c, sampler(c), None)
     assert same(weights(full.drafter), weights(again.drafter))
@@ -129,7 +154,7 @@ def test_deterministic_and_resume_equals_uninterrupted(target, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         distill(target, c, sampler(c), tmp_path / "b", on_step=stop_at_5)
     assert (tmp_path / "b.partial" / "state.pt").is_file() and not (tmp_path / "b").exists()
-    other = cfg("eagle3", steps=10, lr=1e-2)
+    other = cfg("eagle3", steps=10, lr=1e-2, optimizer=optimizer)
     with pytest.raises(CheckpointError, match=r"config\.lr.*0\.003.*0\.01"):
         distill(target, other, sampler(other), tmp_path / "b", resume=True)
     rep = distill(target, c, sampler(c), tmp_path / "b", resume=True)
