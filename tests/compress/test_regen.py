@@ -7,12 +7,12 @@ import json
 import numpy as np
 import pytest
 import torch
+from drafters_common import random_eos_target, save_with_tokenizer
 
 from specpress.compress.regen import RegenConfig, card_path, continue_batch, prompt_windows, regenerate
 from specpress.errors import ConfigError, UsageError
 from specpress.runtime.plain import decode_plain
 from specpress.runtime.sampling import SamplingParams
-from tests.drafters_common import random_eos_target, save_with_tokenizer
 
 GREEDY = SamplingParams(0.0)
 
