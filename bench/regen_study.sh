@@ -3,7 +3,7 @@
 # target, distill drafters on that data with bench/families.sh's budget, and bench them on the same
 # held-out prompts as families.sh (compare with its JSON). Results: $OUT/<name>-<policy>.json.
 #   bash bench/regen_study.sh [OUT] [FAMILIES_OUT]   (defaults ./runs/regen, ./runs/families)
-# DISTILL_MINUTES (default 10) per drafter; one job at a time with both cores (~135 minutes in all).
+# DISTILL_MINUTES (default 10) per drafter; one job at a time with both cores (~150 minutes in all).
 # Existing outputs are kept (delete one to redo it).
 set -euo pipefail
 OUT=${1:-runs/regen}
@@ -43,5 +43,7 @@ distill dflash-markov128-lr4 "$REGEN" dflash --markov-rank 128 --lr 4e-3
 bench dflash-markov128-lr4 block:8 block8
 distill dflash-markov128-muon2 "$REGEN" dflash --markov-rank 128 --lr 2e-3 --optimizer muon
 bench dflash-markov128-muon2 block:8 block8
+distill dflash-markov256-muon2 "$REGEN" dflash --markov-rank 256 --lr 2e-3 --optimizer muon
+bench dflash-markov256-muon2 block:8 block8
 MIN=$((2 * MIN)) distill dflash-markov128-20m "$REGEN" dflash --markov-rank 128   # twice the budget
 bench dflash-markov128-20m block:8 block8
