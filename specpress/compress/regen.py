@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from specpress.artifacts import write_json
+from specpress.compress.training import data_fingerprint, module_fingerprint
 from specpress.errors import ConfigError, DataError, UsageError
 from specpress.models.target import TargetModel
 from specpress.runtime.sampling import SamplingParams, sample
@@ -131,10 +132,8 @@ def regenerate(target: TargetModel, tokenizer: Any, stream: np.ndarray, cfg: Reg
     out = Path(out).expanduser()
     if out.exists() and not force:
         raise UsageError(f"{out} already exists; choose another --out or pass --force to replace it")
-    from specpress.compress.training import module_fingerprint
-
     eos = target.config.eos_ids
-    key = {**asdict(cfg), "target": module_fingerprint(target), "stream": _stream_sha(stream),
+    key = {**asdict(cfg), "target": module_fingerprint(target), "stream": data_fingerprint(stream)["sha256"],
            "vocab_size": target.config.vocab_size}
     state = _start(out, key, resume)
     stats = state["stats"]
@@ -174,8 +173,3 @@ def regenerate(target: TargetModel, tokenizer: Any, stream: np.ndarray, cfg: Reg
     write_json(card_path(out), card)
     return card
 
-
-def _stream_sha(stream: np.ndarray) -> str:
-    from specpress.compress.training import data_fingerprint
-
-    return data_fingerprint(stream)["sha256"]
