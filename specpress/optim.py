@@ -54,9 +54,11 @@ def in_block(name: str) -> bool:
 
 
 def build_optimizer(named: Iterable[tuple[str, nn.Parameter]], kind: str, lr: float, weight_decay: float,
-                    betas: tuple[float, float]) -> Optimizer:
+                    betas: tuple[float, float], *, fused: bool = False) -> Optimizer:
     """AdamW (matrices decay, vectors do not), or with kind "muon" Muon on the 2-D weights inside a
-    transformer block (`layers.` at any depth of the name, or EAGLE-3's `midlayer.`) and AdamW on the rest."""
+    transformer block (`layers.` at any depth of the name, or EAGLE-3's `midlayer.`) and AdamW on the rest.
+    fused: AdamW's single-kernel step (CPU and CUDA; for a 2.9M-parameter DFlash drafter on 2 CPU cores,
+    3.0 ms against 8.7 for the default per-tensor loop, medians in one run; float-level differences only)."""
     if kind not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {kind!r}; choose one of: {', '.join(OPTIMIZERS)}")
     named = [(n, p) for n, p in named if p.requires_grad]
@@ -65,7 +67,8 @@ def build_optimizer(named: Iterable[tuple[str, nn.Parameter]], kind: str, lr: fl
     rest = [(n, p) for n, p in named if id(p) not in on_muon]
     groups = [{"params": [p for _, p in rest if p.dim() >= 2], "weight_decay": weight_decay},
               {"params": [p for _, p in rest if p.dim() < 2], "weight_decay": 0.0}]
-    adamw = torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=betas, eps=1e-8)
+    adamw = torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=betas, eps=1e-8,
+                              fused=fused or None)
     if kind == "adamw":
         return adamw
     muon = torch.optim.Muon(blocks, lr=lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw")

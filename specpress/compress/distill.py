@@ -115,7 +115,8 @@ def distill(target: TargetModel, config: DistillConfig, data: WindowSampler, out
            "world_size": world}
 
     params = [p for p in student.parameters() if p.requires_grad]
-    opt = build_optimizer(student.named_parameters(), config.optimizer, config.lr, config.weight_decay, (0.9, 0.95))
+    opt = build_optimizer(student.named_parameters(), config.optimizer, config.lr, config.weight_decay, (0.9, 0.95),
+                          fused=True)
     loss_fn = get_loss(config.family)
     n_pos = positions_scored(config, student)
     state_path = partial_dir(out) / STATE_FILE if out is not None else None
