@@ -320,19 +320,23 @@ def dflash_loss(ctx: LossContext) -> LossOut:
     lo, hi, total = ctx.rows()
     anchors = dflash_anchors(total, t, bk, cfg.anchors, ctx.generator)[lo:hi].to(b.ids.device)
     blocks, pos, mask = dflash_inputs(s, b.ids, anchors, bk)
-    logits = s(s.fuse_taps(b.taps), blocks, positions=pos, mask=mask).view(bsz, -1, bk, s.config.vocab_size)
+    feats = s.features(s.fuse_taps(b.taps), blocks, positions=pos, mask=mask).view(bsz, -1, bk, s.config.hidden_size)
+    logits = s.head(feats[:, :, 1:])  # [B, N, Bk-1, V]: the anchor's slot drafts nothing
     # block position k (1..Bk-1) drafts token a+k, whose target distribution is z_{a+k-1}
     src = (anchors[..., None] + torch.arange(bk - 1, device=anchors.device))  # [B, N, Bk-1] = a+k-1
     z = b.logits.gather(1, src.flatten(1)[..., None].expand(-1, -1, b.logits.shape[-1])).view(
         bsz, -1, bk - 1, b.logits.shape[-1]).float()
     # a Markov head sees the true token before each position (teacher forcing): ids[a+k-1]
     prev = b.ids.gather(1, src.flatten(1)).view_as(src)
-    q = s.with_markov(logits[:, :, 1:], prev)
+    q = s.with_markov(logits, prev)
     if cfg.labels == "data":
         lab = b.ids.gather(1, (src + 1).flatten(1)).view_as(src)
         per = F.cross_entropy(q.float().flatten(0, 2), lab.flatten(), reduction="none").view_as(src)
     else:
         per = soft_ce(q, F.softmax(z, dim=-1))
+    if cfg.tv_weight:  # DSpark: mostly the L1 distance of the distributions (2 x total variation)
+        tv = (F.softmax(q.float(), dim=-1) - F.softmax(z, dim=-1)).abs().sum(-1)
+        per = (1 - cfg.tv_weight) * per + cfg.tv_weight * tv
     gamma = cfg.gamma if cfg.gamma is not None else dflash_gamma(bk)
     w = torch.exp(-torch.arange(bk - 1, dtype=torch.float32, device=q.device) / gamma)  # k = 1.. -> e^{-(k-1)/g}
     loss = (per * w).sum(-1).mean() / w.sum()
