@@ -62,11 +62,17 @@ FAMILIES_HELP = "eagle, eagle3, mtp, dflash, lm"
 @click.option("--ttt-steps", type=click.IntRange(min=1), help="Unrolled draft steps [eagle3 3, eagle 1, mtp modules].")
 @click.option("--block-size", type=click.IntRange(min=2), default=8, show_default=True, help="dflash block size.")
 @click.option("--anchors", type=click.IntRange(min=1), default=16, show_default=True, help="dflash anchors per window.")
+@click.option("--gamma", type=click.FloatRange(min=0, min_open=True),
+              help="dflash: loss weight decay, block position k weighs e^{-(k-1)/gamma} [DFlash's 7 / 5 / 4 for "
+                   "blocks of 16 / 10 / 8, interpolated between].")
 @click.option("--markov-rank", type=click.IntRange(min=1),
               help="dflash: add DSpark's sequential Markov head of this rank (a bigram bias; drafts left to right).")
 @click.option("--mask-token-id", type=click.IntRange(min=0), help="dflash MASK id [0].")
 @click.option("--labels", type=click.Choice(["target", "data"]), default="target", show_default=True,
               help="mtp/dflash: soft CE to the target's distribution, or CE on the data's next token.")
+@click.option("--tv-weight", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="dflash: weight w of the L1 distance between the drafter's and the target's distributions "
+                   "per block position, (1 - w)·CE + w·L1 (DSpark trains with 0.9).")
 @click.option("--checkpoint-minutes", type=click.FloatRange(min=0), default=2.0, show_default=True)
 @click.option("--bf16/--fp32", default=True, show_default=True,
               help="Run the target's and the student's forwards under bfloat16 autocast (about 2x faster on "
@@ -77,8 +83,8 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
             from_dir: Path | None, init_dir: Path | None, resume: bool, force: bool, seed: int, lr: float,
             optimizer: str, batch: int, seq_len: int, hidden: int | None, layers: int | None, ffn: int | None,
             heads: int | None, kv_heads: int | None, draft_vocab: int | None, taps: tuple[int, ...] | None,
-            ttt_steps: int | None, block_size: int, anchors: int, markov_rank: int | None,
-            mask_token_id: int | None, labels: str, checkpoint_minutes: float, bf16: bool,
+            ttt_steps: int | None, block_size: int, anchors: int, gamma: float | None, markov_rank: int | None,
+            mask_token_id: int | None, labels: str, tv_weight: float, checkpoint_minutes: float, bf16: bool,
             cache_dir: Path | None) -> None:
     """Train a drafter against a target (or shrink a --from drafter, or fine-tune an --init one) and write it
     to --out.
@@ -101,8 +107,9 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
     config = DistillConfig(family=family, steps=steps, minutes=minutes, lr=lr, optimizer=optimizer, batch=batch,
                            seq_len=seq_len, seed=seed, hidden=hidden, layers=layers, ffn=ffn, heads=heads,
                            kv_heads=kv_heads, draft_vocab=draft_vocab, taps=taps, ttt_steps=ttt_steps,
-                           block_size=block_size, anchors=anchors, markov_rank=markov_rank,
-                           mask_token_id=mask_token_id, labels=labels, checkpoint_minutes=checkpoint_minutes,
+                           block_size=block_size, anchors=anchors, gamma=gamma, markov_rank=markov_rank,
+                           mask_token_id=mask_token_id, labels=labels, tv_weight=tv_weight,
+                           checkpoint_minutes=checkpoint_minutes,
                            bf16=bf16)
     report = distill_from_dirs(target_dir, config, data_path, out, from_dir=from_dir, init_dir=init_dir,
                                resume=resume, force=force, cache_dir=cache_dir, progress=True)

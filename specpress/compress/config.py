@@ -23,6 +23,7 @@ class DistillConfig:
     (dflash), markov_rank (dflash: DSpark's sequential Markov head, 0/None = none), feature_noise /
     feature_weight / ce_weight (eagle), step_decay (weight of unrolled step i = decay^i),
     labels ("target" = soft CE to the target's distribution, "data" = CE on the data token; mtp, dflash),
+    tv_weight (dflash: per position (1 - w)·CE + w·||p_draft - p_target||_1, DSpark's loss at w = 0.9; 0 = CE only),
     teacher_weight (weight of the KL to a --from drafter), optimizer ("adamw", or "muon": Muon on the 2-D weights
     inside the drafter's transformer layers, AdamW on the rest). bf16: the target's and the student's forwards run under
     bfloat16 autocast (losses, optimizer state and weights stay fp32).
@@ -60,6 +61,7 @@ class DistillConfig:
     ce_weight: float = 0.1
     step_decay: float = 0.8
     labels: str = "target"
+    tv_weight: float = 0.0
     teacher_weight: float = 1.0
     checkpoint_minutes: float = 2.0
     eval_batches: int = 4
@@ -76,6 +78,12 @@ class DistillConfig:
                 raise ConfigError(f"distill config field 'taps' applies to eagle3 and dflash drafters, not "
                                   f"{self.family}")
             object.__setattr__(self, "taps", taps)
+        tv = self.tv_weight
+        if not isinstance(tv, (int, float)) or isinstance(tv, bool) or not 0 <= tv <= 1:
+            raise ConfigError(f"distill config field 'tv_weight' must be a number in [0, 1], found {tv!r}")
+        for name in ("tv_weight", "gamma"):
+            if getattr(self, name) and self.family != "dflash":
+                raise ConfigError(f"distill config field {name!r} applies to dflash drafters, not {self.family}")
         if self.markov_rank is not None and self.family != "dflash":
             raise ConfigError(f"distill config field 'markov_rank' applies to dflash drafters, not {self.family}")
         if self.steps is None and self.minutes is None:

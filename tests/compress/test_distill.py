@@ -68,6 +68,26 @@ def test_distillation_lowers_the_loss(family, target):
     assert rep.steps == 30 and rep.stopped_by == "steps"
 
 
+def test_dflash_tv_weight_mixes_in_the_distance_between_distributions(target):
+    c = cfg("dflash")
+    d = init_student(c, target, STREAM)
+    ids = sampler(c).batch_at(0)
+    with torch.no_grad():
+        ce = float(batch_loss(target, d, ids, c).loss)
+        l1 = float(batch_loss(target, d, ids, cfg("dflash", tv_weight=1.0)).loss)
+        mix = float(batch_loss(target, d, ids, cfg("dflash", tv_weight=0.9)).loss)
+    assert 0 < l1 <= 2 and mix == pytest.approx(0.1 * ce + 0.9 * l1, rel=1e-5)
+    rep = distill(target, cfg("dflash", tv_weight=0.9), sampler(c), None)
+    with torch.no_grad():
+        after = float(batch_loss(target, rep.drafter, ids, cfg("dflash", tv_weight=1.0)).loss)
+    assert after < 0.9 * l1, (l1, after)  # L1 starts near its maximum, 2, where its gradient is small
+    refused = [(dict(family="eagle3", tv_weight=0.5), "tv_weight"), (dict(family="dflash", tv_weight=1.5), "tv_weight"),
+               (dict(family="mtp", gamma=2.0), "gamma")]
+    for kw, field in refused:
+        with pytest.raises(ConfigError, match=field):
+            cfg(**kw)
+
+
 @pytest.mark.parametrize("family", ["eagle3", "dflash"])
 def test_muon_trains_the_block_matrices(family, target):
     from specpress.optim import MuonWithAdamW, build_optimizer
@@ -263,6 +283,25 @@ def test_cli_end_to_end_and_bad_input(tmp_path):
     res = CliRunner().invoke(cli, [*args[:3], "--family", "medusa", "--data", str(data), "--out", str(tmp_path / "y"),
                                    "--steps", "1"])
     assert isinstance(res.exception, ConfigError) and "eagle3" in str(res.exception)
+
+
+def test_cli_dflash_loss_options_reach_the_run(tmp_path):
+    from click.testing import CliRunner
+
+    from specpress.cli import cli
+    from specpress.models.target import load_target
+
+    tdir, data = _target_dir(tmp_path)
+    base = ["distill", "--target", str(tdir), "--data", str(data), "--steps", "2", "--batch", "2", "--seq-len", "16",
+            "--block-size", "4"]
+    res = CliRunner().invoke(cli, [*base, "--family", "dflash", "--out", str(tmp_path / "d"), "--gamma", "2",
+                                   "--tv-weight", "0.5"])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    cfg_used = load_drafter(tmp_path / "d", load_target(tdir)).provenance[-1]["config"]
+    assert cfg_used["gamma"] == 2.0 and cfg_used["tv_weight"] == 0.5
+    res = CliRunner().invoke(cli, [*base, "--family", "mtp", "--out", str(tmp_path / "m"), "--gamma", "2"])
+    assert isinstance(res.exception, ConfigError) and "gamma" in str(res.exception)
+    assert not (tmp_path / "m").exists()
 
 
 def test_cli_init_fine_tunes_an_existing_drafter(tmp_path):
