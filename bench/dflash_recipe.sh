@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Session 8: variations of the best 10-minute DFlash recipe of session 7 (Markov head of rank 128,
+# lr 2e-3, Muon, target-regenerated data), each distilled with families.sh's budget and benched at
+# block:8 on the same held-out prompts. Results: $OUT/<name>-block8.json.
+#   bash bench/dflash_recipe.sh [OUT] [FAMILIES_OUT] [REGEN]
+#   (defaults ./runs/dflash-recipe, ./runs/families, ./runs/regen/regen.jsonl from bench/regen_study.sh)
+# DISTILL_MINUTES (default 10) per drafter; one job at a time with both cores (~12 minutes a row).
+# Existing outputs are kept (delete one to redo it).
+set -euo pipefail
+OUT=${1:-runs/dflash-recipe}
+FAM=${2:-runs/families}
+REGEN=${3:-runs/regen/regen.jsonl}
+T=${T:-$HOME/.cache/specpress/zoo/small}
+MIN=${DISTILL_MINUTES:-10}
+NEW=${MAX_NEW:-64}
+mkdir -p "$OUT" "$FAM"
+sp() { OMP_NUM_THREADS=2 specpress "$@"; }
+[ -f "$REGEN" ] || sp regenerate --target "$T" --data zoo:train --out "$REGEN" \
+    --sequences 6144 --prompt-tokens 48 --new-tokens 128 --batch 128
+[ -f "$FAM/prompts.jsonl" ] || python bench/make_prompts.py --target "$T" --n 100 --tokens 64 --out "$FAM/prompts.jsonl"
+row() {  # name extra-distill-args...
+  local name=$1; shift
+  [ -d "$OUT/$name" ] || sp distill --target "$T" --family dflash --data "$REGEN" --out "$OUT/$name" \
+      --minutes "$MIN" --markov-rank 128 --lr 2e-3 --optimizer muon "$@" > "$OUT/distill-$name.log" 2>&1
+  [ -f "$OUT/$name-block8.json" ] || sp bench --target "$T" --drafter "$OUT/$name" --policy block:8 \
+      --prompts "$FAM/prompts.jsonl" --max-new-tokens "$NEW" --json "$OUT/$name-block8.json" > "$OUT/bench-$name.log" 2>&1
+}
+row best                         # session 7's best recipe, again
+row tv9 --tv-weight 0.9          # DSpark's loss: 0.1 CE + 0.9 L1
+row taps258 --taps 2,5,8         # the final normed hidden among the fused taps
+row layers1 --layers 1 --taps 2,6
+row gamma2 --gamma 2             # weigh the first block positions more
+row layers3 --layers 3
+row gamma1 --gamma 1
+row layers3-gamma1 --layers 3 --gamma 1
+row gamma0.6 --gamma 0.6
+row gamma1-again --gamma 1   # the same settings as gamma1: run-to-run spread
