@@ -334,7 +334,7 @@ def dflash_loss(ctx: LossContext) -> LossOut:
         per = F.cross_entropy(q.float().flatten(0, 2), lab.flatten(), reduction="none").view_as(src)
     else:
         per = soft_ce(q, F.softmax(z, dim=-1))
-    if cfg.tv_weight:  # DSpark: mostly the L1 distance of the distributions (2 x total variation)
+    if cfg.tv_weight:  # DSpark's loss: CE mixed with the L1 distance of the distributions (2 x total variation)
         tv = (F.softmax(q.float(), dim=-1) - F.softmax(z, dim=-1)).abs().sum(-1)
         per = (1 - cfg.tv_weight) * per + cfg.tv_weight * tv
     gamma = cfg.gamma if cfg.gamma is not None else dflash_gamma(bk)
