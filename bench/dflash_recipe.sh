@@ -35,3 +35,4 @@ row gamma1 --gamma 1
 row layers3-gamma1 --layers 3 --gamma 1
 row gamma0.6 --gamma 0.6
 row gamma1-again --gamma 1   # the same settings as gamma1: run-to-run spread
+row gamma1-anchors32 --gamma 1 --anchors 32
