@@ -329,13 +329,14 @@ def dflash_loss(ctx: LossContext) -> LossOut:
     # a Markov head sees the true token before each position (teacher forcing): ids[a+k-1]
     prev = b.ids.gather(1, src.flatten(1)).view_as(src)
     q = s.with_markov(logits, prev)
+    p_target = F.softmax(z, dim=-1) if cfg.labels == "target" or cfg.tv_weight else None
     if cfg.labels == "data":
         lab = b.ids.gather(1, (src + 1).flatten(1)).view_as(src)
         per = F.cross_entropy(q.float().flatten(0, 2), lab.flatten(), reduction="none").view_as(src)
     else:
-        per = soft_ce(q, F.softmax(z, dim=-1))
+        per = soft_ce(q, p_target)
     if cfg.tv_weight:  # DSpark's loss: CE mixed with the L1 distance of the distributions (2 x total variation)
-        tv = (F.softmax(q.float(), dim=-1) - F.softmax(z, dim=-1)).abs().sum(-1)
+        tv = (F.softmax(q.float(), dim=-1) - p_target).abs().sum(-1)
         per = (1 - cfg.tv_weight) * per + cfg.tv_weight * tv
     gamma = cfg.gamma if cfg.gamma is not None else dflash_gamma(bk)
     w = torch.exp(-torch.arange(bk - 1, dtype=torch.float32, device=q.device) / gamma)  # k = 1.. -> e^{-(k-1)/g}
