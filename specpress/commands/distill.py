@@ -43,10 +43,11 @@ FAMILIES_HELP = "eagle, eagle3, mtp, dflash, lm"
 @click.option("--resume", is_flag=True, help="Continue from <out>.partial/ left by an interrupted run.")
 @click.option("--force", is_flag=True, help="Replace an existing --out.")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=1e-3, show_default=True)
-@click.option("--optimizer", type=click.Choice(["adamw", "muon"]), default="adamw", show_default=True,
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True),
+              help="Peak learning rate [eagle3 2e-3, others 1e-3].")
+@click.option("--optimizer", type=click.Choice(["adamw", "muon"]),
               help="muon: Muon on the weight matrices inside the drafter's transformer layers, AdamW on the rest "
-                   "(learning rate matched to AdamW's update size).")
+                   "(learning rate matched to AdamW's update size) [eagle3 muon, others adamw].")
 @click.option("--batch", type=click.IntRange(min=1), default=8, show_default=True, help="Windows per step.")
 @click.option("--seq-len", type=click.IntRange(min=4), default=128, show_default=True, help="Tokens per window.")
 @click.option("--hidden", type=click.IntRange(min=1), help="Student hidden size [target's; lm only may differ].")
@@ -80,8 +81,8 @@ FAMILIES_HELP = "eagle, eagle3, mtp, dflash, lm"
 @click.option("--cache-teacher", "cache_dir", type=click.Path(path_type=Path),
               help="Cache the target's signals here (memory-mapped) and reuse them in later runs.")
 def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: int | None, minutes: float | None,
-            from_dir: Path | None, init_dir: Path | None, resume: bool, force: bool, seed: int, lr: float,
-            optimizer: str, batch: int, seq_len: int, hidden: int | None, layers: int | None, ffn: int | None,
+            from_dir: Path | None, init_dir: Path | None, resume: bool, force: bool, seed: int, lr: float | None,
+            optimizer: str | None, batch: int, seq_len: int, hidden: int | None, layers: int | None, ffn: int | None,
             heads: int | None, kv_heads: int | None, draft_vocab: int | None, taps: tuple[int, ...] | None,
             ttt_steps: int | None, block_size: int, anchors: int, gamma: float | None, markov_rank: int | None,
             mask_token_id: int | None, labels: str, tv_weight: float, checkpoint_minutes: float, bf16: bool,

@@ -4,9 +4,10 @@
 
 The target runs on every batch under no_grad (teacher signals stream, or come memory-mapped from a
 disk cache: teacher.py); the student runs the family's inference forward (losses.py documents each
-family's alignment). AdamW (0.9, 0.95), linear warmup then cosine decay, gradient clipping (0.5 for
-the EAGLE-style families, 1.0 for DFlash and lm). The target's embeddings / head stay frozen and are
-never stored with the drafter.
+family's alignment). AdamW (0.9, 0.95), or with optimizer "muon" (eagle3's default) Muon on the
+layers' matrices and AdamW on the rest; linear warmup then cosine decay, gradient clipping (0.5 for the
+EAGLE-style families, 1.0 for DFlash and lm). The target's embeddings / head stay frozen and are never
+stored with the drafter.
 
 Checkpoints (student, optimizer, step, clock, RNG) land in `<out>.partial/state.pt` every
 `checkpoint_minutes`, on Ctrl-C and at the end; `resume=True` continues from one, refusing one that

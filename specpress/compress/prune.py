@@ -177,8 +177,8 @@ def _recover(model: Drafter, target: TargetModel, config: PruneConfig, stream: n
     from specpress.compress.distill import DistillConfig, distill
 
     dtype = model.compute_param().dtype
-    dc = DistillConfig(family=model.family, steps=config.recover_steps, lr=config.recover_lr, batch=config.batch,
-                       seq_len=config.seq_len, seed=config.seed)
+    dc = DistillConfig(family=model.family, steps=config.recover_steps, lr=config.recover_lr, optimizer="adamw",
+                       batch=config.batch, seq_len=config.seq_len, seed=config.seed)  # recovery as measured: AdamW
     report = distill(target, dc, WindowSampler(stream, config.seq_len, config.batch, config.seed), None, init=model)
     return report.drafter.to(dtype).eval()
 

@@ -88,6 +88,17 @@ def test_dflash_tv_weight_mixes_in_the_distance_between_distributions(target):
             cfg(**kw)
 
 
+def test_lr_and_optimizer_default_per_family():
+    for family, expected in [("eagle3", (2e-3, "muon")), ("eagle", (1e-3, "adamw")), ("mtp", (1e-3, "adamw")),
+                             ("dflash", (1e-3, "adamw")), ("lm", (1e-3, "adamw"))]:
+        c = DistillConfig(family=family, steps=1)
+        assert (c.lr, c.optimizer) == expected, family
+        assert (c.to_dict()["lr"], c.to_dict()["optimizer"]) == expected  # provenance records the value used
+        assert DistillConfig.from_dict(c.to_dict()) == c
+    explicit = DistillConfig(family="eagle3", steps=1, lr=1e-3, optimizer="adamw")
+    assert (explicit.lr, explicit.optimizer) == (1e-3, "adamw")
+
+
 @pytest.mark.parametrize("family", ["eagle3", "dflash"])
 def test_muon_trains_the_block_matrices(family, target):
     from specpress.optim import MuonWithAdamW, build_optimizer
