@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 8: variations of the best 10-minute DFlash recipe of session 7 (Markov head of rank 128,
+# Sessions 8-9: variations of the best 10-minute DFlash recipe of session 7 (Markov head of rank 128,
 # lr 2e-3, Muon, target-regenerated data), each distilled with families.sh's budget and benched at
 # block:8 on the same held-out prompts. Results: $OUT/<name>-block8.json.
 #   bash bench/dflash_recipe.sh [OUT] [FAMILIES_OUT] [REGEN]
@@ -36,3 +36,9 @@ row layers3-gamma1 --layers 3 --gamma 1
 row gamma0.6 --gamma 0.6
 row gamma1-again --gamma 1   # the same settings as gamma1: run-to-run spread
 row gamma1-anchors32 --gamma 1 --anchors 32
+# session 9: a softer decay and a higher learning rate, and the gamma1 control again
+row gamma1.5 --gamma 1.5
+row lr3e-3-gamma1 --lr 3e-3 --gamma 1      # a later --lr wins over the recipe's 2e-3
+row gamma1-s9 --gamma 1
+row lr3e-3-gamma1.5 --lr 3e-3 --gamma 1.5
+row lr3e-3-gamma1-again --lr 3e-3 --gamma 1
