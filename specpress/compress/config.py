@@ -31,8 +31,9 @@ class DistillConfig:
     tv_weight (dflash: per position (1 - w)·CE + w·||p_draft - p_target||_1, DSpark's loss at w = 0.9; 0 = CE only),
     teacher_weight (weight of the KL to a --from drafter), optimizer ("adamw", or "muon": Muon on the 2-D weights
     inside the drafter's transformer layers, AdamW on the rest). lr / optimizer None = the family's default
-    (eagle3 2e-3 with muon, others 1e-3 with adamw), resolved on construction so to_dict records the value used. bf16: the target's and the student's forwards run under
-    bfloat16 autocast (losses, optimizer state and weights stay fp32).
+    (eagle3 2e-3 with muon, others 1e-3 with adamw), resolved on construction so to_dict records the value
+    used. bf16: the target's and the student's forwards run under bfloat16 autocast (losses, optimizer state
+    and weights stay fp32).
     """
 
     version: ClassVar[int] = 1
