@@ -118,3 +118,9 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
     click.echo(f"{family} drafter written to {report.out}")
     click.echo(f"  steps {report.steps}/{report.planned_steps} ({report.stopped_by})  loss {report.final_loss:.4f}  "
                f"acc@k {'held-out' if report.heldout else 'train-data'} {acc}  {report.seconds:.0f} s")
+    # Held-out agreement well below the training batches' after several passes says: more data.
+    tokens = int(report.data.get("tokens", 0))
+    seen = report.steps * config.batch * config.seq_len
+    train = " ".join(f"{a:.3f}" for a in report.train_agreement)
+    click.echo(f"  acc@k last training batches {train}  ({seen / max(1, tokens):.1f} passes over {tokens:,} "
+               f"training tokens)")

@@ -293,6 +293,8 @@ def test_cli_end_to_end_and_bad_input(tmp_path):
     d = load_drafter(out, load_target(tdir))
     assert d.family == "eagle3" and d.provenance[-1]["steps"] == 3
     assert d.provenance[-1]["data"]["source"] == str(data)
+    tokens = d.provenance[-1]["data"]["tokens"]  # the training part of the data (held-out windows excluded)
+    assert f"{3 * 2 * 16 / tokens:.1f} passes over {tokens:,} training tokens" in res.output
     res = CliRunner().invoke(cli, args)
     assert isinstance(res.exception, UsageError) and "--force" in str(res.exception)
     empty = tmp_path / "empty.txt"
