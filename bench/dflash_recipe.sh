@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Sessions 8-9: variations of the best 10-minute DFlash recipe of session 7 (Markov head of rank 128,
+# Sessions 8-10: variations of the best 10-minute DFlash recipe of session 7 (Markov head of rank 128,
 # lr 2e-3, Muon, target-regenerated data), each distilled with families.sh's budget and benched at
 # block:8 on the same held-out prompts. Results: $OUT/<name>-block8.json.
 #   bash bench/dflash_recipe.sh [OUT] [FAMILIES_OUT] [REGEN]
 #   (defaults ./runs/dflash-recipe, ./runs/families, ./runs/regen/regen.jsonl from bench/regen_study.sh)
+# Session 10's last rows train on three times the regenerated data: REGEN plus 12,288 more sequences
+# drawn with --seed 1 (about 8 minutes), written beside REGEN as <stem>-x3.jsonl.
 # DISTILL_MINUTES (default 10) per drafter; one job at a time with both cores (~12 minutes a row).
 # Existing outputs are kept (delete one to redo it).
 set -euo pipefail
@@ -17,11 +19,18 @@ mkdir -p "$OUT" "$FAM"
 sp() { OMP_NUM_THREADS=2 specpress "$@"; }
 [ -f "$REGEN" ] || sp regenerate --target "$T" --data zoo:train --out "$REGEN" \
     --sequences 6144 --prompt-tokens 48 --new-tokens 128 --batch 128
+REGEN3=${REGEN%.jsonl}-x3.jsonl
+if [ ! -f "$REGEN3" ]; then
+  [ -f "${REGEN%.jsonl}-seed1.jsonl" ] || sp regenerate --target "$T" --data zoo:train \
+      --out "${REGEN%.jsonl}-seed1.jsonl" --sequences 12288 --prompt-tokens 48 --new-tokens 128 --batch 128 --seed 1
+  cat "$REGEN" "${REGEN%.jsonl}-seed1.jsonl" > "$REGEN3"
+fi
 [ -f "$FAM/prompts.jsonl" ] || python bench/make_prompts.py --target "$T" --n 100 --tokens 64 --out "$FAM/prompts.jsonl"
-row() {  # name extra-distill-args...
+row() {  # name extra-distill-args...   (DATA=... to train on other data than $REGEN)
   local name=$1; shift
-  [ -d "$OUT/$name" ] || sp distill --target "$T" --family dflash --data "$REGEN" --out "$OUT/$name" \
-      --minutes "$MIN" --markov-rank 128 --lr 2e-3 --optimizer muon "$@" > "$OUT/distill-$name.log" 2>&1
+  local budget=(--minutes "$MIN"); [[ " $* " == *" --steps "* ]] && budget=()  # a fixed step count instead
+  [ -d "$OUT/$name" ] || sp distill --target "$T" --family dflash --data "${DATA:-$REGEN}" --out "$OUT/$name" \
+      "${budget[@]}" --markov-rank 128 --lr 2e-3 --optimizer muon "$@" > "$OUT/distill-$name.log" 2>&1
   [ -f "$OUT/$name-block8.json" ] || sp bench --target "$T" --drafter "$OUT/$name" --policy block:8 \
       --prompts "$FAM/prompts.jsonl" --max-new-tokens "$NEW" --json "$OUT/$name-block8.json" > "$OUT/bench-$name.log" 2>&1
 }
@@ -42,3 +51,10 @@ row lr3e-3-gamma1 --lr 3e-3 --gamma 1      # a later --lr wins over the recipe's
 row gamma1-s9 --gamma 1
 row lr3e-3-gamma1.5 --lr 3e-3 --gamma 1.5
 row lr3e-3-gamma1-again --lr 3e-3 --gamma 1
+# session 10: fewer anchors per window, hard labels (the data token), the control, then 3x the data
+row lr3e-3-gamma1-anchors8 --lr 3e-3 --gamma 1 --anchors 8
+row lr3e-3-gamma1-s10 --lr 3e-3 --gamma 1
+row lr3e-3-gamma1-labels-data --lr 3e-3 --gamma 1 --labels data
+DATA=$REGEN3 row lr3e-3-gamma1-x3 --lr 3e-3 --gamma 1
+DATA=$REGEN3 row lr3e-3-gamma1-x3-seed1 --lr 3e-3 --gamma 1 --seed 1
+DATA=$REGEN3 row lr3e-3-gamma1-x3-2322steps --lr 3e-3 --gamma 1 --steps 2322  # session 9's slowest run's steps
