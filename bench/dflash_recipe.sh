@@ -58,3 +58,4 @@ row lr3e-3-gamma1-labels-data --lr 3e-3 --gamma 1 --labels data
 DATA=$REGEN3 row lr3e-3-gamma1-x3 --lr 3e-3 --gamma 1
 DATA=$REGEN3 row lr3e-3-gamma1-x3-seed1 --lr 3e-3 --gamma 1 --seed 1
 DATA=$REGEN3 row lr3e-3-gamma1-x3-2322steps --lr 3e-3 --gamma 1 --steps 2322  # session 9's slowest run's steps
+DATA=$REGEN3 row lr3e-3-gamma1-x3-3000steps --lr 3e-3 --gamma 1 --steps 3000  # one pass over the 3x data
