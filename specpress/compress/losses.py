@@ -331,8 +331,9 @@ def dflash_loss(ctx: LossContext) -> LossOut:
     logits = s.head(feats[:, :, 1:])  # [B, N, Bk-1, V]: the anchor's slot drafts nothing
     # block position k (1..Bk-1) drafts token a+k, whose target distribution is z_{a+k-1}
     src = (anchors[..., None] + torch.arange(bk - 1, device=anchors.device))  # [B, N, Bk-1] = a+k-1
-    z = b.logits.gather(1, src.flatten(1)[..., None].expand(-1, -1, b.logits.shape[-1])).view(
-        bsz, -1, bk - 1, b.logits.shape[-1]).float()
+    # rows by indexing, not gather with a vocabulary-wide index: [8, 112] rows of 4096 here, 0.8 vs 2.1 ms on CPU
+    rows = torch.arange(bsz, device=src.device)[:, None]
+    z = b.logits[rows, src.flatten(1)].view(bsz, -1, bk - 1, b.logits.shape[-1]).float()
     # a Markov head sees the true token before each position (teacher forcing): ids[a+k-1]
     prev = b.ids.gather(1, src.flatten(1)).view_as(src)
     q = s.with_markov(logits, prev)

@@ -159,6 +159,40 @@ def test_dflash_batched_blocks_equal_one_block_at_a_time(target):
                 assert (got[b, n] - ref[0]).abs().max() < 1e-5
 
 
+def test_dflash_loss_equals_a_block_by_block_reference(target):
+    """The batched loss, hits and alignment (block position k >= 1 drafts x_{a+k} against softmax(z_{a+k-1}),
+    the Markov head sees x_{a+k-1}, weight e^{-(k-1)/gamma}) against one anchor at a time through the
+    inference forward."""
+    import dataclasses
+    import torch.nn.functional as F
+
+    from drafters_common import CONFIGS, randomize
+    from specpress.compress.losses import dflash_anchors
+    from specpress.compress.training import step_generator
+    from specpress.models.drafter import build_drafter
+
+    d = randomize(build_drafter(dataclasses.replace(CONFIGS["dflash"], markov_rank=4)), 1).attach_target(target)
+    c = cfg("dflash", anchors=3, gamma=1.5)
+    ids = sampler(c).batch_at(2)
+    with torch.no_grad():
+        out = batch_loss(target, d, ids, c, step=7)
+        t = target(ids, taps=d.taps)
+        fused = d.fuse_taps(t.taps)
+        anchors = dflash_anchors(c.batch, c.seq_len, 4, 3, step_generator(c.seed, 7))
+        w = torch.exp(-torch.arange(3.0) / 1.5)
+        total, hits = 0.0, torch.zeros(3)
+        for b in range(c.batch):
+            for a in anchors[b].tolist():
+                q = d(fused[b:b + 1, :a], d.make_block(ids[b:b + 1, a], 4))[0, 1:]  # [3, V]
+                q = d.with_markov(q, ids[b, a:a + 3])
+                z = t.logits[b, a:a + 3].float()
+                total += float(((-(F.softmax(z, -1) * F.log_softmax(q.float(), -1)).sum(-1)) * w).sum() / w.sum())
+                hits += (q.argmax(-1) == z.argmax(-1)).float()
+    n = c.batch * 3
+    assert float(out.loss) == pytest.approx(total / n, rel=1e-4)
+    assert out.hits.tolist() == hits.tolist() and out.counts.tolist() == [float(n)] * 3
+
+
 def test_mask_gamma_and_vocab_helpers():
     m = unrolled_mask(3, 2, [0, 0, 0])
     assert m.shape == (3, 9) and m[:, :3].equal(torch.ones(3, 3).tril().bool()) and m[:, 6:].equal(torch.eye(3).bool())
