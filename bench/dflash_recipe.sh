@@ -59,3 +59,10 @@ DATA=$REGEN3 row lr3e-3-gamma1-x3 --lr 3e-3 --gamma 1
 DATA=$REGEN3 row lr3e-3-gamma1-x3-seed1 --lr 3e-3 --gamma 1 --seed 1
 DATA=$REGEN3 row lr3e-3-gamma1-x3-2322steps --lr 3e-3 --gamma 1 --steps 2322  # session 9's slowest run's steps
 DATA=$REGEN3 row lr3e-3-gamma1-x3-3000steps --lr 3e-3 --gamma 1 --steps 3000  # one pass over the 3x data
+# session 11: the 3x-data recipe again (the zoo target rebuilt), then fewer windows or anchors per step
+DATA=$REGEN3 row lr3e-3-gamma1-x3-s11 --lr 3e-3 --gamma 1
+DATA=$REGEN3 row lr3e-3-gamma1-x3-batch4 --lr 3e-3 --gamma 1 --batch 4
+DATA=$REGEN3 row lr3e-3-gamma1-x3-anchors8 --lr 3e-3 --gamma 1 --anchors 8
+DATA=$REGEN3 row lr3e-3-gamma1-x3-compile --lr 3e-3 --gamma 1 --compile    # the teacher's forward compiled
+DATA=$REGEN3 row lr3e-3-gamma1-x3-2322steps-s11 --lr 3e-3 --gamma 1 --steps 2322  # session 9's slowest run, again
+DATA=$REGEN3 row lr3e-3-gamma1-x3-2322steps-s11-seed1 --lr 3e-3 --gamma 1 --steps 2322 --seed 1  # another seed

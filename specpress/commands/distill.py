@@ -78,6 +78,9 @@ FAMILIES_HELP = "eagle, eagle3, mtp, dflash, lm"
 @click.option("--bf16/--fp32", default=True, show_default=True,
               help="Run the target's and the student's forwards under bfloat16 autocast (about 2x faster on "
                    "CPUs with AMX / AVX512-BF16); losses, optimizer and weights stay fp32.")
+@click.option("--compile", "compile_teacher", is_flag=True,
+              help="Run the target's teacher forward through torch.compile (Inductor, fixed shapes): on the zoo "
+                   "target's CPU 44 -> 29 ms a step, after ~15 s of compiling that --minutes counts.")
 @click.option("--cache-teacher", "cache_dir", type=click.Path(path_type=Path),
               help="Cache the target's signals here (memory-mapped) and reuse them in later runs.")
 def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: int | None, minutes: float | None,
@@ -86,7 +89,7 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
             heads: int | None, kv_heads: int | None, draft_vocab: int | None, taps: tuple[int, ...] | None,
             ttt_steps: int | None, block_size: int, anchors: int, gamma: float | None, markov_rank: int | None,
             mask_token_id: int | None, labels: str, tv_weight: float, checkpoint_minutes: float, bf16: bool,
-            cache_dir: Path | None) -> None:
+            compile_teacher: bool, cache_dir: Path | None) -> None:
     """Train a drafter against a target (or shrink a --from drafter, or fine-tune an --init one) and write it
     to --out.
 
@@ -111,7 +114,7 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
                            block_size=block_size, anchors=anchors, gamma=gamma, markov_rank=markov_rank,
                            mask_token_id=mask_token_id, labels=labels, tv_weight=tv_weight,
                            checkpoint_minutes=checkpoint_minutes,
-                           bf16=bf16)
+                           bf16=bf16, compile=compile_teacher)
     report = distill_from_dirs(target_dir, config, data_path, out, from_dir=from_dir, init_dir=init_dir,
                                resume=resume, force=force, cache_dir=cache_dir, progress=True)
     acc = " ".join(f"{a:.3f}" for a in report.agreement)

@@ -33,7 +33,7 @@ class DistillConfig:
     inside the drafter's transformer layers, AdamW on the rest). lr / optimizer None = the family's default
     (eagle3 2e-3 with muon, others 1e-3 with adamw), resolved on construction so to_dict records the value
     used. bf16: the target's and the student's forwards run under bfloat16 autocast (losses, optimizer state
-    and weights stay fp32).
+    and weights stay fp32). compile: the target's teacher forward runs through torch.compile (teacher.py).
     """
 
     version: ClassVar[int] = 1
@@ -73,6 +73,7 @@ class DistillConfig:
     checkpoint_minutes: float = 2.0
     eval_batches: int = 4
     bf16: bool = True
+    compile: bool = False
 
     def __post_init__(self) -> None:
         get_family(self.family)  # unknown family -> ConfigError listing the known ones
@@ -118,8 +119,9 @@ class DistillConfig:
                 raise ConfigError(f"distill config field {name!r} must be a number >= 0, found {v!r}")
         if not isinstance(self.step_decay, (int, float)) or not 0 < self.step_decay <= 1:
             raise ConfigError(f"distill config: step_decay must be in (0, 1], found {self.step_decay!r}")
-        if not isinstance(self.bf16, bool):
-            raise ConfigError(f"distill config field 'bf16' must be true or false, found {self.bf16!r}")
+        for name in ("bf16", "compile"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"distill config field {name!r} must be true or false, found {getattr(self, name)!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ConfigError(f"distill config field 'seed' must be an integer, found {self.seed!r}")
         if self.block_size < 2:

@@ -9,6 +9,9 @@ layers' matrices and AdamW on the rest; linear warmup then cosine decay, gradien
 EAGLE-style families, 1.0 for DFlash and lm). The target's embeddings / head stay frozen and are never
 stored with the drafter.
 
+With `--minutes` the clock starts before a warm-up step (where `compile=True` compiles the teacher's
+forward, teacher.py), so the budget covers everything the run spends training.
+
 Checkpoints (student, optimizer, step, clock, RNG) land in `<out>.partial/state.pt` every
 `checkpoint_minutes`, on Ctrl-C and at the end; `resume=True` continues from one, refusing one that
 was written for a different config, target, data, init or teacher (the error names the field). Batches
@@ -52,6 +55,7 @@ from specpress.models.drafter import Drafter, target_fingerprint
 from specpress.models.drafter_io import save_drafter
 from specpress.models.target import TargetModel
 from specpress.optim import build_optimizer
+from specpress.runtime.compile import compile_errors
 
 FRESH_WINDOWS = 10_000_019  # first sampler step of the final agreement when there is no held-out data
 HELDOUT_FRACTION = 0.05  # of the token stream, when it holds at least 20 windows
@@ -139,12 +143,14 @@ def distill(target: TargetModel, config: DistillConfig, data: WindowSampler, out
     lo = rank * rows
     teacher = Teacher(target, needed_taps(student, teacher_drafter), cache_dir,
                       {"target": key["target"], "data": dfp, "seed": config.seed, "batch": config.batch,
-                       "seq_len": config.seq_len, "bf16": config.bf16})
+                       "seq_len": config.seq_len, "bf16": config.bf16, "compile": config.compile},
+                      compile=config.compile)
 
     def one_step(s: int, *, update: bool) -> LossOut:
         ids = data.batch_at(s)[lo:lo + rows].to(dev)
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=config.bf16):
-            batch = teacher.signals(s, ids, (lo, lo + rows))
+            with compile_errors(config.compile, "the teacher (the target's forward)"):
+                batch = teacher.signals(s, ids, (lo, lo + rows))
             ctx = LossContext(student, batch, config, step_generator(config.seed, s), teacher_drafter, True,
                               (lo, config.batch))
             res = loss_fn(ctx)
@@ -171,14 +177,16 @@ def distill(target: TargetModel, config: DistillConfig, data: WindowSampler, out
         budget_s = config.minutes * 60 if config.minutes is not None else None
         timed = config.steps is None  # --minutes alone: the lr follows the share of the budget used
         if planned is None:  # the progress bar's first estimate: the median of 3 timed passes (no update)
-            one_step(0, update=False)  # warm-up, untimed
+            t_warm = time.monotonic()
+            one_step(0, update=False)  # warm-up (and, with compile, the compilation)
             times = []
             for s in (1, 2, 3):
                 t1 = time.monotonic()
                 one_step(s, update=False)
                 times.append(time.monotonic() - t1)
             assert budget_s is not None
-            planned = max(2, int(budget_s / max(sorted(times)[1], 1e-6)))
+            seconds += time.monotonic() - t_warm  # the warm-up and a compile count against the budget
+            planned = max(2, int((budget_s - seconds) / max(sorted(times)[1], 1e-6)))
         durations: deque[float] = deque(maxlen=50)  # the last steps' wall times
         with TrainProgress(progress and rank == 0, planned, f"distill {config.family}", n_pos) as bar:
             bar.update(step, recent)

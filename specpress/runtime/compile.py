@@ -21,8 +21,8 @@ def compile_drafter(drafter) -> None:  # drafter: any registered Drafter (an nn.
 
 
 @contextmanager
-def compile_errors(enabled: bool) -> Iterator[None]:
-    """Turn a failure inside torch.compile into a UsageError that says how to run without it."""
+def compile_errors(enabled: bool, what: str = "the drafter") -> Iterator[None]:
+    """Turn a failure inside torch.compile (compiling `what`) into a UsageError that says how to run without it."""
     if not enabled:
         yield
         return
@@ -33,5 +33,5 @@ def compile_errors(enabled: bool) -> Iterator[None]:
         yield
     except (TorchDynamoException, CppCompileError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError(f"--compile failed while compiling the drafter ({type(exc).__name__}: {first}); "
+        raise UsageError(f"--compile failed while compiling {what} ({type(exc).__name__}: {first}); "
                          "Inductor needs a working C++ compiler on CPU. Run without --compile.") from exc
