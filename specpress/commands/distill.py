@@ -80,7 +80,7 @@ FAMILIES_HELP = "eagle, eagle3, mtp, dflash, lm"
                    "CPUs with AMX / AVX512-BF16); losses, optimizer and weights stay fp32.")
 @click.option("--compile", "compile_teacher", is_flag=True,
               help="Run the target's teacher forward through torch.compile (Inductor, fixed shapes): on the zoo "
-                   "target's CPU 44 -> 29 ms a step, after ~15 s of compiling that --minutes counts.")
+                   "target's CPU 42-45 -> 28-31 ms a step, after 15-25 s of compiling (counted by --minutes).")
 @click.option("--cache-teacher", "cache_dir", type=click.Path(path_type=Path),
               help="Cache the target's signals here (memory-mapped) and reuse them in later runs.")
 def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: int | None, minutes: float | None,

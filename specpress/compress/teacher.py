@@ -9,8 +9,8 @@ are bit-identical) — the vocabulary-sized tensors are never stored. Disk per s
 4·(1 + taps)·B·T·H bytes (e.g. 4 MB for the zoo target with 3 taps, B 8, T 128).
 
 compile=True runs the target's forward through TorchInductor with fixed shapes (every step's windows
-have the same [B, T]): on the zoo target's CPU teacher forward 44 -> 29 ms a step, after ~15 s of
-compiling on the first call. Its bf16 kernels round differently from eager autocast (0.6 % of the
+have the same [B, T]): on the zoo target's CPU teacher forward 42-45 -> 28-31 ms a step, after 15-25 s
+of compiling on the first call (bench/teacher_forward.py). Its bf16 kernels round differently from eager autocast (0.6 % of the
 teacher's top-1 tokens on a zoo batch are near-ties that flip), so a compiled run is deterministic for
 its seed but not equal to an eager one.
 """
