@@ -10,9 +10,10 @@ are bit-identical) — the vocabulary-sized tensors are never stored. Disk per s
 
 compile=True runs the target's forward through TorchInductor with fixed shapes (every step's windows
 have the same [B, T]): on the zoo target's CPU teacher forward 42-45 -> 28-31 ms a step, after 15-25 s
-of compiling on the first call (bench/teacher_forward.py). Its bf16 kernels round differently from eager autocast (0.6 % of the
-teacher's top-1 tokens on a zoo batch are near-ties that flip), so a compiled run is deterministic for
-its seed but not equal to an eager one.
+of compiling on the first call (bench/teacher_forward.py). Its bf16 kernels round differently from eager
+autocast (0.4 % of the teacher's top-1 tokens on a batch of random windows are near-ties that flip), so a
+compiled run is deterministic for its seed but not equal to an eager one, and with a cache its hits
+(logits through the eager head) match its misses only up to that rounding.
 """
 
 from __future__ import annotations
