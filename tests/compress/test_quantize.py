@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from specpress.compress.quantize import primitives as P
 from specpress.compress.quantize.api import quantize, select_modules
@@ -117,6 +118,38 @@ def test_forward_equals_dequantize_then_matmul(rows):
         ref = x @ m.dequantize(torch.float32).T + lin.bias
         assert (m(x) - ref).abs().max() <= 1e-5, name
         assert torch.equal(m.weight, m.dequantize(torch.float32)), name
+
+
+class _Ops(TorchDispatchMode):
+    """Records the aten ops a block of code dispatches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_int8_per_row_multiplies_codes_on_cpu_and_dequantizes_for_grad():
+    lin = linear(weight((48, 128)), bias=True)
+    m = rtn(lin, 8, None, True).to(torch.bfloat16)
+    x = torch.randn(2, 5, 128, generator=torch.Generator().manual_seed(3)).bfloat16()
+    with _Ops() as log:
+        y = m(x)
+    assert "aten._weight_int8pack_mm.default" in log.ops
+    ref = x.float() @ m.dequantize(torch.float32).T + lin.bias.bfloat16().float()
+    assert y.dtype == torch.bfloat16 and y.shape == (2, 5, 48)
+    assert (y.float() - ref).abs().max() <= 2e-2 * ref.abs().max()
+    xg = x.float().requires_grad_()
+    with _Ops() as log:
+        m.float()(xg).sum().backward()
+    assert "aten._weight_int8pack_mm.default" not in log.ops and xg.grad is not None
+    grouped = rtn(lin, 8, 32, True)  # grouped scales: no per-row kernel, the dequantizing path
+    with _Ops() as log:
+        grouped(x.float())
+    assert "aten._weight_int8pack_mm.default" not in log.ops
 
 
 def test_bnb_modules_match_bitsandbytes_own_modules():
