@@ -19,9 +19,11 @@ Key scheme in model.safetensors (for a Linear named `<name>`; `<name>.bias` stay
 N = out_features, K = in_features, G = group size; w ≈ (q - zero) · scale (primitives.py).
 
 Every module computes y = x · dequantize()ᵀ + bias in the input's dtype (the CPU reference; nf4/fp4 go
-through bitsandbytes.matmul_4bit). `module.weight` is the dequantised weight (for code that reads
-`.weight.dtype` / `.device`); it is computed on each access. Quantized tensors keep their stored dtype
-through `.to(dtype)` / `.half()`: only their device follows (the float bias converts as usual).
+through bitsandbytes.matmul_4bit), except per-row symmetric int8 given fp32 inputs on CPU, which
+multiplies the int8 codes with bf16-rounded activations (IntLinear.forward). `module.weight` is the
+dequantised weight (for code that reads `.weight.dtype` / `.device`); it is computed on each access.
+Quantized tensors keep their stored dtype through `.to(dtype)` / `.half()`: only their device follows
+(the float bias converts as usual).
 """
 
 from __future__ import annotations
@@ -176,10 +178,15 @@ class IntLinear(QuantizedLinear):
         self._refresh()
 
     def _refresh(self) -> None:
-        # Per-row int8: the scales as a [N] buffer in the compute dtype, which the int8 kernel takes as is
-        # (a conversion inside forward fails Inductor's lowering of that kernel under torch.compile).
-        per_row = self.bits == 8 and self.symmetric and self.scales.shape[1] == 1
-        self.register_buffer("row_scales", self.scales[:, 0].to(self.compute_dtype) if per_row else None,
+        # Per-row int8 with K a multiple of 16: the scales as a bf16 [N] buffer, which aten's int8 kernel
+        # takes as is (converting the scales inside forward fails Inductor's lowering of it under torch.compile).
+        # The kernel (torch 2.13, CPU) crashes with SIGSEGV from 16 rows up when K is not a multiple of 16
+        # or when the codes or the activations do not start on a 64-byte boundary; codes read from a
+        # safetensors file can start mid-cache-line, so they are copied to a fresh (aligned) allocation.
+        per_row = self.bits == 8 and self.symmetric and self.scales.shape[1] == 1 and self.in_features % 16 == 0
+        if per_row and self.qweight.data_ptr() % 64:
+            self.qweight = self.qweight.clone()
+        self.register_buffer("row_scales", self.scales[:, 0].to(torch.bfloat16) if per_row else None,
                              persistent=False)
 
     @property
@@ -187,14 +194,20 @@ class IntLinear(QuantizedLinear):
         return f"int{self.bits}"
 
     def forward(self, x: Tensor) -> Tensor:
-        """x [..., K] -> [..., N]. Symmetric per-row int8 on CPU multiplies the int8 codes directly
-        (aten's weight-only int8 kernel: half the bytes a bf16 weight reads, about 0.55x its time at a
-        drafter's few rows); every other layout, device or a grad-tracking input dequantizes first."""
+        """x [..., K] -> [..., N] in x's dtype.
+
+        Per-row symmetric int8 with fp32 inputs on CPU (how the runtime runs a drafter) multiplies the
+        int8 codes directly with aten's weight-only int8 kernel: the activations are rounded to bf16 for
+        this product (the kernel wants bf16; given fp32 it is several times slower than an fp32 Linear)
+        and the result is returned in fp32. The bf16 copy is a fresh allocation, so it is aligned as the
+        kernel needs. Other layouts, dtypes and devices and grad-tracking inputs dequantize the weight
+        first. bench/int8_linear.py times it against float Linears."""
         s = self.row_scales
-        if s is None or s.dtype != x.dtype or x.device.type != "cpu" or (x.requires_grad and torch.is_grad_enabled()):
+        if (s is None or x.dtype != torch.float32 or x.device.type != "cpu"
+                or (x.requires_grad and torch.is_grad_enabled())):
             return super().forward(x)
-        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features), self.qweight, s)
-        y = y.reshape(*x.shape[:-1], self.out_features)
+        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features).to(torch.bfloat16), self.qweight, s)
+        y = y.reshape(*x.shape[:-1], self.out_features).float()
         return y if self.bias is None else y + self.bias.to(x.dtype)
 
     @staticmethod
