@@ -1,0 +1,88 @@
+"""The drafter seam: what a draft session sees of a drafter, whatever runs it.
+
+The speculative loop and the draft sessions (`runtime/drafting.py`) call a drafter only through a
+`DrafterRunner`; a backend (torch, onnxruntime, tensorrt) implements it. The target stays on torch.
+Inputs and outputs are torch tensors on `runner.device`; a backend converts at its edge.
+
+Calls by family (the session kind the family descriptor names):
+
+- feature sessions (eagle, eagle3, mtp): `fuse_taps` turns target taps into input features, then
+  `feature_step` runs one drafting pass over T new positions (prefill of accepted pairs, a chain step,
+  one tree level) and returns logits and the drafter's output hidden, which the next level feeds back.
+- lm sessions (lm): `lm_step` is an independent small LM's forward.
+- block sessions (dflash): `block_drafts` injects the new context features as K/V and drafts a whole
+  block [root, MASK x (B-1)] in one pass, greedily (left to right through a Markov head when present).
+
+Caches: `new_cache` returns an object with `length`, `capacity`, `crop(n)` and `compact(base, keep)`
+(`models.kv.KVCache` semantics); a session uses nothing else of it, so a backend may keep its K/V in any
+form as long as those four behave the same.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+
+class DraftCache(Protocol):
+    """The part of a KV cache a draft session touches (see `models.kv.KVCache`)."""
+
+    length: int
+
+    @property
+    def capacity(self) -> int: ...
+
+    def crop(self, length: int) -> None: ...
+
+    def compact(self, base: int, keep: list[int]) -> None: ...
+
+
+class DrafterRunner(ABC):
+    """A drafter as a draft session calls it. Shapes: T new positions, C new context positions,
+    F the drafter's input feature width, H its hidden size, V the target vocabulary, Vd the draft
+    vocabulary (= V unless the family drafts over a reduced one)."""
+
+    backend: str  # registry name: "torch", "onnxruntime", "tensorrt"
+    family: str  # drafter family name (models registry)
+    taps: tuple[int, ...]  # target hidden-state taps (HF hidden_states indices) needed on every forward
+    vocab_size: int  # V
+    token_map: Tensor | None  # [Vd] draft id -> target id, or None when Vd == V and ids are the target's
+
+    @property
+    @abstractmethod
+    def device(self) -> torch.device:
+        """Where the runner's torch inputs and outputs live."""
+
+    @property
+    def provider(self) -> str:
+        """What actually executed the drafter (e.g. 'cpu', 'CUDAExecutionProvider'); for the metrics."""
+        return str(self.device)
+
+    @abstractmethod
+    def new_cache(self, capacity: int) -> DraftCache:
+        """A fresh drafter KV cache for `capacity` positions."""
+
+    def fuse_taps(self, taps: dict[int, Tensor]) -> Tensor:
+        """{tap: [1, T, H_target]} -> input features [1, T, F] (eagle3 / dflash)."""
+        raise NotImplementedError(f"{self.family} drafters take no fused taps")
+
+    def feature_step(self, feats: Tensor, ids: Tensor, cache: DraftCache, positions: Tensor | None,
+                     mask: Tensor | None, module: int = 0) -> tuple[Tensor, Tensor]:
+        """feats [1, T, F] (fused taps / target hidden, or the drafter's own hidden [1, T, H] fed back),
+        ids [1, T] (the token after each position), positions [T] (None: cache.length + 0..T-1),
+        mask bool [T, cache.length + T] (None: causal) -> logits [1, T, Vd], hidden [1, T, H].
+        Appends T slots to `cache`. `module` picks the MTP module (0 for the other families)."""
+        raise NotImplementedError(f"{self.family} drafters have no feature step")
+
+    def lm_step(self, ids: Tensor, cache: DraftCache, positions: Tensor | None, mask: Tensor | None,
+                last_only: bool = False) -> Tensor:
+        """ids [1, T] -> logits [1, T, V] ([1, 1, V] when `last_only`); appends T slots to `cache`."""
+        raise NotImplementedError(f"{self.family} drafters are not standalone language models")
+
+    def block_drafts(self, feats: Tensor | None, root: int, block_size: int, cache: DraftCache) -> list[int]:
+        """feats [1, C, F] context new since the last call (or None) -> the greedy drafts at block
+        positions 1..block_size-1 under `root`. Appends the context's C slots to `cache`."""
+        raise NotImplementedError(f"{self.family} drafters do not draft blocks")
