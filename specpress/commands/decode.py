@@ -119,6 +119,21 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
     plain greedy decoding (`lossless_mismatches` must be 0). Without a drafter this measures plain
     target decoding (tau = 1); its outputs equal transformers' greedy generate.
 
+    --json writes one object: tau (tokens per target verify forward, bonus included), ar (P(accepted
+    >= k)), histogram, draft_ms / verify_ms / other_ms (mean per round), draft_forward_ms (the drafter's
+    own compute within a round), overhead_ms and overhead_fraction (the loop's own time outside the
+    drafter's and the target's forwards, and its share of a round), tokens_per_s,
+    baseline_tokens_per_s, speedup, lossless_mismatches, drafter_bytes, per_prompt, outputs and config.
+    Policies: chain:K, tree:[[0],[0,0],[1],...] (EAGLE / TensorRT-LLM eagle_choices; vLLM's tuple form
+    parses too), dynamic:depth=D,topk=K,budget=N (EAGLE-2), block:B (DFlash), mtp:K.
+
+    The drafter runs in fp32 whatever --dtype says (at one or two rows an fp32 matmul is faster than
+    a bf16 one on CPU). At --dtype bf16 a few outputs may differ from plain greedy decoding at exact or
+    one-step ties of the bf16 logits (the one-token and many-token kernels round differently;
+    BENCHMARKS.md); fp32 is exactly lossless. --compile needs a C++ compiler; without one it fails
+    with a message saying to drop it. Its speedup is against an eager plain decoder;
+    bench/compile_both.py (in the repository) compiles the target too, for the like-for-like figure.
+
     \b
     Examples:
       specpress bench --target ~/.cache/specpress/zoo/small --prompts prompts.jsonl \\
