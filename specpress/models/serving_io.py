@@ -161,6 +161,16 @@ def to_specpress_weights(path: Path | str, weights: dict[str, Tensor]) -> dict[s
     return sp.to_public_weights(mtype, out) if mtype else out
 
 
+def rename_index(path: Path | str, index: dict[str, Any]) -> dict[str, Any]:
+    """A tensor index (name -> stored dtype/shape/bytes) under specpress's module names: speculators'
+    keys renamed; sizes stay as stored (what the checkpoint costs)."""
+    from specpress.export.hf.speculators import rename_in
+    from specpress.models.io import read_config
+
+    mtype = read_config(path).get("speculators_model_type")
+    return {rename_in(mtype, k): v for k, v in index.items()} if mtype else index
+
+
 def _shape(stored: Mapping[str, Tensor], qcfg: Mapping[str, Any], where: str) -> tuple[int, int]:
     if "weight_shape" in stored:
         n, k = (int(v) for v in stored["weight_shape"].tolist())

@@ -219,3 +219,16 @@ def test_cli_command(target, target_dir, tmp_path):
     assert "group size 8" in r.output  # not a group size vLLM's kernels take: flagged
     r = CliRunner().invoke(hf, ["--drafter", str(src), "--out", str(tmp_path / "p"), "--format", "onnx"])
     assert r.exit_code != 0 and "speculators" in r.output
+
+
+def test_inspect_reads_an_exported_directory(target, target_dir, tmp_path):
+    from specpress.models.inspect import inspect_artifact
+
+    src = drafter_dir("eagle3", target, tmp_path, "int4")
+    out = export_hf(src, tmp_path / "s", "speculators", verifier=str(target_dir)).out
+    a, b = inspect_artifact(src), inspect_artifact(out)
+    assert b["family"] == "eagle3" and b["params"] == a["params"]
+    qa, qb = a["quantization"], b["quantization"]
+    assert qb["scheme"] == "int4" and qb["modules"].keys() == qa["modules"].keys()
+    for name, m in qb["modules"].items():  # the same codes and scales; + weight_shape and word padding
+        assert qa["modules"][name]["bytes"] <= m["bytes"] <= qa["modules"][name]["bytes"] + 16 + 4 * m["params"] // 8
