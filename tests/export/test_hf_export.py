@@ -232,3 +232,14 @@ def test_inspect_reads_an_exported_directory(target, target_dir, tmp_path):
     assert qb["scheme"] == "int4" and qb["modules"].keys() == qa["modules"].keys()
     for name, m in qb["modules"].items():  # the same codes and scales; + weight_shape and word padding
         assert qa["modules"][name]["bytes"] <= m["bytes"] <= qa["modules"][name]["bytes"] + 16 + 4 * m["params"] // 8
+
+
+def test_partly_quantized_fused_layer_is_flagged(target, target_dir, tmp_path):
+    d = make("eagle3", target)
+    quantize(d, config_for("int8", exclude=("k_proj",)))
+    src = save_drafter(d, tmp_path / "e3")
+    s = export_hf(src, tmp_path / "s", "speculators", verifier=str(target_dir))
+    assert any("fused Linear" in n and "k_proj" in n for n in s.notes)
+    ok = export_hf(drafter_dir("eagle3", target, tmp_path / "b", "int8"), tmp_path / "t", "speculators",
+                   verifier=str(target_dir))
+    assert not any("fused Linear" in n for n in ok.notes)

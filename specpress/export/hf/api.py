@@ -99,6 +99,24 @@ def resolve_verifier(verifier: str | None, block: dict[str, Any]) -> tuple[dict[
     return sp.verifier_block(verifier, list(raw.get("architectures") or [])), local
 
 
+FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # what vLLM / SGLang fuse into one Linear
+
+
+def fused_notes(quantized: set[str], linears: dict[str, tuple[int, int]]) -> list[str]:
+    """Servers fuse q/k/v and gate/up into one Linear with one scheme: flag a group quantized in part."""
+    notes = []
+    for parent in sorted({n.rpartition(".")[0] for n in linears}):
+        for group in FUSED:
+            members = [f"{parent}.{m}" if parent else m for m in group]
+            have = [m for m in members if m in linears]
+            q = [m for m in have if m in quantized]
+            if q and len(q) != len(have):
+                notes.append(f"{', '.join(have)} are one fused Linear in vLLM / SGLang but only {', '.join(q)} "
+                             f"is quantized: the server refuses mixed schemes in a fused layer; quantize all of "
+                             f"them or none")
+    return notes
+
+
 def _quantized(step: dict[str, Any] | None, weights: dict[str, Tensor]) -> dict[str, dict[str, Tensor]]:
     """Quantized Linear name -> its stored tensors (modules.py keys, bias excluded)."""
     if step is None:
@@ -171,6 +189,7 @@ def export_hf(drafter: str | Path, out: str | Path, fmt: str, *, verifier: str |
             cfg_out["quantization_config"] = mo.quantization_config(others)
             extra_files["hf_quant_config.json"] = mo.hf_quant_config(others)
             notes += mo.notes()
+        notes += fused_notes(set(quantized), linears)
     cfg_out["torch_dtype"] = dtype
     cfg_out["specpress"] = {**block, "exported_as": fmt}
     out = Path(out).expanduser()
