@@ -87,9 +87,14 @@ def test_speculators_round_trip_is_bit_identical(family, scheme, target, target_
 
 
 def test_eagle3_taps_and_policy_mapping(target, target_dir, tmp_path):
-    d = make("eagle3", target)
-    object.__setattr__(d.config, "target_layer_ids", (1, 4, 6))
-    src = save_drafter(d, tmp_path / "e3")
+    from dataclasses import replace
+
+    from specpress.models.drafter import build_drafter
+
+    base = make("eagle3", target)
+    d = build_drafter(replace(base.config, target_layer_ids=(1, 4, 6)))  # never mutate the shared config
+    d.load_state_dict(base.state_dict())
+    src = save_drafter(d.attach_target(target), tmp_path / "e3")
     s = export_hf(src, tmp_path / "tree", "speculators", verifier=str(target_dir), policy="tree:[[0],[0,0],[1]]")
     cfg = json.loads((tmp_path / "tree" / "config.json").read_text())
     assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 4, 6]  # HF hidden_states index = vLLM's layer-input id
