@@ -21,12 +21,11 @@ OPSET = 21
 
 
 def _function(num_heads: int, num_kv_heads: int, head_size: int, scale: float, elem: int):
-    """The model-local function: the node's math in standard ops (BitwiseAnd needs opset 18)."""
+    """The model-local function: the node's math in standard ops TensorRT's parser also imports."""
     from onnx import TensorProto, helper, numpy_helper
 
     rep = num_heads // num_kv_heads
     pow2 = np.array([1 << b for b in range(32)], dtype=np.int64)
-    pow2 = np.where(pow2 >= 1 << 31, pow2 - (1 << 32), pow2).astype(np.int32)
 
     def const(name: str, arr: np.ndarray):
         return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(arr, name))
@@ -35,7 +34,7 @@ def _function(num_heads: int, num_kv_heads: int, head_size: int, scale: float, e
     nodes = [
         const("pow2", pow2), const("i0", np.array(0, np.int64)), const("i1", np.array(1, np.int64)),
         const("i32", np.array(32, np.int64)), const("ax2", np.array([2], np.int64)),
-        const("zero_i", np.array(0, np.int32)),
+        const("two32", np.array(1 << 32, np.int64)), const("i2", np.array(2, np.int64)),
         const("qshape", np.array([0, num_kv_heads, rep, -1, head_size], np.int64)),
         const("oshape", np.array([0, num_heads, -1, head_size], np.int64)),
         const("scale", np.array(scale, dtype=np.float32)),
@@ -45,10 +44,13 @@ def _function(num_heads: int, num_kv_heads: int, head_size: int, scale: float, e
         n("Squeeze", ["s1"], ["s"]), n("Range", ["i0", "s", "i1"], ["j"]),
         n("Cast", ["committed"], ["c64"], to=TensorProto.INT64), n("Sub", ["j", "c64"], ["rel"]),
         n("Max", ["rel", "i0"], ["off"]), n("Div", ["off", "i32"], ["widx"]), n("Mod", ["off", "i32"], ["bidx"]),
+        # bit b of an int32 word without bitwise ops (TensorRT's parser has none): (u // 2^b) % 2, where
+        # u = (word + 2^32) % 2^32 is the word read as unsigned in int64
         n("Gather", ["tree_mask", "widx"], ["words"], axis=1),  # [T, S]
-        n("Gather", ["pow2", "bidx"], ["bitval"], axis=0),  # [S]
-        n("BitwiseAnd", ["words", "bitval"], ["hit"]), n("Equal", ["hit", "zero_i"], ["unset"]),
-        n("Not", ["unset"], ["isset"]), n("Less", ["rel", "i0"], ["before"]),
+        n("Cast", ["words"], ["w64"], to=TensorProto.INT64), n("Add", ["w64", "two32"], ["wpos"]),
+        n("Mod", ["wpos", "two32"], ["u"]), n("Gather", ["pow2", "bidx"], ["bitval"], axis=0),  # [S]
+        n("Div", ["u", "bitval"], ["shifted"]), n("Mod", ["shifted", "i2"], ["bit"]),
+        n("Equal", ["bit", "i1"], ["isset"]), n("Less", ["rel", "i0"], ["before"]),
         n("Or", ["before", "isset"], ["visible"]),  # [T, S]
         n("Where", ["visible", "fzero", "neg_inf"], ["bias32"]),
         # GQA as a broadcast over a kv-head axis: q [B, Hkv, rep, T, D], k/v [B, Hkv, 1, S, D]
