@@ -90,3 +90,15 @@ def trt(onnx_dir: Path | None, out: Path, target_gpu: str, max_tree: int | None,
 def register(group: click.Group) -> None:
     """Attach `trt` to the `export` group."""
     group.add_command(trt)
+
+
+if __name__ == "__main__":  # `python -m specpress.commands.export_trt ...`, usable before the group is wired
+    import sys
+
+    from specpress.errors import SpecpressError
+
+    try:
+        trt.main(prog_name="specpress export trt", standalone_mode=False)
+    except SpecpressError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)
