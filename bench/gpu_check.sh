@@ -119,7 +119,7 @@ else
         --json "$OUT/bench_onnxruntime.json"
 fi
 
-if has "import tensorrt" && [ $DRY -eq 0 ]; then
+if has "import tensorrt; tensorrt.Builder" && [ $DRY -eq 0 ]; then
   if spx export onnx --help > /dev/null 2>&1; then
     step export_onnx_plugin 180 "${SPX[@]}" export onnx --drafter "$DRF" --target "$TGT" --out "$OUT/onnx-plugin" \
         --attention plugin --dtype fp16 \
@@ -129,7 +129,7 @@ if has "import tensorrt" && [ $DRY -eq 0 ]; then
   else
     skip export_trt "no \`export onnx\` in this build"
   fi
-elif has "import tensorrt_rtx"; then
+elif has "import tensorrt_rtx; tensorrt_rtx.Builder"; then
   # TensorRT for RTX builds ahead of time without a device: the plugin probe proves parser + plugin + builder
   step export_trt_probe 180 "$PY" -m specpress.commands.export_trt --probe --out "$OUT/engine-probe" \
       --target-gpu sm86 --flavour tensorrt_rtx --force

@@ -80,3 +80,18 @@ def test_no_tensorrt_says_how_to_install(tmp_path, monkeypatch):
     res = CliRunner().invoke(trt, ["--onnx", str(tmp_path / "onnx"), "--out", str(tmp_path / "e")])
     assert isinstance(res.exception, TensorRTUnavailable) and "specpress[trt]" in str(res.exception)
     assert not (tmp_path / "e").exists()
+
+
+def test_type_stubs_alone_are_not_a_tensorrt(tmp_path, monkeypatch):
+    """`tensorrt-stubs` in a path makes `import tensorrt` an empty namespace package: not a builder."""
+    (tmp_path / "tensorrt").mkdir()
+    (tmp_path / "tensorrt" / "__init__.pyi").write_text("class Builder: ...\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "tensorrt", raising=False)
+    with pytest.raises(TensorRTUnavailable, match="has no Builder/OnnxParser"):
+        load_tensorrt("tensorrt")
+    from specpress.runtime.backends.tensorrt import TensorRTRuntimeUnavailable, import_runtime
+
+    monkeypatch.setitem(sys.modules, "tensorrt_lean", None)
+    with pytest.raises(TensorRTRuntimeUnavailable, match="no Runtime"):
+        import_runtime("tensorrt")

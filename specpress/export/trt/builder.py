@@ -21,12 +21,15 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 from specpress.errors import SpecpressError, UsageError
 from specpress.export.trt.library import TensorRT, TensorRTUnavailable, load_tensorrt
 from specpress.export.trt.plugin import NAME, NAMESPACE, VERSION, register_tree_attention
 from specpress.export.trt.profiles import AxisRange, Budget, Shapes, onnx_input_shapes, profiles
+
+if TYPE_CHECKING:  # type-checked against tensorrt-stubs; tensorrt_rtx shares the API (RTX-only calls cast)
+    import tensorrt
 
 FORMAT = "specpress-tensorrt-engines"
 FORMAT_VERSION = 1
@@ -82,7 +85,7 @@ def _progress(trt: Any, echo: Echo) -> Any:
     return Progress()
 
 
-def _compute_capabilities(lib: TensorRT, config: Any, targets: tuple[str, ...]) -> list[str]:
+def _compute_capabilities(lib: TensorRT, config: "tensorrt.IBuilderConfig", targets: tuple[str, ...]) -> list[str]:
     trt = lib.module
     if not lib.aot:
         if targets:
@@ -99,9 +102,10 @@ def _compute_capabilities(lib: TensorRT, config: Any, targets: tuple[str, ...]) 
                          f"{', '.join(sorted(known))}")
     if not targets:
         return ["builder default"]
-    config.num_compute_capabilities = len(targets)
+    rtx_config = cast(Any, config)  # TensorRT for RTX only: not in standard TensorRT's API
+    rtx_config.num_compute_capabilities = len(targets)
     for i, t in enumerate(targets):
-        config.set_compute_capability(known[t.lower()], i)
+        rtx_config.set_compute_capability(known[t.lower()], i)
     return [t.lower() for t in targets]
 
 
@@ -118,12 +122,12 @@ def build_graph(lib: TensorRT, path: Path, options: BuildOptions, echo: Echo, ve
     trt = lib.module
     register_tree_attention(trt)
     logger = _logger(trt, echo, verbose)
-    builder = trt.Builder(logger)
+    builder: tensorrt.Builder = trt.Builder(logger)
     flags = 0
     if hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):  # TensorRT 11: strongly typed only
         flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
-    network = builder.create_network(flags)
-    parser = trt.OnnxParser(network, logger)
+    network: tensorrt.INetworkDefinition = builder.create_network(flags)
+    parser: tensorrt.OnnxParser = trt.OnnxParser(network, logger)
     t0 = time.perf_counter()
     if not parser.parse_from_file(str(path)):
         errs = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors)) or "; ".join(logger.errors)
@@ -138,11 +142,11 @@ def build_graph(lib: TensorRT, path: Path, options: BuildOptions, echo: Echo, ve
             f"Export with --attention standard for this TensorRT, or use one whose parser prefers registered plugins")
     shapes = onnx_input_shapes(path)
     phases = profiles(shapes, options.budget, dict(options.axes))
-    config = builder.create_builder_config()
+    config: tensorrt.IBuilderConfig = builder.create_builder_config()
     for shp in phases.values():
-        profile = builder.create_optimization_profile()
+        profile: tensorrt.IOptimizationProfile = builder.create_optimization_profile()
         for name, (lo, mid, hi) in shp.items():
-            profile.set_shape(name, lo, mid, hi)
+            profile.set_shape(name, trt.Dims(lo), trt.Dims(mid), trt.Dims(hi))
         config.add_optimization_profile(profile)
     targets = _compute_capabilities(lib, config, options.targets)
     config.progress_monitor = _progress(trt, echo)

@@ -74,6 +74,8 @@ def ensure_rtx_plugin_loading(mod: ModuleType) -> None:
         libs = importlib.import_module(f"{mod.__name__}_libs")
     except ImportError:
         return  # a system install (not the PyPI wheel): its library layout is the system's business
+    if libs.__file__ is None:
+        return
     libdir = Path(libs.__file__).parent
     versioned = sorted(libdir.glob("libtensorrt_rtx.so.*"))
     link = libdir / "libtensorrt_rtx.so"

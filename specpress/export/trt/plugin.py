@@ -108,8 +108,14 @@ def plugin_classes(trt: ModuleType) -> tuple[type, type]:
     """(TreeAttentionPlugin, TreeAttentionCreator) deriving from `trt`'s IPluginV3 / IPluginCreatorV3One."""
     if trt.__name__ in _CLASSES:
         return _CLASSES[trt.__name__]
+    # the bases come from whichever flavour was imported (tensorrt or tensorrt_rtx): dynamic for the checker
+    plugin_v3: Any = trt.IPluginV3
+    core: Any = trt.IPluginV3OneCore
+    build: Any = trt.IPluginV3OneBuild
+    runtime: Any = trt.IPluginV3OneRuntime
+    creator_v3: Any = trt.IPluginCreatorV3One
 
-    class TreeAttentionPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt.IPluginV3OneRuntime):
+    class TreeAttentionPlugin(plugin_v3, core, build, runtime):
         def __init__(self, fields: TreeAttentionFields, phase: Any = None):
             trt.IPluginV3.__init__(self)
             trt.IPluginV3OneCore.__init__(self)
@@ -176,7 +182,7 @@ def plugin_classes(trt: ModuleType) -> tuple[type, type]:
                 out.copy_(tree_attention(q, k, v, committed, tree_mask, self.fields.scale))
             return 0
 
-    class TreeAttentionCreator(trt.IPluginCreatorV3One):
+    class TreeAttentionCreator(creator_v3):
         def __init__(self):
             trt.IPluginCreatorV3One.__init__(self)
             self.name = NAME

@@ -148,13 +148,19 @@ def profile_shapes(inputs: InputShapes, budget: Budget, overrides: Mapping[str, 
     ranges: dict[str, AxisRange] = {}
     out = {}
     for name, dims in inputs.items():
-        lo, mid, hi = [], [], []
+        lo: list[int] = []
+        mid: list[int] = []
+        hi: list[int] = []
         for d in dims:
             if isinstance(d, str):
                 r = ranges.setdefault(d, overrides.get(d) or axis_range(d, budget, phase))
-                lo.append(r.min), mid.append(r.opt), hi.append(r.max)
+                lo.append(r.min)
+                mid.append(r.opt)
+                hi.append(r.max)
             else:
-                lo.append(d), mid.append(d), hi.append(d)
+                lo.append(d)
+                mid.append(d)
+                hi.append(d)
         out[name] = (tuple(lo), tuple(mid), tuple(hi))
     return out
 

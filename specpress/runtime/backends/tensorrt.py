@@ -15,11 +15,14 @@ from __future__ import annotations
 import importlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from specpress.errors import SpecpressError, UsageError
+
+if TYPE_CHECKING:  # type-checked against tensorrt-stubs (tensorrt_rtx shares the runtime API)
+    import tensorrt
 
 INSTALL_HINT = ("pip install 'specpress[trt]' (TensorRT from NVIDIA's index: --extra-index-url "
                 "https://pypi.nvidia.com) on a CUDA machine; engines built by TensorRT for RTX need "
@@ -70,9 +73,13 @@ def import_runtime(flavour: str) -> Any:
     errors = []
     for name in names:
         try:
-            return importlib.import_module(name)
+            mod = importlib.import_module(name)
         except (ImportError, OSError) as exc:
             errors.append(f"{name}: {exc}")
+            continue
+        if hasattr(mod, "Runtime"):  # not e.g. the empty namespace package `tensorrt-stubs` leaves behind
+            return mod
+        errors.append(f"{name}: imports but has no Runtime (type stubs only?)")
     raise TensorRTRuntimeUnavailable(f"no TensorRT runtime for {flavour} engines ({'; '.join(errors)}); {INSTALL_HINT}")
 
 
@@ -85,14 +92,15 @@ class EngineSession:
     One execution context per optimization profile (draft, prefill); a call picks the first profile whose
     ranges hold every input's shape. numpy in -> numpy out; torch in -> torch (on the device) out."""
 
-    def __init__(self, trt: Any, runtime: Any, data: bytes, entry: dict[str, Any], device: torch.device):
-        self.engine = runtime.deserialize_cuda_engine(data)
+    def __init__(self, trt: Any, runtime: "tensorrt.Runtime", data: bytes, entry: dict[str, Any],
+                 device: torch.device):
+        self.engine: tensorrt.ICudaEngine = runtime.deserialize_cuda_engine(data)
         if self.engine is None:
             raise TensorRTRuntimeUnavailable(f"TensorRT could not deserialize {entry['file']}; rebuild it with this "
                                              f"TensorRT version (`specpress export trt`)")
         self.device, self.entry = device, entry
         self.profiles = list(entry["profiles"].values())
-        self.contexts: dict[int, Any] = {}
+        self.contexts: dict[int, tensorrt.IExecutionContext] = {}
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         is_input = {n: self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT for n in names}
         self.input_names = [n for n in names if is_input[n]]
@@ -113,15 +121,16 @@ class EngineSession:
         idx = self._profile({n: tuple(t.shape) for n, t in inputs.items()})
         stream = torch.cuda.current_stream(self.device)
         if idx not in self.contexts:
-            ctx = self.engine.create_execution_context()
-            ctx.set_optimization_profile_async(idx, stream.cuda_stream)
-            self.contexts[idx] = ctx
+            new = self.engine.create_execution_context()
+            new.set_optimization_profile_async(idx, stream.cuda_stream)
+            self.contexts[idx] = new
         ctx = self.contexts[idx]
         for n, t in inputs.items():
             ctx.set_input_shape(n, tuple(t.shape))
             ctx.set_tensor_address(n, t.data_ptr())
-        outs = {n: torch.empty(tuple(ctx.get_tensor_shape(n)), dtype=self.dtypes[n], device=self.device)
-                for n in self.output_names}
+        shapes = {n: ctx.get_tensor_shape(n) for n in self.output_names}
+        outs = {n: torch.empty([d[i] for i in range(len(d))], dtype=self.dtypes[n], device=self.device)
+                for n, d in shapes.items()}
         for n, t in outs.items():
             ctx.set_tensor_address(n, t.data_ptr())
         if not ctx.execute_async_v3(stream.cuda_stream):
@@ -138,18 +147,19 @@ def load_runner(path: Path, target: Any, device: torch.device, **opts: Any):
     from specpress.export.trt.plugin import register_tree_attention  # the engines' plugin, before deserializing
 
     register_tree_attention(trt)
-    runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+    runtime: tensorrt.Runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
     sessions = {name: EngineSession(trt, runtime, (Path(path) / e["file"]).read_bytes(), e, device)
                 for name, e in manifest["engines"].items()}
     onnx_manifest_path = Path(path) / "onnx_manifest.json"
     if not onnx_manifest_path.is_file():
         raise UsageError(f"{path} lacks onnx_manifest.json (the export's I/O description); rebuild it with "
                          f"`specpress export trt --onnx <an export onnx dir>`")
-    from specpress.runtime.backends import onnxruntime as ort_backend
-
-    if not hasattr(ort_backend, "build_runner"):
+    try:
+        build_runner = importlib.import_module("specpress.runtime.backends.onnxruntime").build_runner
+    except (ImportError, AttributeError) as exc:
         raise UsageError("this build's onnxruntime runner offers no build_runner(onnx_manifest, sessions, target, "
-                         "device, backend=..., provider=...) to run engines through; the tensorrt backend reuses it")
-    return ort_backend.build_runner(json.loads(onnx_manifest_path.read_text()), sessions, target, device,
+                         "device, backend=..., provider=...) to run engines through; the tensorrt backend reuses "
+                         f"it ({exc})") from exc
+    return build_runner(json.loads(onnx_manifest_path.read_text()), sessions, target, device,
                                     backend="tensorrt", provider=f"{manifest['tensorrt']['flavour']} "
                                     f"{manifest['tensorrt']['version']}", **opts)
