@@ -102,3 +102,32 @@ def test_unknown_target_and_existing_output(rtx, tmp_path):
     (tmp_path / "e").mkdir()
     with pytest.raises(UsageError, match="already exists"):
         build_engines(tmp_path / "onnx", tmp_path / "e", BuildOptions(), echo=lambda _m: None)
+
+
+def test_enqueue_feeds_the_kernel_in_the_node_order(rtx, monkeypatch):
+    """The plugin's enqueue with TensorRT's buffers stood in by CPU tensors (no device here): inputs in the
+    node's order reach kernel.tree_attention with the node's scale, and the result lands in the output."""
+    import contextlib
+
+    import torch
+
+    from specpress.export.trt import plugin as plugin_mod
+    from specpress.export.trt.kernel import tree_attention
+    from specpress.export.trt.plugin import TreeAttentionFields, plugin_classes
+    from specpress.runtime.tree import pack_mask
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(1, 4, 3, 64, generator=g), *torch.randn(2, 1, 2, 9, 64, generator=g)
+    committed, words = torch.tensor([6], dtype=torch.int32), pack_mask(torch.eye(3, dtype=torch.bool))
+    out = torch.zeros_like(q)
+    buffers = {100 + i: t for i, t in enumerate([q, k, v, committed, words, out])}
+    monkeypatch.setattr(plugin_mod, "_torch_view", lambda _trt, _desc, ptr: buffers[ptr])
+    monkeypatch.setattr(torch.cuda, "ExternalStream", lambda handle: handle)
+    monkeypatch.setattr(torch.cuda, "stream", lambda _s: contextlib.nullcontext())
+    plugin_cls = plugin_classes(rtx.module)[0]
+    p = plugin_cls(TreeAttentionFields(num_heads=4, num_kv_heads=2, head_size=64, scale=0.1))
+    assert p.enqueue([None] * 5, [None], [100, 101, 102, 103, 104], [105], 0, 7) == 0
+    torch.testing.assert_close(out, tree_attention(q, k, v, committed, words, 0.1))
+    assert p.clone().fields == p.fields
+    # what the engine stores and hands the creator when it is deserialized
+    assert plugin_mod.decode_fields(p.get_fields_to_serialize()) == p.fields
