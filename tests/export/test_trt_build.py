@@ -125,9 +125,9 @@ def test_enqueue_feeds_the_kernel_in_the_node_order(rtx, monkeypatch):
     monkeypatch.setattr(torch.cuda, "ExternalStream", lambda handle: handle)
     monkeypatch.setattr(torch.cuda, "stream", lambda _s: contextlib.nullcontext())
     plugin_cls = plugin_classes(rtx.module)[0]
-    p = plugin_cls(TreeAttentionFields(num_heads=4, num_kv_heads=2, head_size=64, scale=0.1))
+    p = plugin_cls(TreeAttentionFields(num_heads=4, num_kv_heads=2, head_size=64, scale=0.25))
     assert p.enqueue([None] * 5, [None], [100, 101, 102, 103, 104], [105], 0, 7) == 0
-    torch.testing.assert_close(out, tree_attention(q, k, v, committed, words, 0.1))
+    torch.testing.assert_close(out, tree_attention(q, k, v, committed, words, 0.25))
     assert p.clone().fields == p.fields
     # what the engine stores and hands the creator when it is deserialized
     assert plugin_mod.decode_fields(p.get_fields_to_serialize()) == p.fields
