@@ -38,10 +38,10 @@ from torch import Tensor
 from specpress.compress.data import WindowSampler
 from specpress.compress.importance import (METHODS, attentions, calibration_signals, calibration_windows, ffn_scores,
                                            fit, head_scores, layer_scores, layer_stack, lowest, make_probes, mlps,
-                                           vocab_count_stream)
+                                           multi_layer_families, vocab_count_stream)
 from specpress.errors import ConfigError, UsageError
 from specpress.config import config_kwargs
-from specpress.models.drafter import Drafter, get_family
+from specpress.models.drafter import Drafter, families_where, get_family
 from specpress.models.target import TargetModel
 
 VOCAB_SOURCES = ("target", "data")
@@ -207,7 +207,7 @@ def check_request(d: Drafter, config: PruneConfig, *, has_target: bool, has_cali
         n = len(layer_stack(d)[1])
         if n < 2:
             raise UsageError(f"--layers: this {d.family} drafter has a single layer; layer pruning applies to "
-                             f"multi-layer drafters: dflash, lm, and eagle with more than one layer")
+                             f"multi-layer drafters: {multi_layer_families()} (with more than one layer)")
         if not config.layers < n:
             raise UsageError(f"--layers {config.layers} must be less than the drafter's {n} layers "
                              f"(valid range 1..{n - 1}; it is the number of layers to KEEP)")
@@ -217,10 +217,11 @@ def check_request(d: Drafter, config: PruneConfig, *, has_target: bool, has_cali
     if config.ffn is not None:
         out["ffn"] = removed_count(config.ffn, c.intermediate_size, "--ffn", "FFN channel")
     if config.vocab is not None:
-        if d.family != "eagle3":
-            how = "own their vocabulary" if d.family == "lm" else "draft through the target's head"
+        vocab = get_family(d.family).draft_vocab
+        if vocab != "reduced":
+            how = "own their vocabulary" if vocab == "own" else "draft through the target's head"
             raise UsageError(f"--vocab: {d.family} drafters {how}; draft-vocabulary pruning is supported for "
-                             f"eagle3 drafters (their own lm_head, d2t, t2d)")
+                             f"{_reduced_vocab_families()} drafters (their own lm_head, d2t, t2d)")
         if not config.vocab <= c.draft_vocab_size:
             raise UsageError(f"--vocab {config.vocab} is larger than the drafter's draft vocabulary "
                              f"({c.draft_vocab_size}; the target's vocabulary is {c.vocab_size}); valid range "
@@ -233,6 +234,10 @@ def check_request(d: Drafter, config: PruneConfig, *, has_target: bool, has_cali
     if config.needs_data() and not has_calib:
         raise UsageError(f"{why} needs calibration data: give --data PATH (tokenized by --target DIR)")
     return out
+
+
+def _reduced_vocab_families() -> str:
+    return " and ".join(families_where(lambda f: f.draft_vocab == "reduced"))
 
 
 def size_of(d: Drafter) -> tuple[int, int]:
@@ -261,8 +266,8 @@ def _complement(removed: Sequence[int], n: int) -> Tensor:
 
 def _stage_layers(d: Drafter, keep_n: int, method: str, probes: Any) -> tuple[Drafter, dict[str, Any]]:
     scores = layer_scores(d, method, probes)
-    if d.family == "eagle":
-        scores[0] = float("inf")  # eagle's layer 0 reads fc's output without a norm: it stays
+    for i in get_family(d.family).pinned_layers:
+        scores[i] = float("inf")  # e.g. eagle's layer 0 reads fc's output without a norm: it stays
     removed = lowest(scores, len(scores) - keep_n, layer_scores(d, "magnitude"))
     keep = _complement(removed, len(scores)).tolist()
     return drop_layers(d, keep), {"removed": removed, "scores": [_r(s) for s in scores]}
@@ -361,8 +366,10 @@ def drop_layers(d: Drafter, keep: Sequence[int]) -> Drafter:
     keep = list(keep)
     if not keep or sorted(set(keep)) != keep or keep[-1] >= len(stack) or keep[0] < 0:
         raise UsageError(f"layers to keep must be distinct ascending indices in 0..{len(stack) - 1}, got {keep}")
-    if d.family == "eagle" and keep[0] != 0:
-        raise UsageError("an eagle drafter's layer 0 (no input norm; reads fc's output) cannot be removed")
+    fam = get_family(d.family)
+    gone = [i for i in fam.pinned_layers if i not in keep]
+    if gone:
+        raise UsageError(f"a {d.family} drafter's layer(s) {gone} cannot be removed: {fam.note}")
     pre = path + "."
     sd = {}
     for k, v in _state(d).items():
@@ -378,8 +385,9 @@ def drop_layers(d: Drafter, keep: Sequence[int]) -> Drafter:
 def shrink_vocab(d: Drafter, target_ids: Tensor) -> Drafter:
     """eagle3: keep the draft tokens with target ids `target_ids` (each already in the draft vocab):
     their lm_head rows; d2t / t2d rebuilt (target id = draft id + d2t[draft id])."""
-    if d.family != "eagle3":
-        raise UsageError(f"draft-vocabulary pruning is supported for eagle3 drafters, not {d.family}")
+    if get_family(d.family).draft_vocab != "reduced":
+        raise UsageError(f"draft-vocabulary pruning is supported for {_reduced_vocab_families()} drafters, "
+                         f"not {d.family}")
     v = d.config.vocab_size
     ids = torch.unique(torch.as_tensor(target_ids, dtype=torch.long).cpu())  # sorted, distinct
     if ids.numel() < 1 or int(ids[0]) < 0 or int(ids[-1]) >= v or not bool(d.t2d.cpu()[ids].all()):

@@ -22,7 +22,9 @@ import torch
 from torch import Tensor, nn
 
 from specpress.errors import CheckpointError, ConfigError, UsageError
+from specpress.models import forced
 from specpress.models.drafter import Drafter, LlamaDrafterConfig, as_int_tuple, register_family
+from specpress.models.family import DistillDefaults
 from specpress.models.io import load_into
 from specpress.models.kv import KVCache
 from specpress.models.layers import MLP, RMSNorm, Rotary
@@ -235,4 +237,12 @@ def write_config(config: Eagle3Config) -> dict[str, Any]:
     return out
 
 
-register_family("eagle3", Eagle3Config, Eagle3Drafter, read_config, write_config)
+register_family(
+    "eagle3", Eagle3Config, Eagle3Drafter, read_config, write_config,
+    session="feature", policies=("chain", "tree", "dynamic"), default_policy="chain:4",
+    teacher_forced=forced.chain, loss="chain",
+    # lr 2e-3 with Muon were measured here (chain:4 tau 3.32 / 3.34 against 3.05 with AdamW 1e-3, BENCHMARKS.md)
+    distill=DistillDefaults(lr=2e-3, optimizer="muon", grad_clip=0.5, ttt_steps=3, options=("taps",),
+                            published="EAGLE-3: training-time test, step weights 0.8^i, clip 0.5 (paper: 7 steps, "
+                                      "AdamW lr 5e-5); the lr 2e-3 / Muon defaults were measured better here"),
+    prunable=("heads", "ffn", "vocab"), draft_vocab="reduced")

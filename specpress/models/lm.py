@@ -13,7 +13,9 @@ from typing import Any, ClassVar, Mapping
 
 from torch import Tensor
 
+from specpress.models import forced
 from specpress.models.drafter import Drafter, DrafterConfig, register_family
+from specpress.models.family import DistillDefaults
 from specpress.models.io import load_into
 from specpress.models.target import TargetConfig, TargetModel, target_state_dict
 
@@ -57,4 +59,9 @@ def write_config(config: LMConfig) -> dict[str, Any]:
     return config.to_hf()
 
 
-register_family("lm", LMConfig, LMDrafter, read_config, write_config)
+register_family(
+    "lm", LMConfig, LMDrafter, read_config, write_config,
+    session="lm", policies=("chain", "tree", "dynamic"), default_policy="chain:4",
+    teacher_forced=forced.lm, loss="lm",
+    distill=DistillDefaults(published="a small LM distilled by forward KL to the target's distribution"),
+    prunable=("layers", "heads", "ffn"), layer_stack="model.layers", draft_vocab="own")
