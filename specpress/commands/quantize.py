@@ -69,7 +69,7 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
           --target ~/.cache/specpress/zoo/small --data zoo:train
       specpress quantize --drafter drafters/eagle3 --out drafters/eagle3-nf4 --scheme nf4 --include lm_head
     """
-    from specpress.compress.quantize.configs import config_for
+    from specpress.models.quantized.configs import config_for
     from specpress.compress.quantize.pipeline import quantize_from_dirs
 
     config = config_for(scheme, method, group_size=group_size, symmetric=symmetric, include=_names(include),

@@ -13,6 +13,7 @@ Everything outside models/ that depends on the family reads it from here, never 
   distill         its distillation defaults (DistillDefaults) and the family-only options it takes
   prunable        the structured pruning stages it supports ("ffn", "heads", "layers", "vocab"), its layer
                   stack's module path and the layers that must stay
+  student         its fresh student's config for distill: student(shape, spec, target config, teacher config)
   draft_vocab     how it drafts tokens: "target" (through the target's own head), "reduced" (its own head
                   over a subset of the target's vocabulary, mapped by d2t / t2d: eagle3) or "own" (its own
                   embeddings and head over the target's token ids: lm)
@@ -76,6 +77,25 @@ class DistillDefaults:
 
 
 @dataclass(frozen=True)
+class StudentSpec:
+    """What distill asks of a fresh student beyond the shared layer shape (None = the family's default).
+
+    shape (the other argument of Family.student): vocab_size, hidden_size, intermediate_size,
+    num_attention_heads, num_key_value_heads, head_dim, rms_norm_eps, max_position_embeddings, rope.
+    """
+
+    layers: int | None = None
+    draft_vocab: int | None = None
+    taps: tuple[int, ...] | None = None
+    block_size: int = 8
+    mask_token_id: int | None = None
+    markov_rank: int | None = None
+
+
+StudentFn = Callable[[Mapping[str, Any], StudentSpec, Any, Any], "DrafterConfig"]  # (shape, spec, target cfg, teacher cfg)
+
+
+@dataclass(frozen=True)
 class Family:
     """One drafter family: how it is stored (config, module, reader, writer) and what it is (the traits)."""
 
@@ -92,6 +112,7 @@ class Family:
     distill: DistillDefaults
     prunable: tuple[str, ...]
     draft_vocab: str
+    student: StudentFn
     layer_stack: str | None = None  # module path of its layer stack (when "layers" is prunable)
     pinned_layers: tuple[int, ...] = ()  # layers of the stack pruning must keep
     note: str = ""  # why a stage is not prunable, shown with the error
@@ -112,8 +133,9 @@ class Family:
             raise ValueError(f"family {self.name!r}: give layer_stack exactly when 'layers' is prunable")
         if ("vocab" in self.prunable) != (self.draft_vocab == "reduced"):
             raise ValueError(f"family {self.name!r}: draft-vocabulary pruning needs draft_vocab 'reduced'")
-        if not callable(self.teacher_forced):
-            raise ValueError(f"family {self.name!r}: teacher_forced must be a function (models/forced.py)")
+        for what in ("teacher_forced", "student"):
+            if not callable(getattr(self, what)):
+                raise ValueError(f"family {self.name!r}: {what} must be a function")
 
     def takes(self, option: str) -> bool:
         """Whether distill's family-only `option` (DISTILL_OPTIONS) applies to this family."""
@@ -123,4 +145,4 @@ class Family:
 STORAGE = ("name", "config_cls", "model_cls", "reader", "writer")
 TRAITS = tuple(f.name for f in fields(Family) if f.name not in STORAGE)
 REQUIRED_TRAITS = ("session", "policies", "default_policy", "teacher_forced", "loss", "distill", "prunable",
-                   "draft_vocab")
+                   "draft_vocab", "student")

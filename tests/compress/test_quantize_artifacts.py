@@ -15,7 +15,7 @@ from specpress.cli import cli
 from specpress.compress.data import WindowSampler
 from specpress.compress.quantize import config_for, quantize
 from specpress.compress.quantize.calibrate import DrafterCalibration
-from specpress.compress.quantize.modules import IntLinear, quantized_modules
+from specpress.models.quantized.modules import IntLinear, quantized_modules
 from specpress.errors import CheckpointError, UsageError
 from specpress.models.drafter import build_drafter
 from specpress.models.drafter_io import load_drafter, save_drafter

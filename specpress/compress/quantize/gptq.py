@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from specpress.compress.quantize import primitives as P
+from specpress.models.quantized import primitives as P
 from specpress.errors import UsageError
 
 ForwardLoop = Callable[[nn.Module], None]
