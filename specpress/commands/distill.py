@@ -112,7 +112,8 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
       specpress distill --target ~/.cache/specpress/zoo/small --family eagle3 \\
           --data zoo:train --out drafters/eagle3 --minutes 8
     """
-    from specpress.compress.distill import DistillConfig, distill_from_dirs
+    from specpress.compress.config import DistillConfig
+    from specpress.compress.distill import distill_from_dirs
     from specpress.errors import UsageError
 
     if steps is None and minutes is None:

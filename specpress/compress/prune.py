@@ -174,7 +174,8 @@ def prune(drafter: Drafter, config: PruneConfig, *, target: TargetModel | None =
 
 def _recover(model: Drafter, target: TargetModel, config: PruneConfig, stream: np.ndarray) -> Drafter:
     """A short distillation against the target from the pruned weights (compress.distill)."""
-    from specpress.compress.distill import DistillConfig, distill
+    from specpress.compress.config import DistillConfig
+    from specpress.compress.distill import distill
 
     dtype = model.compute_param().dtype
     dc = DistillConfig(family=model.family, steps=config.recover_steps, lr=config.recover_lr, optimizer="adamw",
@@ -203,6 +204,11 @@ def check_request(d: Drafter, config: PruneConfig, *, has_target: bool, has_cali
     if any(getattr(m, "is_quantized", False) for m in d.modules()) or (quant and not quant[-1].get("dequantized")):
         raise UsageError("this drafter is quantized (its provenance ends in an active quantize step); prune comes "
                          "before quantize: prune the unquantized drafter, then quantize the result")
+    fam = get_family(d.family)
+    for stage in ("heads", "ffn"):  # (layers and vocab say why below)
+        if getattr(config, stage) is not None and stage not in fam.prunable:
+            raise UsageError(f"--{stage}: {d.family} drafters cannot be pruned that way; they support "
+                             f"{', '.join('--' + s for s in fam.prunable)}")
     if config.layers is not None:
         n = len(layer_stack(d)[1])
         if n < 2:

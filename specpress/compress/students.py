@@ -10,7 +10,6 @@ and final norm when their shapes match.
 from __future__ import annotations
 
 import copy
-import dataclasses
 from typing import TYPE_CHECKING
 
 import numpy as np

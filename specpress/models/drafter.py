@@ -1,7 +1,9 @@
 """What every drafter family shares: the config base, the module base, and the family registry.
 
-A family registers four things under its name: its config class, its module class, a reader
-(public config.json -> config) and a writer (config -> public config.json). Module state_dict keys
+A family registers under its name its config class, its module class, a reader (public config.json ->
+config), a writer (config -> public config.json) and its traits: what the family IS for the code above
+models/ (draft session kind, policies, teacher-forced forward, loss, distill defaults, pruning, draft
+vocabulary; models/family.py). Module state_dict keys
 ARE the family's public checkpoint names (`fc.weight`, `midlayer.*`, `model.layers.{L}.eh_proj.weight`),
 so weights need no renaming on the way in or out.
 

@@ -7,9 +7,9 @@ specpress/models/quantized/, so that loading a quantized artifact needs nothing 
 """
 
 from specpress.compress.quantize.api import dequantize, quantize, select_modules
-from specpress.models.quantized.restore import restore_quantized
 from specpress.models.quantized.configs import (BnbConfig, Fp8WeightOnlyConfig, GPTQConfig, IntWeightOnlyConfig,
-                                                 QuantizeConfig, config_for, config_from_dict)
+                                                QuantizeConfig, config_for, config_from_dict)
+from specpress.models.quantized.restore import restore_quantized
 
 __all__ = ["quantize", "dequantize", "restore_quantized", "select_modules", "QuantizeConfig", "IntWeightOnlyConfig",
            "GPTQConfig", "BnbConfig", "Fp8WeightOnlyConfig", "config_for", "config_from_dict"]

@@ -27,15 +27,15 @@ import math
 from typing import Any, Callable, Mapping
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
+from specpress.compress.quantize.gptq import ForwardLoop, call_groups, collect_hessians, gptq_codes
+from specpress.errors import ConfigError, UsageError
 from specpress.models.quantized import primitives as P
 from specpress.models.quantized.configs import (BNB_BLOCKSIZES, BnbConfig, Fp8WeightOnlyConfig, GPTQConfig,
-                                                 IntWeightOnlyConfig, QuantizeConfig)
-from specpress.compress.quantize.gptq import ForwardLoop, call_groups, collect_hessians, gptq_codes
-from specpress.models.quantized.modules import (Bnb4bitLinear, Bnb8bitLinear, Fp8Linear, IntLinear, QuantizedLinear,
-                                                 import_bnb, quantized_modules)
-from specpress.errors import ConfigError, UsageError
+                                                IntWeightOnlyConfig, QuantizeConfig)
+from specpress.models.quantized.modules import (Bnb4bitLinear, Bnb8bitLinear, Fp8Linear, IntLinear, import_bnb,
+                                                quantized_modules)
 from specpress.models.quantized.restore import active_quantize_step, quantized_keys, replace_module
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
