@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Mapping
 
 from specpress.errors import ConfigError
 from specpress.config import config_kwargs
-from specpress.models.drafter import as_int_tuple, families_where, get_family
+from specpress.models.drafter import as_int_tuple, families_phrase, get_family
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class DistillConfig:
         for name in ("taps", "tv_weight", "gamma", "markov_rank"):  # set (taps, markov_rank: given at all)
             v = getattr(self, name)
             if (v is not None if name in ("taps", "markov_rank") else bool(v)) and not fam.takes(name):
-                who = " and ".join(families_where(lambda f: f.takes(name)))
+                who = families_phrase(lambda f, name=name: f.takes(name))  # type: ignore[misc]
                 raise ConfigError(f"distill config field {name!r} applies to {who} drafters, not {self.family}")
         if self.steps is None and self.minutes is None:
             raise ConfigError("distill needs a budget: steps and/or minutes")

@@ -36,7 +36,7 @@ from specpress.compress.losses import TeacherBatch
 from specpress.compress.progress import count_bar
 from specpress.compress.teacher import target_signals
 from specpress.errors import UsageError
-from specpress.models.drafter import Drafter, families_where, get_family
+from specpress.models.drafter import Drafter, families_phrase, get_family
 from specpress.models.forced import input_features, spaced_anchors
 from specpress.models.layers import MLP
 from specpress.models.target import TargetAttention, TargetModel
@@ -66,14 +66,8 @@ def layer_stack(d: Drafter) -> tuple[str, nn.ModuleList]:
     if fam.layer_stack is None:
         why = f" ({fam.note})" if fam.note else ""
         raise UsageError(f"--layers: {d.family} drafters have a single layer{why}; layer pruning applies to "
-                         f"multi-layer drafters: {multi_layer_families()}")
+                         f"multi-layer drafters: {families_phrase(lambda f: f.layer_stack is not None)}")
     return fam.layer_stack, d.get_submodule(fam.layer_stack)  # type: ignore[return-value]
-
-
-def multi_layer_families() -> str:
-    """The families with a layer stack, in words (a one-layer default says "with more than one layer")."""
-    names = families_where(lambda f: f.layer_stack is not None)
-    return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else names[0]
 
 
 # ----------------------------------------------------------------------------------------------

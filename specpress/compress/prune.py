@@ -38,10 +38,10 @@ from torch import Tensor
 from specpress.compress.data import WindowSampler
 from specpress.compress.importance import (METHODS, attentions, calibration_signals, calibration_windows, ffn_scores,
                                            fit, head_scores, layer_scores, layer_stack, lowest, make_probes, mlps,
-                                           multi_layer_families, vocab_count_stream)
+                                           vocab_count_stream)
 from specpress.errors import ConfigError, UsageError
 from specpress.config import config_kwargs
-from specpress.models.drafter import Drafter, families_where, get_family
+from specpress.models.drafter import Drafter, families_phrase, get_family
 from specpress.models.target import TargetModel
 
 VOCAB_SOURCES = ("target", "data")
@@ -205,15 +205,14 @@ def check_request(d: Drafter, config: PruneConfig, *, has_target: bool, has_cali
         raise UsageError("this drafter is quantized (its provenance ends in an active quantize step); prune comes "
                          "before quantize: prune the unquantized drafter, then quantize the result")
     fam = get_family(d.family)
-    for stage in ("heads", "ffn"):  # (layers and vocab say why below)
-        if getattr(config, stage) is not None and stage not in fam.prunable:
-            raise UsageError(f"--{stage}: {d.family} drafters cannot be pruned that way; they support "
-                             f"{', '.join('--' + s for s in fam.prunable)}")
+    for stage in [s for s in ("heads", "ffn") if getattr(config, s) is not None and s not in fam.prunable]:
+        raise UsageError(f"--{stage}: {d.family} drafters support {', '.join('--' + s for s in fam.prunable)}")
     if config.layers is not None:
         n = len(layer_stack(d)[1])
         if n < 2:
             raise UsageError(f"--layers: this {d.family} drafter has a single layer; layer pruning applies to "
-                             f"multi-layer drafters: {multi_layer_families()} (with more than one layer)")
+                             f"multi-layer drafters: {families_phrase(lambda f: f.layer_stack is not None)} (with more "
+                             f"than one layer)")
         if not config.layers < n:
             raise UsageError(f"--layers {config.layers} must be less than the drafter's {n} layers "
                              f"(valid range 1..{n - 1}; it is the number of layers to KEEP)")
@@ -226,8 +225,9 @@ def check_request(d: Drafter, config: PruneConfig, *, has_target: bool, has_cali
         vocab = get_family(d.family).draft_vocab
         if vocab != "reduced":
             how = "own their vocabulary" if vocab == "own" else "draft through the target's head"
+            who = families_phrase(lambda f: f.draft_vocab == "reduced")
             raise UsageError(f"--vocab: {d.family} drafters {how}; draft-vocabulary pruning is supported for "
-                             f"{_reduced_vocab_families()} drafters (their own lm_head, d2t, t2d)")
+                             f"{who} drafters (their own lm_head, d2t, t2d)")
         if not config.vocab <= c.draft_vocab_size:
             raise UsageError(f"--vocab {config.vocab} is larger than the drafter's draft vocabulary "
                              f"({c.draft_vocab_size}; the target's vocabulary is {c.vocab_size}); valid range "
@@ -240,10 +240,6 @@ def check_request(d: Drafter, config: PruneConfig, *, has_target: bool, has_cali
     if config.needs_data() and not has_calib:
         raise UsageError(f"{why} needs calibration data: give --data PATH (tokenized by --target DIR)")
     return out
-
-
-def _reduced_vocab_families() -> str:
-    return " and ".join(families_where(lambda f: f.draft_vocab == "reduced"))
 
 
 def size_of(d: Drafter) -> tuple[int, int]:
@@ -392,8 +388,8 @@ def shrink_vocab(d: Drafter, target_ids: Tensor) -> Drafter:
     """eagle3: keep the draft tokens with target ids `target_ids` (each already in the draft vocab):
     their lm_head rows; d2t / t2d rebuilt (target id = draft id + d2t[draft id])."""
     if get_family(d.family).draft_vocab != "reduced":
-        raise UsageError(f"draft-vocabulary pruning is supported for {_reduced_vocab_families()} drafters, "
-                         f"not {d.family}")
+        who = families_phrase(lambda f: f.draft_vocab == "reduced")
+        raise UsageError(f"draft-vocabulary pruning is supported for {who} drafters, not {d.family}")
     v = d.config.vocab_size
     ids = torch.unique(torch.as_tensor(target_ids, dtype=torch.long).cpu())  # sorted, distinct
     if ids.numel() < 1 or int(ids[0]) < 0 or int(ids[-1]) >= v or not bool(d.t2d.cpu()[ids].all()):

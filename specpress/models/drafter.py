@@ -367,6 +367,12 @@ def families_where(test: Callable[[Family], bool]) -> list[str]:
     return [n for n in order if n in _FAMILIES and test(_FAMILIES[n])]
 
 
+def families_phrase(test: Callable[[Family], bool]) -> str:
+    """families_where(test) in words, for messages: "eagle3 and dflash", "eagle, dflash and lm"."""
+    names = families_where(test)
+    return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
+
+
 def get_family(name: str) -> Family:
     """The registered family `name`; an unknown name lists the known ones."""
     _load_builtins()
