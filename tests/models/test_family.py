@@ -100,6 +100,7 @@ def test_every_builtin_family_supplies_every_trait(name, target):
     fam = get_family(name)
     for trait in REQUIRED_TRAITS:
         assert getattr(fam, trait) not in (None, (), ""), trait
+    assert fam.distill.published  # where its distill defaults come from
     check_policy(name, parse_policy(fam.default_policy))  # the runtime runs its default policy
     assert fam.loss in LOSSES and get_loss(name) is LOSSES[fam.loss]
     distill_fields = {f.name for f in fields(DistillConfig)}
