@@ -11,8 +11,8 @@ import pytest
 
 from specpress.export.trt import builder as builder_mod
 from specpress.export.trt.builder import BuildOptions, TensorRTBuildError, build_engines, build_graph
-from specpress.export.trt.library import TensorRTUnavailable, load_tensorrt
-from specpress.export.trt.plugin import register_tree_attention
+from specpress.runtime.backends.trt.library import TensorRTUnavailable, load_tensorrt
+from specpress.runtime.backends.trt.plugin import register_tree_attention
 from specpress.export.trt.probe import probe_model, save_probe
 from specpress.export.trt.profiles import AxisRange, Budget
 
@@ -111,9 +111,9 @@ def test_enqueue_feeds_the_kernel_in_the_node_order(rtx, monkeypatch):
 
     import torch
 
-    from specpress.export.trt import plugin as plugin_mod
-    from specpress.export.trt.kernel import tree_attention
-    from specpress.export.trt.plugin import TreeAttentionFields, plugin_classes
+    from specpress.runtime.backends.trt import plugin as plugin_mod
+    from specpress.runtime.backends.trt.kernel import tree_attention
+    from specpress.runtime.backends.trt.plugin import TreeAttentionFields, plugin_classes
     from specpress.runtime.tree import pack_mask
 
     g = torch.Generator().manual_seed(0)

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from specpress.commands.export_trt import register, trt
 from specpress.errors import UsageError
-from specpress.export.trt.library import TensorRTUnavailable, load_tensorrt
+from specpress.runtime.backends.trt.library import TensorRTUnavailable, load_tensorrt
 from specpress.export.trt.probe import save_probe
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from specpress.export.trt.builder import BuildOptions, build_engines
-from specpress.export.trt.library import TensorRTUnavailable, load_tensorrt
+from specpress.runtime.backends.trt.library import TensorRTUnavailable, load_tensorrt
 from specpress.export.trt.profiles import Budget
 
 pytestmark = [pytest.mark.slow, pytest.mark.trt]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specpress.export.trt.kernel import decode_tree_mask, tree_attention
+from specpress.runtime.backends.trt.kernel import decode_tree_mask, tree_attention
 from specpress.models.layers import attention
 from specpress.runtime.tree import DraftTree, pack_mask, unpack_mask
 

@@ -28,6 +28,7 @@ from specpress.models.eagle import EagleConfig, EagleDrafter
 from specpress.models.family import REQUIRED_TRAITS, DistillDefaults, StudentSpec
 from specpress.models.forced import input_features
 from specpress.models.target import TargetConfig, TargetModel
+from specpress.runtime.backends.torch import as_drafter_runner
 from specpress.runtime.drafting import FeatureSession, check_policy, make_session
 from specpress.runtime.policy import parse_policy
 
@@ -116,7 +117,7 @@ def test_every_builtin_family_supplies_every_trait(name, target):
     student = student_config(DistillConfig(family=name, steps=1, draft_vocab=24 if name == "eagle3" else None),
                              target.config)
     assert student.family == name
-    assert type(make_session(d, 64)).__name__ == {"feature": "FeatureSession", "lm": "LMSession",
+    assert type(make_session(as_drafter_runner(d), 64)).__name__ == {"feature": "FeatureSession", "lm": "LMSession",
                                                  "block": "BlockSession"}[fam.session]
 
 
@@ -139,7 +140,7 @@ def test_a_toy_family_runs_through_every_consumer(toy, target):
     assert isinstance(cfg, ToyConfig)
     torch.manual_seed(0)
     d = build_drafter(cfg, target)
-    assert isinstance(make_session(d, 64), FeatureSession)
+    assert isinstance(make_session(as_drafter_runner(d), 64), FeatureSession)
     assert get_loss("toy") is chain_loss
     ids = torch.randint(1, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(3))
     batch = target_signals(target, ids, d.taps)

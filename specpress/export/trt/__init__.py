@@ -1,6 +1,6 @@
 """TensorRT engines from `export onnx` directories, with the `specpress::TreeAttention` plugin.
 
-Modules: `kernel` (the node's math, torch), `plugin` (the IPluginV3 and its creator), `probe` (a one-node
-check graph), `profiles` (optimization profiles from the dynamic axes), `library` (guarded TensorRT imports),
-`builder` (parse, build, write engines + manifest). Importing this package imports no TensorRT and no torch.
+Modules: `probe` (a one-node check graph), `profiles` (optimization profiles from the dynamic axes),
+`builder` (parse, build, write engines + manifest). The plugin, its kernel and the guarded TensorRT
+imports live in `specpress.runtime.backends.trt`: engines need them at run time too. Importing this package imports no TensorRT and no torch.
 """

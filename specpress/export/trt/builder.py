@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, cast
 
 from specpress.errors import SpecpressError, UsageError
-from specpress.export.trt.library import TensorRT, TensorRTUnavailable, load_tensorrt
-from specpress.export.trt.plugin import NAME, NAMESPACE, VERSION, register_tree_attention
+from specpress.runtime.backends.trt.library import TensorRT, TensorRTUnavailable, load_tensorrt
+from specpress.runtime.backends.trt.plugin import NAME, NAMESPACE, VERSION, register_tree_attention
 from specpress.export.trt.profiles import AxisRange, Budget, Shapes, onnx_input_shapes, profiles
 
 if TYPE_CHECKING:  # type-checked against tensorrt-stubs; tensorrt_rtx shares the API (RTX-only calls cast)
@@ -225,7 +225,7 @@ def build_engines(onnx_dir: Path, out: Path, options: BuildOptions = BuildOption
             "budget": {"max_tree": options.budget.max_tree, "max_context": options.budget.max_context},
             "axes": {n: [r.min, r.opt, r.max] for n, r in options.axes},
             "plugins": [{"name": NAME, "namespace": NAMESPACE, "version": VERSION,
-                         "implementation": "python: specpress.export.trt.plugin (register before deserializing)"}],
+                         "implementation": "python: specpress.runtime.backends.trt.plugin (register before deserializing)"}],
             "engines": engines,
             "build_seconds": round(time.perf_counter() - t0, 3),
             "provenance": {

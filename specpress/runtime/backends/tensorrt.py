@@ -144,7 +144,7 @@ def load_runner(path: Path, target: Any, device: torch.device, **opts: Any):
     manifest = read_engine_manifest(Path(path))
     check_device(manifest, device)
     trt = import_runtime(manifest["tensorrt"]["flavour"])
-    from specpress.export.trt.plugin import register_tree_attention  # the engines' plugin, before deserializing
+    from specpress.runtime.backends.trt.plugin import register_tree_attention  # the engines' plugin, before deserializing
 
     register_tree_attention(trt)
     runtime: tensorrt.Runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
