@@ -139,6 +139,14 @@ def load_eagle(eg: types.SimpleNamespace, target_dir: Path, drafter_dir: Path, t
     return model.eval()
 
 
+def load_report(ea: Any, target_embedding: torch.Tensor) -> dict[str, Any]:
+    """What EAGLE's load_state_dict(strict=False) reported, and whether its drafter ended up with the
+    target's embedding (its load_emb fills embed_tokens outside the state dict, so a listed
+    `embed_tokens.weight` is harmless exactly when this is true)."""
+    mine = ea.ea_layer.embed_tokens.weight
+    return {**LOAD_REPORT, "embedding_is_targets": bool(torch.equal(mine, target_embedding.to(mine.dtype)))}
+
+
 def compare(name: str, a: torch.Tensor, b: torch.Tensor, tol: float) -> dict[str, Any]:
     """Largest |a - b| and the first position (dim 1) where it exceeds tol."""
     if a.shape != b.shape:
@@ -169,9 +177,9 @@ def window(eg, args, tmp: Path) -> dict[str, Any]:
         rows.append({"stage": "tap count", "eagle": len(taps_e), "specpress": len(taps_s)})
     feats_e, feats_s = torch.cat(taps_e, -1)[:, :-1], d.fuse_taps(ours.taps)[:, :-1]
     rows += drafter_stages(ea.ea_layer, d, feats_e, feats_s, ids, args.tol)
-    res = {"mode": "window", "load": dict(LOAD_REPORT), "stages": rows}
     emb = d.shared.embed_tokens.weight
-    if not torch.equal(ea.ea_layer.embed_tokens.weight, emb.to(ea.ea_layer.embed_tokens.weight.dtype)):
+    res = {"mode": "window", "load": load_report(ea, emb), "stages": rows}
+    if not res["load"]["embedding_is_targets"]:
         # Isolate what else differs: give EAGLE's drafter the target's embedding and compare again.
         ea.ea_layer.embed_tokens.weight.data.copy_(emb)
         res["stages_with_target_embedding"] = drafter_stages(ea.ea_layer, d, feats_e, feats_s, ids, args.tol)
@@ -227,8 +235,8 @@ def decode(eg, args, tmp: Path) -> dict[str, Any]:
                                    torch.Generator().manual_seed(0))
         s_acc += sum(r.accepted for r in res.rounds)
         s_rounds += len(res.rounds)
-    return {"mode": "decode", "load": LOAD_REPORT, "prompts": len(prompts), "policy": str(policy),
-            "tau_eagle": e_tok / e_rounds, "tau_specpress": 1 + s_acc / s_rounds, "eagle_lossless": lossless}
+    return {"mode": "decode", "load": load_report(ea, target.model.embed_tokens.weight), "prompts": len(prompts),
+            "policy": str(policy), "max_new_tokens": args.max_new_tokens, "tau_eagle": e_tok / e_rounds, "tau_specpress": 1 + s_acc / s_rounds, "eagle_lossless": lossless}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -246,6 +254,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--window", type=int, default=24, help="window: tokens in the teacher-forced window")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tol", type=float, default=1e-4)
+    ap.add_argument("--json", type=Path, help="also write the result object to this file")
     args = ap.parse_args(argv)
     args.target, args.drafter = args.target.expanduser(), args.drafter.expanduser()
     torch.manual_seed(args.seed)
@@ -253,6 +262,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         res = (window if args.mode == "window" else decode)(eg, args, Path(tmp))
     print(json.dumps(res, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=1))
     return res
 
 
