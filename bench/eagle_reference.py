@@ -257,6 +257,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--json", type=Path, help="also write the result object to this file")
     args = ap.parse_args(argv)
     args.target, args.drafter = args.target.expanduser(), args.drafter.expanduser()
+    if args.mode == "decode" and not args.prompts:
+        ap.error("decode needs --prompts (a .jsonl of {\"prompt\": ...} or {\"input_ids\": [...]} lines)")
     torch.manual_seed(args.seed)
     eg = import_eagle(args.eagle)
     with tempfile.TemporaryDirectory() as tmp:

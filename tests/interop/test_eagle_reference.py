@@ -91,7 +91,7 @@ def test_eagle_runs_our_drafter_like_we_do(zoo, drafter):
         assert row.get("fraction", 1.0) == 1.0, row
     assert "stages_with_target_embedding" not in win
 
-    dec = reference("decode", zoo, drafter, "--max-new-tokens", "40")
+    dec = reference("decode", zoo, drafter, "--prompts", str(zoo / "prompts.jsonl"), "--max-new-tokens", "40")
     assert dec["eagle_lossless"], dec
     assert dec["tau_specpress"] > 1.5, dec  # the drafter is really drafting: the τ check has teeth
     assert abs(dec["tau_eagle"] - dec["tau_specpress"]) <= 0.1 * dec["tau_specpress"], dec
