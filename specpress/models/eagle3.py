@@ -8,6 +8,9 @@ reduced draft vocabulary; target id = draft id + d2t[draft id]; t2d = bool[V] dr
 Public layout: `fc.weight`, `midlayer.*`, `norm.weight`, `lm_head.weight`, `d2t`, `t2d`
 (+ optional `embed_tokens.weight`, shared with the target and dropped on load).
 
+`target_hidden_size` is written only when it differs from hidden_size (see write_config): EAGLE's
+reference loader reads it as "this checkpoint stores its own embed_tokens".
+
 Tap ids in config.json: `eagle_config.eagle_aux_hidden_state_layer_ids` follows SGLang/ModelOpt (id j =
 output of layer j = tap j+1); a top-level `eagle_aux_hidden_state_layer_ids` follows vLLM (id j = the
 residual entering layer j = tap j). Both are written, each in its own convention.
@@ -227,7 +230,11 @@ def write_config(config: Eagle3Config) -> dict[str, Any]:
     out = config.llama_hf(1)
     out["architectures"] = ["LlamaForCausalLMEagle3"]
     out["draft_vocab_size"] = config.draft_vocab_size
-    out["target_hidden_size"] = config.target_hidden_size
+    if config.target_hidden_size != config.hidden_size:
+        # Only when it differs: EAGLE's own loader (cnets.Model) copies the target's embedding into the
+        # drafter only for configs WITHOUT target_hidden_size; with it, it expects embed_tokens.weight in
+        # the checkpoint, so ours (which shares, not stores, the embedding) would run on random rows.
+        out["target_hidden_size"] = config.target_hidden_size
     eagle: dict[str, Any] = {"use_aux_hidden_state": True, "use_input_layernorm_in_first_layer": True,
                              "use_last_layernorm": True}
     if config.target_layer_ids is not None:
