@@ -28,3 +28,9 @@ class UsageError(SpecpressError):
     """A request that cannot be carried out as asked (e.g. a prompt longer than the context)."""
 
     exit_code = 2
+
+
+class Interrupted(SpecpressError):
+    """The user stopped a run (Ctrl-C); the message says what was saved and how to continue."""
+
+    exit_code = 130

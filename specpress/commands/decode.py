@@ -129,7 +129,7 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
           --policy dynamic:depth=4,topk=2,budget=8 --prompts prompts.jsonl --max-new-tokens 64 --json e3c.json
     """
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress
 
     from specpress.artifacts import write_json
     from specpress.runtime.bench import bench_plain, bench_speculative, default_policy, load_bench_inputs
@@ -137,6 +137,7 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
     from specpress.runtime.compile import compile_drafter as compile_fn
     from specpress.runtime.compile import compile_errors
     from specpress.runtime.policy import parse_policy
+    from specpress.ticker import bar_columns
 
     check_compile(compile_drafter, drafter_dir)
     console = Console(stderr=True)
@@ -154,8 +155,7 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
         drafter_bytes = int(inspect_artifact(drafter_dir)["bytes"])
         if compile_drafter:
             compile_fn(drafter)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as progress, compile_errors(compile_drafter):
+    with Progress(*bar_columns(), console=console, transient=True) as progress, compile_errors(compile_drafter):
         task = progress.add_task("decoding" if drafter is None else f"decoding ({pol}) + baseline",
                                  total=len(prompts))
         kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, config=config,
