@@ -34,3 +34,7 @@ class Interrupted(SpecpressError):
     """The user stopped a run (Ctrl-C); the message says what was saved and how to continue."""
 
     exit_code = 130
+
+
+class SweepFailed(SpecpressError):
+    """A sweep finished but some of its points failed (and failures were not tolerated)."""

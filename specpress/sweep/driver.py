@@ -345,6 +345,15 @@ def sizing_bytes(ctx: Any, point: Point, drafter: Any) -> int:
     return int(stored_bytes(drafter, ctx.stored_dtype()))
 
 
+def failure_summary(records: list[dict[str, Any]]) -> str:
+    """'' when every run succeeded, else 'N of M runs failed: point (policy): error; …'."""
+    bad = [r for r in records if r.get("status") != "ok"]
+    if not bad:
+        return ""
+    what = "; ".join(f"{r['point']} ({r.get('policy')}, T={r.get('temperature')}): {r.get('error')}" for r in bad[:5])
+    return f"{len(bad)} of {len(records)} runs failed: {what}{' …' if len(bad) > 5 else ''}"
+
+
 def parse_loss(text: str) -> float:
     """'3%' or '0.03' -> 0.03; must lie in (0, 1)."""
     s = str(text).strip()
