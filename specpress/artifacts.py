@@ -171,6 +171,19 @@ def check_writable(out: Path, flag: str = "--out") -> None:
                          f"location") from None
 
 
+def check_output_file(path: Path | str, flag: str, inputs: Mapping[str, Any] | None = None) -> None:
+    """A file the command writes at the end (bench --json): not an input, not a directory, writable; checked
+    before the work so a bad path does not cost the result."""
+    path = Path(path).expanduser()
+    for name, inp in (inputs or {}).items():  # a file beside or inside an input harms nothing; over one, it does
+        if inp is not None and path.resolve() == Path(inp).expanduser().resolve():
+            raise UsageError(f"{flag} {path} is the input {name} {inp}: writing it would destroy the input; "
+                             f"choose another {flag}")
+    if path.is_dir():
+        raise UsageError(f"{flag} {path} is a directory; give a file path")
+    check_writable(path, flag)
+
+
 @contextmanager
 def claim_output(out: Path | str, *, force: bool = False, inputs: Mapping[str, Any] | None = None,
                  kind: Kind = "dir", partial: bool = False, resume: bool = False,

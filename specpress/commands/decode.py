@@ -131,7 +131,7 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
     from rich.console import Console
     from rich.progress import Progress
 
-    from specpress.artifacts import write_json
+    from specpress.artifacts import check_output_file, write_json
     from specpress.runtime.bench import bench_plain, bench_speculative, default_policy, load_bench_inputs
     from specpress.runtime.bench import load_drafter_for
     from specpress.runtime.compile import compile_drafter as compile_fn
@@ -140,6 +140,9 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
     from specpress.ticker import bar_columns
 
     check_compile(compile_drafter, drafter_dir)
+    if json_out:  # before decoding: a bad path must not cost the measurement
+        check_output_file(json_out, "--json", {"--target": target_dir, "--prompts": prompts_file,
+                                               "--drafter": drafter_dir})
     console = Console(stderr=True)
     target, prompts = load_bench_inputs(target_dir, prompts_file, dtype)
     config = {"target": str(target_dir), "prompts_file": str(prompts_file), "dtype": dtype,
