@@ -121,7 +121,7 @@ def read_header(f: Path) -> dict[str, TensorInfo]:
         raise CheckpointError(f"{f} is missing (named in the shard index)")
 
     def bad(why: str) -> CheckpointError:
-        return CheckpointError(f"{f} is not a valid safetensors file: {why}; re-download or rebuild it")
+        return CheckpointError(f"{f} is not a readable safetensors file: {why}; re-download or rebuild it")
 
     size = f.stat().st_size
     if size < 8:

@@ -1,0 +1,55 @@
+"""Issue 21, items 7 and 9: no false alarms about the right target, a refusal for the wrong one, and
+messages that say what the user typed and what the command accepts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from drafters_common import CONFIGS, make, random_eos_target, save_with_tokenizer
+
+from specpress.cli import cli
+from specpress.errors import CheckpointError
+from specpress.models.drafter_io import load_drafter, save_drafter
+from specpress.models.target import TargetConfig, TargetModel, load_target, save_target
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("inputs")
+    t = random_eos_target()
+    tdir, data = save_with_tokenizer(t, root)
+    return root, t, tdir, data
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+def test_strict_accepts_the_right_target_in_any_dtype(setup, dtype):
+    root, t, tdir, _ = setup
+    drafter = root / "e3"
+    if not drafter.exists():
+        save_drafter(make("eagle3", t), drafter)
+    res = invoke("run", "--target", tdir, "--drafter", drafter, "--dtype", dtype, "--strict", "--prompt", "def add",
+                 "--max-new-tokens", "2")
+    assert res.exit_code == 0, (res.output, res.exception)
+
+
+def test_eagle3_records_its_taps_and_refuses_a_target_of_another_depth(setup, tmp_path):
+    root, t, tdir, _ = setup
+    d = save_drafter(make("eagle3", t), tmp_path / "e3")
+    cfg = json.loads((d / "config.json").read_text())
+    n = t.config.num_hidden_layers
+    assert cfg["num_target_layers"] == n and cfg["eagle_aux_hidden_state_layer_ids"] == [2, n // 2, n - 3]
+    import dataclasses
+
+    shallow = TargetModel(dataclasses.replace(t.config, num_hidden_layers=4)).eval()
+    with pytest.raises(CheckpointError, match="num_target_layers\\) = 8, target .* = 4"):
+        load_drafter(d, shallow)
+    for key in ("num_target_layers", "eagle_aux_hidden_state_layer_ids", "eagle_config"):  # a public checkpoint
+        cfg.pop(key)
+    (d / "config.json").write_text(json.dumps(cfg))
+    assert load_drafter(d, shallow).taps == (2, 2, 1)  # unrecorded: the target's default taps, as before
