@@ -53,3 +53,35 @@ def test_eagle3_records_its_taps_and_refuses_a_target_of_another_depth(setup, tm
         cfg.pop(key)
     (d / "config.json").write_text(json.dumps(cfg))
     assert load_drafter(d, shallow).taps == (2, 2, 1)  # unrecorded: the target's default taps, as before
+
+
+def test_an_unknown_architecture_is_refused_even_with_a_draft_vocab(tmp_path):
+    cfg = {"architectures": ["MysteryForCausalLM"], "hidden_size": 32, "vocab_size": 61, "draft_vocab_size": 24,
+           "num_attention_heads": 4, "intermediate_size": 40}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    res = invoke("inspect", tmp_path / "config.json")
+    assert "none claims architectures ['MysteryForCausalLM']" in str(res.exception)
+    assert "LlamaForCausalLMEagle3" in str(res.exception) and "LlamaForCausalLM" in str(res.exception)
+
+
+def test_context_errors_quote_what_the_user_typed(setup, tmp_path):
+    root, t, tdir, _ = setup
+    drafter = root / "e3"
+    if not drafter.exists():
+        save_drafter(make("eagle3", t), drafter)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"input_ids": [1] * 120}) + "\n")  # context 128
+    res = invoke("bench", "--target", tdir, "--drafter", drafter, "--prompts", prompts, "--max-new-tokens", "6",
+                 "--policy", "chain:4")
+    msg = str(res.exception)
+    assert "with --max-new-tokens 6 (+" in msg and "for the drafts)" in msg, msg
+
+
+def test_without_a_tokenizer_nobody_is_told_to_use_input_ids_where_they_cannot(setup, tmp_path):
+    root, t, _, data = setup
+    bare = save_target(t, tmp_path / "bare")
+    res = invoke("run", "--target", bare, "--prompt", "def", "--max-new-tokens", "2")
+    assert "no tokenizer.json" in str(res.exception) and "input_ids" not in str(res.exception)
+    res = invoke("distill", "--target", bare, "--family", "eagle3", "--data", data, "--out", tmp_path / "d",
+                 "--steps", "1", "--seq-len", "16")
+    assert "no tokenizer.json" in str(res.exception) and "input_ids" not in str(res.exception)
