@@ -85,3 +85,22 @@ def test_without_a_tokenizer_nobody_is_told_to_use_input_ids_where_they_cannot(s
     res = invoke("distill", "--target", bare, "--family", "eagle3", "--data", data, "--out", tmp_path / "d",
                  "--steps", "1", "--seq-len", "16")
     assert "no tokenizer.json" in str(res.exception) and "input_ids" not in str(res.exception)
+
+
+def test_inspect_shows_the_chain_of_steps_readably(setup, tmp_path):
+    root, t, tdir, data = setup
+    d, q = tmp_path / "d", tmp_path / "q"
+    res = invoke("distill", "--target", tdir, "--family", "eagle3", "--data", data, "--out", d, "--steps", "2",
+                 "--batch", "2", "--seq-len", "16", "--draft-vocab", "40")
+    assert res.exit_code == 0, (res.output, res.exception)
+    res = invoke("quantize", "--drafter", d, "--out", q, "--scheme", "int8", "--target", tdir, "--data", data,
+                 "--seq-len", "16", "--batch", "2")
+    assert res.exit_code == 0, (res.output, res.exception)
+    res = invoke("inspect", q)
+    assert res.exit_code == 0, (res.output, res.exception)
+    lines = res.output.splitlines()
+    first = next(i for i, ln in enumerate(lines) if ln.startswith("  1. "))
+    assert lines[first].startswith("  1. distill eagle3: 2 steps, loss ")
+    chain = "\n".join(lines[first:])
+    assert str(data) in chain and "\n  2. quantize int8 rtn: " in chain and "acc@k" in chain
+    assert "{" not in chain  # no raw JSON
