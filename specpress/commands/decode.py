@@ -132,6 +132,7 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
     from rich.progress import Progress
 
     from specpress.artifacts import check_output_file, write_json
+    from specpress.machine import LoadMeter, load_warning
     from specpress.runtime.bench import bench_plain, bench_speculative, default_policy, load_bench_inputs
     from specpress.runtime.bench import load_drafter_for
     from specpress.runtime.compile import compile_drafter as compile_fn
@@ -158,6 +159,7 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
         drafter_bytes = int(inspect_artifact(drafter_dir)["bytes"])
         if compile_drafter:
             compile_fn(drafter)
+    meter = LoadMeter()  # other processes' share of our cores while timing (a warning when they compete)
     with Progress(*bar_columns(), console=console, transient=True) as progress, compile_errors(compile_drafter):
         task = progress.add_task("decoding" if drafter is None else f"decoding ({pol}) + baseline",
                                  total=len(prompts))
@@ -168,6 +170,9 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
         else:
             result = bench_speculative(target, drafter, prompts, max_new_tokens, pol, drafter_bytes=drafter_bytes,
                                        warmup_prompts=COMPILE_WARMUP_PROMPTS if compile_drafter else 0, **kw)
+    result["machine"] = meter.stop()
+    if warning := load_warning(result["machine"]):
+        console.print(warning, style="yellow", highlight=False)
     n_tok = sum(len(o) for o in result["outputs"])
     if drafter is None:
         console.print(f"{len(prompts)} prompts, {n_tok} tokens, {result['tokens_per_s']:.1f} tok/s "
