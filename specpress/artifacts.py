@@ -95,7 +95,7 @@ def hold_lock(out: Path | str) -> Iterator[None]:
         fh.close()
     fh.seek(0)
     fh.truncate()
-    fh.write(f"pid {os.getpid()}: {' '.join(sys.argv[:1] + sys.argv[1:])[:300]}\n")
+    fh.write(f"pid {os.getpid()}: {' '.join(sys.argv)[:300]}\n")
     fh.flush()
     _HELD[lf] = [fh, 1]
     try:

@@ -180,9 +180,17 @@ def test_regenerate_ctrl_c_says_what_was_saved(setup, tmp_path, monkeypatch):
 
     monkeypatch.setattr(regen, "continue_batch", stop_second)
     out = tmp_path / "r.jsonl"
-    res = invoke(*commands(root, tdir, data, drafter, out)["regenerate"], "--batch", "1")
+    args = [*commands(root, tdir, data, drafter, out)["regenerate"], "--batch", "1"]
+    res = invoke(*args)
     assert isinstance(res.exception, Interrupted)
     assert f"1 of 2 sequences saved in {out}.partial" in str(res.exception)
+    monkeypatch.setattr(regen, "continue_batch", real)
+    res = invoke(*args)
+    assert isinstance(res.exception, UsageError) and "--resume" in str(res.exception)
+    res = invoke(*args, "--resume")
+    assert res.exit_code == 0 and len(out.read_text().splitlines()) == 2, (res.output, res.exception)
+    res = invoke(*commands(root, tdir, data, drafter, tmp_path / "fresh.jsonl")["regenerate"], "--resume")
+    assert res.exit_code == 0 and "starting from the beginning" in res.output, (res.output, res.exception)
 
 
 def test_outputs_are_readable_like_any_other_file(setup, tmp_path):

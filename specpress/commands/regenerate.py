@@ -79,8 +79,9 @@ def regenerate(target_dir: Path, data_path: Path, out: Path, sequences: int, pro
                 ticker.tick(done, "sequences")
 
             try:
-                card = run(target, tok, stream, cfg, out, resume=resume, force=force, source=str(data_path),
-                           on_batch=on_batch)
+                assert claim.partial is not None  # --resume without one: said in claim.notes, starts fresh
+                card = run(target, tok, stream, cfg, out, resume=resume and claim.partial.exists(), force=force,
+                           source=str(data_path), on_batch=on_batch)
             except KeyboardInterrupt:
                 assert claim.partial is not None
                 raise interrupted(claim.partial, regen_saved(claim.partial)) from None
