@@ -1,4 +1,11 @@
-"""How busy the machine was while a run was timed: other processes' share of the CPUs the run may use.
+"""What this machine can take, and how busy it was.
+
+Memory: `check_seq_len` refuses a window longer than the target's context, or a step that cannot fit in
+memory, before the work starts rather than leaving it to the kernel's OOM killer. The memory figure is a
+rough lower bound (logits, attention scores and activations of one step), so a refusal is certain to be
+right while a pass promises nothing.
+
+Load: how busy the machine was while a run was timed: other processes' share of the CPUs the run may use.
 
 Timings taken while another job competes for the same cores are not to be trusted (a τ = 1.00 drafter
 once measured 1.96x). `LoadMeter` reads /proc/stat for the run's CPUs (sched_getaffinity) and
@@ -13,6 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from specpress.errors import UsageError
 
 COMPETING_SHARE = 0.2  # others busy on >= 20 % of the run's cores on average: say so
 
@@ -83,3 +92,53 @@ def load_warning(machine: dict[str, Any] | None) -> str | None:
     return (f"warning: other processes kept {100 * machine['other_cpu_share']:.0f}% of the {machine['cpus']} CPU(s) "
             f"this run uses busy (load average {machine['loadavg_1m']}); tokens/s and speedup are not to be "
             f"trusted: rerun on a quiet machine")
+
+
+# ---------------------------------------------------------------------------------------------- memory
+
+
+def available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (None where there is no such file)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def step_bytes(cfg: Any, batch: int, seq_len: int, training: bool) -> int:
+    """A lower bound on the memory one [batch, seq_len] step of `cfg` (a TargetConfig) holds at its peak."""
+    b, t, f = batch, seq_len, 4  # fp32 bytes
+    logits = b * t * cfg.vocab_size * f * (4 if training else 2)  # target + drafter logits, softmax, grads
+    scores = b * cfg.num_attention_heads * t * t * f * 2  # one layer's attention weights (+ its softmax)
+    acts = b * t * cfg.hidden_size * f * (cfg.num_hidden_layers + 2) * (4 if training else 1)
+    return logits + scores + acts
+
+
+def _fmt(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def check_seq_len(target_dir: Path | str, seq_len: int, batch: int, *, training: bool = True,
+                  what: str | None = None) -> None:
+    """A window of `seq_len` tokens (`what` names the flags that set it) within the target's context, and one
+    [batch, seq_len] step's estimated memory within what is free."""
+    from specpress.models.io import read_config
+    from specpress.models.target import TargetConfig
+
+    what = what or f"--seq-len {seq_len}"
+    cfg = TargetConfig.from_hf(read_config(target_dir), source=str(Path(target_dir) / "config.json"))
+    if seq_len > cfg.max_context:
+        raise UsageError(f"{what} is longer than the target's context ({cfg.max_context} positions, "
+                         f"{target_dir}/config.json): positions past it are ones the target never computes; "
+                         f"use at most {cfg.max_context}")
+    need, free = step_bytes(cfg, batch, seq_len, training), available_bytes()
+    if free is not None and need > free:
+        raise UsageError(f"one step of --batch {batch} x {what} needs at least {_fmt(need)} of memory on this "
+                         f"target; {_fmt(free)} is available: use a smaller window or --batch")

@@ -1,64 +1,16 @@
-"""Checks the commands run on their options before any work starts, and what they say when stopped.
+"""What the commands check on their options before any work starts, and what they say when stopped.
 
-`check_seq_len`: a window longer than the target's context, or a training step that cannot fit in
-memory, is refused here rather than found by the kernel's OOM killer hours later. The memory figure
-is a rough lower bound (logits, attention scores and activations of one step), so a refusal is
-certain to be right while a pass promises nothing.
+`check_seq_len` (specpress.machine) refuses a window past the target's context or beyond memory.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from specpress.errors import Interrupted, UsageError
+from specpress.machine import check_seq_len
 
-
-def available_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo (None where there is no such file)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def step_bytes(cfg: Any, batch: int, seq_len: int, training: bool) -> int:
-    """A lower bound on the memory one [batch, seq_len] step of `cfg` (a TargetConfig) holds at its peak."""
-    b, t, f = batch, seq_len, 4  # fp32 bytes
-    logits = b * t * cfg.vocab_size * f * (4 if training else 2)  # target + drafter logits, softmax, grads
-    scores = b * cfg.num_attention_heads * t * t * f * 2  # one layer's attention weights (+ its softmax)
-    acts = b * t * cfg.hidden_size * f * (cfg.num_hidden_layers + 2) * (4 if training else 1)
-    return logits + scores + acts
-
-
-def _fmt(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def check_seq_len(target_dir: Path | str, seq_len: int, batch: int, *, training: bool = True,
-                  what: str | None = None) -> None:
-    """A window of `seq_len` tokens (`what` names the flags that set it) within the target's context, and one
-    [batch, seq_len] step's estimated memory within what is free."""
-    from specpress.models.io import read_config
-    from specpress.models.target import TargetConfig
-
-    what = what or f"--seq-len {seq_len}"
-    cfg = TargetConfig.from_hf(read_config(target_dir), source=str(Path(target_dir) / "config.json"))
-    if seq_len > cfg.max_context:
-        raise UsageError(f"{what} is longer than the target's context ({cfg.max_context} positions, "
-                         f"{target_dir}/config.json): positions past it are ones the target never computes; "
-                         f"use at most {cfg.max_context}")
-    need, free = step_bytes(cfg, batch, seq_len, training), available_bytes()
-    if free is not None and need > free:
-        raise UsageError(f"one step of --batch {batch} x {what} needs at least {_fmt(need)} of memory on this "
-                         f"target; {_fmt(free)} is available: use a smaller window or --batch")
+__all__ = ["check_seq_len", "interrupted", "distill_saved", "regen_saved", "check_not_quantized"]
 
 
 def interrupted(partial: Path, saved: str | None) -> Interrupted:

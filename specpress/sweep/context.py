@@ -130,11 +130,13 @@ def resolve_drafter(recipe: Recipe, target_dir: Path, log: Callable[[str], None]
         return spec.path
     from specpress.compress.data import WindowSampler
     from specpress.compress.distill import distill, split_stream
+    from specpress.machine import check_seq_len
     from specpress.models.drafter import target_fingerprint
     from specpress.models.target import load_target
 
-    target = load_target(target_dir, dtype=recipe.dtype)
     cfg, data = spec.distill.config, spec.distill.data
+    check_seq_len(target_dir, cfg.seq_len, cfg.batch, what=f"drafter: distill: seq_len {cfg.seq_len}")
+    target = load_target(target_dir, dtype=recipe.dtype)
     key = _sha({"config": {k: v for k, v in cfg.to_dict().items() if k != "checkpoint_minutes"},
                 "data": data.to_json(), "target": target_fingerprint(target.config, target)})
     out = cache_root() / "drafters" / key

@@ -274,3 +274,15 @@ def test_jobs_run_points_in_parallel_processes(done, tmp_path):
     for pid in ("int8", "int4-g8"):  # the same numbers as the serial sweep: greedy decoding is deterministic
         assert recs[pid]["per_prompt_tau"] == by_point(serial)[pid]["per_prompt_tau"]
         assert recs[pid]["bench_config"]["threads"] == max(1, cores() // 2) and recs[pid]["paired"] is not None
+
+
+def test_a_recipe_distill_window_past_the_context_is_refused_before_training(tmp_path, monkeypatch):
+    from specpress.sweep.context import resolve_drafter
+
+    write_setup(tmp_path)
+    monkeypatch.setenv("SPECPRESS_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump({**RECIPE, "drafter": {"distill": {
+        "family": "lm", "steps": 2, "batch": 2, "seq_len": 4096, "layers": 1, "data": "ids.jsonl"}}}))
+    with pytest.raises(UsageError, match="drafter: distill: seq_len 4096 is longer than the target's context"):
+        resolve_drafter(load_recipe(tmp_path / "r.yaml"), tmp_path / "target", log=lambda m: None)
+    assert not (tmp_path / "cache" / "drafters").exists()
