@@ -30,7 +30,7 @@ COMPETING_SHARE = 0.2  # others busy on >= 20 % of the run's cores on average: s
 class Snapshot:
     wall: float  # seconds (monotonic)
     busy: float  # CPU-seconds the run's CPUs spent busy, all processes together
-    own: float  # CPU-seconds this process (all its threads, waited-for children) used
+    own: float  # CPU-seconds this process (all its threads) used; reaped children are others
 
 
 def _ticks() -> int:
@@ -55,7 +55,7 @@ def snapshot(cpus: list[int]) -> Snapshot | None:
         if parts and parts[0] in wanted:
             vals = [int(v) for v in parts[1:9]]  # user nice system idle iowait irq softirq steal
             busy += sum(vals) - vals[3] - vals[4]
-    own = sum(int(v) for v in own_fields[11:15])  # utime stime cutime cstime (fields 14-17)
+    own = int(own_fields[11]) + int(own_fields[12])  # utime + stime (fields 14, 15): every thread of ours
     return Snapshot(time.monotonic(), busy / _ticks(), own / _ticks())
 
 
