@@ -18,7 +18,7 @@ residual entering layer j = tap j). Both are written, each in its own convention
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Mapping
 
 import torch
@@ -50,6 +50,8 @@ class Eagle3Config(LlamaDrafterConfig):
     target_hidden_size: int | None = None  # default: hidden_size
     # Taps in HF hidden_states indexing; None = default_taps(L) of the target it is attached to.
     target_layer_ids: tuple[int, ...] | None = None
+    # The target's layer count the taps were taken from; None (public checkpoints) = not recorded.
+    num_target_layers: int | None = None
 
     def validate(self) -> None:
         super().validate()
@@ -124,11 +126,21 @@ class Eagle3Drafter(Drafter):
         self._mismatch("hidden_size", c.hidden_size, target.hidden_size)
         self._mismatch("hidden_size (target_hidden_size)", c.target_hidden_size, target.hidden_size)
         self._mismatch("vocab_size", c.vocab_size, target.vocab_size)
+        if c.num_target_layers is not None:  # like MTP / DFlash: taps of another depth mean other features
+            self._mismatch("num_hidden_layers (num_target_layers)", c.num_target_layers, target.num_hidden_layers)
         taps = c.target_layer_ids or default_taps(target.num_hidden_layers)
         bad = [i for i in taps if not 0 <= i <= target.num_hidden_layers]
         if bad:
             raise CheckpointError(f"eagle3 drafter taps {list(taps)} include {bad}, outside the target's "
                                   f"hidden states 0..{target.num_hidden_layers}")
+
+    def attach_target(self, target: Any) -> "Eagle3Drafter":
+        """Attach, then record the taps used and the target's depth in the config (saved with the artifact)."""
+        super().attach_target(target)
+        c, n = self.config, target.config.num_hidden_layers
+        if c.target_layer_ids is None or c.num_target_layers is None:
+            self.config = replace(c, target_layer_ids=c.target_layer_ids or default_taps(n), num_target_layers=n)
+        return self
 
     def cache_dims(self) -> tuple[int, int, int]:
         return 1, self.config.num_key_value_heads, self.config.head_dim
@@ -223,7 +235,8 @@ def read_config(cfg: Mapping[str, Any], source: str) -> Eagle3Config:
                           f"layer j) and eagle_aux_hidden_state_layer_ids {list(top)} (input of layer j) disagree")
     return Eagle3Config(**fields, draft_vocab_size=int(cfg.get("draft_vocab_size") or fields["vocab_size"]),
                         target_hidden_size=cfg.get("target_hidden_size") or fields["hidden_size"],
-                        target_layer_ids=taps_nested or taps_top)
+                        target_layer_ids=taps_nested or taps_top,
+                        num_target_layers=int(cfg["num_target_layers"]) if cfg.get("num_target_layers") else None)
 
 
 def write_config(config: Eagle3Config) -> dict[str, Any]:
@@ -241,6 +254,8 @@ def write_config(config: Eagle3Config) -> dict[str, Any]:
         eagle["eagle_aux_hidden_state_layer_ids"] = [i - 1 for i in config.target_layer_ids]
         out["eagle_aux_hidden_state_layer_ids"] = list(config.target_layer_ids)
     out["eagle_config"] = eagle
+    if config.num_target_layers is not None:
+        out["num_target_layers"] = config.num_target_layers
     return out
 
 
