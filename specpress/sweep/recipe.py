@@ -18,6 +18,8 @@
     calibration: zoo-train           # data for gptq, prune importance / vocab, recovery: zoo-train | PATH
     agreement_batches: 4             # batches of [8, 128] windows for acc@k; 0 = off
     agreement_data: zoo-val          # zoo-val (held-out stdlib files) | PATH
+    executor: {kind: ray, resources: {cpus: 4, gpus: 1, memory_gb: 16}, retries: 2}   # or local (default);
+                                     # how points run, not part of the hash (executors.py)
 
 Data (`calibration`, `agreement_data`, `distill.data`): `zoo-train` / `zoo-val` (or `zoo:train` / `zoo:val`,
 as the CLI's --data spells them) are the splits of the
@@ -37,12 +39,13 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from specpress.errors import ConfigError
+from specpress.sweep.executors import parse_executor
 from specpress.sweep.grid import Point, expand_grid
 
 RECIPE_VERSION = 1
 TOP_KEYS = ("version", "name", "description", "target", "drafter", "grid", "policies", "prompts", "temperatures",
             "backends", "max_new_tokens", "seed", "dtype", "float_dtype", "calibration", "agreement_batches",
-            "agreement_data")
+            "agreement_data", "executor")
 REQUIRED = ("target", "drafter", "grid", "prompts")
 BACKENDS = ("torch",)  # onnxruntime / tensorrt drafters are not wired into sweeps yet
 DTYPES = ("fp32", "bf16", "fp16")
@@ -121,6 +124,7 @@ class Recipe:
     name: str = ""
     description: str = ""
     source: Path | None = None
+    executor: Any = None  # executors.ExecutorSpec; how points run, kept out of to_dict and so of the hash
 
     def point(self, pid: str) -> Point:
         for p in self.points:
@@ -305,7 +309,8 @@ def parse_recipe(obj: Any, base_dir: Path, source: Path | None = None) -> Recipe
             agreement_batches=_int(d.get("agreement_batches", 4), "agreement_batches", 0),
             agreement_data=_data(d.get("agreement_data", "zoo-val"), "agreement_data", base_dir),
             skipped=skipped, name=str(d.get("name") or (source.stem if source else "")),
-            description=str(d.get("description") or ""), source=source)
+            description=str(d.get("description") or ""), source=source,
+            executor=parse_executor(d["executor"]) if "executor" in d else None)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
 
