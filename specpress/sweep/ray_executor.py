@@ -49,6 +49,10 @@ def _point_task(setup: WorkerSetup, probe: str, token: str, point: Any, runs: li
 class RayExecutor:
     def __init__(self, spec: ExecutorSpec, jobs: int | None) -> None:
         self.spec, self.jobs = spec, jobs
+        r = spec.resources
+        gpu = "1 GPU if the cluster has GPUs" if r.gpus is None else f"{r.gpus:g} GPU"
+        self._label = f"{r.cpus:g} CPU, {gpu}" + (f", {r.memory_gb:g} GiB" if r.memory_gb else "") + \
+            f" per point; {spec.retries} retries"
 
     def threads(self, cores: int) -> int:
         return max(1, int(self.spec.resources.cpus))
@@ -70,8 +74,6 @@ class RayExecutor:
                                 "retry_exceptions": False, "max_calls": 0}
         if r.memory_gb:
             opts["memory"] = int(r.memory_gb * 2**30)
-        self._label = f"{r.cpus:g} CPU, {gpus:g} GPU" + (f", {r.memory_gb:g} GiB" if r.memory_gb else "") + \
-            f" each, {self.spec.retries} retries"
         return opts
 
     def run(self, setup: WorkerSetup, todo: Todo, on_result: OnResult, on_status: OnStatus) -> None:
@@ -86,7 +88,7 @@ class RayExecutor:
         try:
             opts = self._options(ray)
             self._check_shared(ray, opts, str(setup.out), probe, token)
-            task = ray.remote(_point_task).options(**opts)
+            task = ray.remote(**opts)(_point_task)
             setup_ref = ray.put(setup)
             pending = deque(todo)
             failed = 0

@@ -98,6 +98,7 @@ def test_executor_ray_without_ray_says_how_to_install(setup, monkeypatch):
     assert not (setup / "noray").exists()  # refused before any work
 
 
+@pytest.mark.slow  # ~50 s here: four worker processes each import torch and open the context
 def test_local_pool_a_killed_worker_fails_only_its_point(setup):
     """int8's worker is killed on both its attempts (retries 1): recorded failed with the reason; int4-g8's
     is killed once: retried on a fresh worker and measured; the pool goes on throughout."""
