@@ -160,7 +160,7 @@ class Sweep:
         (local, jobs 1), or handed to an executor (local with jobs > 1: worker processes; ray: Ray tasks)."""
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        spec = executor or ExecutorSpec()
+        spec = executor or self.recipe.executor or ExecutorSpec()
         pts = list(points or self.recipe.points)
         todo = [(p, self.missing(p, self.runs())) for p in pts]
         todo = [(p, runs) for p, runs in todo if runs]

@@ -111,3 +111,25 @@ def test_local_pool_a_killed_worker_fails_only_its_point(setup):
     assert by["int4-g8"]["status"] == "ok" and by["base"]["status"] == "ok"
     assert by["int4-g8"]["paired"] is not None and by["int4-g8"]["per_prompt_tau"]
     assert not list((out / "running").glob("*.json"))  # the driver clears a point's marker once recorded
+
+
+def test_ctrl_c_stops_the_local_workers(setup):
+    """A KeyboardInterrupt in the driver's loop (here raised from the progress callback) terminates every
+    worker, busy or not, and propagates."""
+    import multiprocessing as mp
+
+    from specpress.sweep.executors import WorkerSetup
+    from specpress.sweep.local_executor import LocalExecutor
+
+    recipe = load_recipe(setup / "two.yaml")
+    ws = WorkerSetup(recipe, setup / "ctrlc", setup / "target", setup / "drafter", "digest", 1)
+    seen = []
+
+    def interrupt(running: int, failed: int) -> None:
+        seen.extend(p for p in mp.active_children() if p.is_alive())
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        LocalExecutor(ExecutorSpec(), 2).run(ws, [(p, [("chain:3", 0.0, "torch")]) for p in recipe.points[1:]],
+                                             lambda *a: pytest.fail("no result expected"), interrupt)
+    assert len(seen) == 2 and not any(p.is_alive() for p in seen)

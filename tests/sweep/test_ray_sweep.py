@@ -55,6 +55,20 @@ def test_ray_sweep_gives_the_in_process_table(cluster):
     assert (root / "viaray" / "table.md").is_file() and not list((root / "viaray").glob(".ray-probe-*"))
 
 
+def test_a_worker_that_cannot_see_out_fails_at_once(cluster, tmp_path):
+    """The start probe: a worker reading another file at --out's path (a node without the shared
+    filesystem) stops the sweep with the reason."""
+    from specpress.errors import UsageError
+    from specpress.sweep.ray_executor import RayExecutor
+
+    ex = RayExecutor(ExecutorSpec(kind="ray"), None)
+    (tmp_path / ".probe").write_text("another node's file")
+    with pytest.raises(UsageError, match="every node mounts at the same path"):
+        ex._check_shared(ray, ex._options(ray), str(tmp_path), ".probe", "the driver's token")
+    (tmp_path / ".probe").write_text("the driver's token")
+    ex._check_shared(ray, ex._options(ray), str(tmp_path), ".probe", "the driver's token")  # seen: no error
+
+
 def test_a_killed_task_is_retried_then_recorded(cluster):
     """retries 1: int8's worker is killed on both attempts -> failed with Ray's reason; int4-g8's once ->
     retried and measured."""
