@@ -112,7 +112,8 @@ def clear_running(out: Path, point: Point) -> None:
 
 
 def died_records(point: Point, runs: list[Any], reason: str) -> list[dict[str, Any]]:
-    """One failed record per run of a point whose worker died on every attempt."""
+    """One failed record per run of a point that could not be measured (its worker died on every attempt,
+    or could not open the sweep's context)."""
     return [{"point": point.id, "steps": [s.to_dict() for s in point.steps], "policy": r[0],
              "temperature": float(r[1]), "backend": r[2], "status": "failed", "error": reason, "traceback": []}
             for r in runs]
@@ -151,10 +152,14 @@ def worker_context(setup: WorkerSetup) -> Any:
 
 
 def measure_in_worker(setup: WorkerSetup, point: Point, runs: list[Any], attempt: int | None) -> list[dict[str, Any]]:
-    from specpress.sweep.run import measure_point
+    from specpress.sweep.run import error_summary, measure_point
 
     mark_running(setup.out, point, attempt)
-    return measure_point(worker_context(setup), point, runs)
+    try:
+        ctx = worker_context(setup)
+    except Exception as exc:  # e.g. the target unreadable on this node: recorded with the reason, not retried
+        return [{**rec, **error_summary(exc)} for rec in died_records(point, runs, "")]
+    return measure_point(ctx, point, runs)
 
 
 # ----------------------------------------------------------------------------------------------

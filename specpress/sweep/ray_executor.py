@@ -103,8 +103,9 @@ class RayExecutor:
                     try:
                         recs = ray.get(ref)
                     except ray.exceptions.RayError as exc:  # worker died on every attempt, OOM, node lost
-                        recs = died_records(p, runs, f"{type(exc).__name__}: the Ray task for this point failed "
-                                                     f"on each of {self.spec.retries + 1} attempt(s): "
+                        how = "raised" if isinstance(exc, ray.exceptions.RayTaskError) else \
+                            f"failed on each of {self.spec.retries + 1} attempt(s)"
+                        recs = died_records(p, runs, f"{type(exc).__name__}: the Ray task for this point {how}: "
                                                      f"{str(exc).strip().splitlines()[0][:300]}")
                     if isinstance(recs, tuple):
                         raise UsageError(f"a Ray worker on {recs[1]} cannot read {setup.out / probe}: {SHARED_FS}")

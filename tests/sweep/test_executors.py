@@ -133,3 +133,17 @@ def test_ctrl_c_stops_the_local_workers(setup):
         LocalExecutor(ExecutorSpec(), 2).run(ws, [(p, [("chain:3", 0.0, "torch")]) for p in recipe.points[1:]],
                                              lambda *a: pytest.fail("no result expected"), interrupt)
     assert len(seen) == 2 and not any(p.is_alive() for p in seen)
+
+
+def test_a_worker_that_cannot_open_the_context_records_why(setup, tmp_path):
+    """What a worker returns when it cannot load the target (e.g. a node without it): failed records
+    with the reason, one per run, rather than a worker exit that says nothing."""
+    from specpress.sweep.executors import WorkerSetup, measure_in_worker
+
+    recipe = load_recipe(setup / "two.yaml")
+    ws = WorkerSetup(recipe, tmp_path, tmp_path / "no-target", setup / "drafter", "digest", 1)
+    runs = [("chain:3", 0.0, "torch"), ("chain:3", 1.0, "torch")]
+    recs = measure_in_worker(ws, recipe.points[1], runs, 1)
+    assert [r["temperature"] for r in recs] == [0.0, 1.0] and all(r["status"] == "failed" for r in recs)
+    assert "no-target" in recs[0]["error"] and recs[0]["traceback"]
+    assert json.loads((tmp_path / "running" / "int8.json").read_text())["pid"] == os.getpid()
