@@ -14,8 +14,16 @@ import click
 @click.option("--force", is_flag=True,
               help="Discard --out's previous results (another recipe's, or this one's); built artifacts whose "
                    "settings match are still reused.")
-@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Points measured in N parallel processes (each with cores/N torch threads).")
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="Points measured at once: local, N worker processes with cores/N torch threads each "
+                   "[default: 1]; ray, at most N tasks in flight [default: as many as the cluster's resources "
+                   "allow].")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default=None,
+              help="Where points run: local (this machine) or ray (one Ray task per point; pip install "
+                   "'specpress[ray]')  [default: the recipe's executor:, else local]")
+@click.option("--address", default=None,
+              help="With --executor ray: the cluster to join (auto, ray://HOST:10001, HOST:6379); default: a "
+                   "local Ray instance started for this sweep.")
 @click.option("--find-smallest", is_flag=True,
               help="Search the grid for the smallest drafter keeping tau (see --max-tau-loss) instead of running "
                    "every point.")
@@ -24,8 +32,8 @@ import click
                    "`tolerate_failures: true` says the same.")
 @click.option("--max-tau-loss", default=None,
               help="With --find-smallest: the tau loss allowed, as 3% or 0.03 (retention >= 1 - loss)  [default: 3%]")
-def sweep(recipe: str, out: Path, resume: bool, force: bool, jobs: int, find_smallest: bool,
-          tolerate_failures: bool, max_tau_loss: str | None) -> None:
+def sweep(recipe: str, out: Path, resume: bool, force: bool, jobs: int | None, executor: str | None,
+          address: str | None, find_smallest: bool, tolerate_failures: bool, max_tau_loss: str | None) -> None:
     """Run a recipe: compress the base drafter every way its grid says and measure each on the same prompts.
 
     RECIPE is a YAML file (recipes/*.yaml) or the name of a bundled one (quickstart). Each grid point's
@@ -51,16 +59,34 @@ def sweep(recipe: str, out: Path, resume: bool, force: bool, jobs: int, find_sma
       specpress sweep recipes/quickstart.yaml --out runs/quickstart
       specpress sweep recipes/quickstart.yaml --out runs/quickstart --resume --jobs 2
       specpress sweep recipes/eagle3.yaml --out runs/e3-search --find-smallest --max-tau-loss 3%
+      specpress sweep quickstart --out /shared/runs/qs --executor ray --address auto
+
+    With --executor ray every point (build + bench) is a Ray task reserving the recipe's executor.resources
+    (default 1 CPU, 1 GPU when the cluster has GPUs, no memory reservation); a point whose worker dies is
+    retried (executor.retries, default 2) and then recorded as failed. Workers write under OUT, so on a
+    multi-node cluster OUT must be on a filesystem every node mounts at the same path (checked at start).
     """
+    from dataclasses import replace
+
     from specpress.artifacts import check_inputs, check_writable, hold_lock
     from specpress.errors import UsageError
     from specpress.sweep.driver import Sweep, failure_summary, parse_loss
+    from specpress.sweep.executors import ExecutorSpec, require_ray
     from specpress.sweep.recipe import load_recipe
 
     if max_tau_loss is not None and not find_smallest:
         raise UsageError("--max-tau-loss only applies with --find-smallest")
     loss = parse_loss(max_tau_loss or "3%")
     r = load_recipe(recipe)
+    spec = r.executor or ExecutorSpec()
+    if executor is not None and executor != spec.kind:
+        spec = replace(spec, kind=executor, address=None)
+    if address is not None:
+        if spec.kind != "ray":
+            raise UsageError("--address only applies with --executor ray")
+        spec = replace(spec, address=address)
+    if spec.kind == "ray":
+        require_ray()  # before any work: without Ray, say how to install it
     check_inputs(out, {"target": r.target.path, "drafter": r.drafter.path, "prompts": r.prompts.path,
                        "calibration": r.calibration.path, "agreement_data": r.agreement_data.path,
                        "recipe": r.source})
@@ -69,11 +95,12 @@ def sweep(recipe: str, out: Path, resume: bool, force: bool, jobs: int, find_sma
         s = Sweep(r, out, resume=resume, force=force)
         s.open()
         if find_smallest:
-            if jobs > 1:
-                s.log("--find-smallest evaluates one point at a time (each choice depends on the last); --jobs ignored")
+            if (jobs or 1) > 1 or spec.kind != "local":
+                s.log("--find-smallest evaluates one point at a time (each choice depends on the last), in this "
+                      "process; --jobs and --executor ignored")
             s.find_smallest(loss)
         else:
-            s.run_all(jobs=jobs)
+            s.run_all(jobs=jobs, executor=spec)
         records = s.finalize()
     failed = failure_summary(records)
     if failed and (tolerate_failures or r.tolerate_failures):

@@ -19,6 +19,7 @@ from typing import Any
 
 from specpress.errors import UsageError
 from specpress.sweep import results as R
+from specpress.sweep.executors import ExecutorSpec
 from specpress.sweep.grid import Point
 from specpress.sweep.recipe import Recipe
 from specpress.sweep.stats import paired_comparison, pareto_flags
@@ -153,12 +154,15 @@ class Sweep:
                 progress.remove_task(task)
         return self._append(recs)
 
-    def run_all(self, jobs: int = 1, points: list[Point] | None = None) -> None:
-        """The base first (in this process), then every other point with missing runs."""
+    def run_all(self, jobs: int | None = 1, points: list[Point] | None = None,
+                executor: ExecutorSpec | None = None) -> None:
+        """The base first (in this process), then every other point with missing runs: in this process
+        (local, jobs 1), or handed to an executor (local with jobs > 1: worker processes; ray: Ray tasks)."""
         from rich.progress import Progress
 
         from specpress.ticker import bar_columns
 
+        spec = executor or self.recipe.executor or ExecutorSpec()
         pts = list(points or self.recipe.points)
         todo = [(p, self.missing(p, self.runs())) for p in pts]
         todo = [(p, runs) for p, runs in todo if runs]
@@ -172,39 +176,37 @@ class Sweep:
             for p, runs in base:
                 self.evaluate(p, runs, progress)
                 progress.advance(overall)
-            if jobs <= 1 or len(rest) <= 1:
+            if spec.kind == "local" and ((jobs or 1) <= 1 or len(rest) <= 1):
                 for p, runs in rest:
                     self.evaluate(p, runs, progress)
                     progress.advance(overall)
-            else:
-                self._parallel(rest, jobs, progress, overall)
+            elif rest:
+                self._dispatch(rest, spec, jobs, progress, overall)
 
-    def _parallel(self, todo: list[tuple[Point, list]], jobs: int, progress: Any, overall: Any) -> None:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-        from concurrent.futures.process import BrokenProcessPool
+    def _dispatch(self, todo: list[tuple[Point, list]], spec: ExecutorSpec, jobs: int | None, progress: Any,
+                  overall: Any) -> None:
+        """Hand `todo` to the executor; records come back here (the only writer), in completion order."""
+        from specpress.sweep.executors import WorkerSetup, clear_running, make_executor
 
-        from specpress.sweep.run import error_summary, init_worker, work
-
-        threads = max(1, cores() // jobs)
-        self.log(f"running {len(todo)} points in {jobs} processes, {threads} torch thread(s) each")
+        ex = make_executor(spec, jobs)
         c = self.ctx
-        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"), initializer=init_worker,
-                                   initargs=(self.recipe, self.out, c.target_dir, c.base_dir, c.base_digest, threads))
-        try:
-            futures = {pool.submit(work, p, runs): (p, runs) for p, runs in todo}
-            for fut in as_completed(futures):
-                p, runs = futures[fut]
-                try:
-                    recs = fut.result()
-                except BrokenProcessPool as exc:  # a worker died (killed, out of memory): record, go on
-                    recs = [{"point": p.id, "steps": [s.to_dict() for s in p.steps], "policy": r[0],
-                             "temperature": r[1], "backend": r[2], "status": "failed", **error_summary(exc)}
-                            for r in runs]
-                self._append(recs)
-                progress.advance(overall)
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+        threads = ex.threads(cores())
+        setup = WorkerSetup(self.recipe, self.out, c.target_dir, c.base_dir, c.base_digest, threads)
+        self.log(ex.describe(len(todo), threads))
+        n_done = 0
+
+        def on_result(point: Point, runs: list, recs: list[dict[str, Any]]) -> None:
+            nonlocal n_done
+            self._append(recs)
+            clear_running(self.out, point)
+            n_done += 1
+            progress.advance(overall)
+
+        def on_status(running: int, failed: int) -> None:
+            progress.update(overall, description=f"sweep points: {n_done} done / {running} running / "
+                                                 f"{failed} failed")
+
+        ex.run(setup, todo, on_result, on_status)
 
     # ------------------------------------------------------------------ outputs
 

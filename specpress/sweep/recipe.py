@@ -20,6 +20,8 @@
     calibration: zoo-train           # data for gptq, prune importance / vocab, recovery: zoo-train | PATH
     agreement_batches: 4             # batches of [8, 128] windows for acc@k; 0 = off
     agreement_data: zoo-val          # zoo-val (held-out stdlib files) | PATH
+    executor: {kind: ray, resources: {cpus: 4, gpus: 1, memory_gb: 16}, retries: 2}   # or local (default);
+                                     # how points run, not part of the hash (executors.py)
 
 Data (`calibration`, `agreement_data`, `distill.data`): `zoo-train` / `zoo-val` (or `zoo:train` / `zoo:val`,
 as the CLI's --data spells them) are the splits of the
@@ -40,12 +42,13 @@ from typing import Any, Mapping
 
 from specpress.errors import ConfigError
 from specpress.runtime.backends import BACKENDS
+from specpress.sweep.executors import parse_executor
 from specpress.sweep.grid import Point, expand_grid
 
 RECIPE_VERSION = 1
 TOP_KEYS = ("version", "name", "description", "target", "drafter", "grid", "policies", "prompts", "temperatures",
             "backends", "max_new_tokens", "seed", "dtype", "float_dtype", "calibration", "agreement_batches",
-            "agreement_data", "tolerate_failures")
+            "agreement_data", "tolerate_failures", "executor")
 REQUIRED = ("target", "drafter", "grid", "prompts")
 DTYPES = ("fp32", "bf16", "fp16")
 ZOO_SPLITS = {"zoo-train": "train", "zoo-val": "val", "zoo:train": "train", "zoo:val": "val"}  # CLI spelling too
@@ -128,6 +131,7 @@ class Recipe:
     description: str = ""
     source: Path | None = None
     tolerate_failures: bool = False  # a failed point still lets the sweep exit 0 (not in the hash: measures nothing)
+    executor: Any = None  # executors.ExecutorSpec; how points run, kept out of to_dict and so of the hash
 
     def point(self, pid: str) -> Point:
         for p in self.points:
@@ -323,7 +327,8 @@ def parse_recipe(obj: Any, base_dir: Path, source: Path | None = None) -> Recipe
             agreement_data=_data(d.get("agreement_data", "zoo-val"), "agreement_data", base_dir),
             skipped=skipped, name=str(d.get("name") or (source.stem if source else "")),
             description=str(d.get("description") or ""), source=source,
-            tolerate_failures=_flag(d.get("tolerate_failures", False), "tolerate_failures"))
+            tolerate_failures=_flag(d.get("tolerate_failures", False), "tolerate_failures"),
+            executor=parse_executor(d["executor"]) if "executor" in d else None)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
 
