@@ -34,6 +34,7 @@ class Graph:
         self.outputs: list[onnx.ValueInfoProto] = []
         self.functions: dict[tuple[str, str], onnx.FunctionProto] = {}
         self.domains: dict[str, int] = {"": opset}
+        self.shared: set[str] = set()  # initializers borrowed from the target (written once, beside the graphs)
         self._n = 0
         self._consts: dict[tuple, str] = {}
 
@@ -61,6 +62,16 @@ class Graph:
         t = array if isinstance(array, TensorProto) else numpy_helper.from_array(np.asarray(array), name)
         t.name = name
         self.inits.append(t)
+        return name
+
+    def shared_init(self, array: np.ndarray, key: str) -> str:
+        """An initializer shared with the target (embeddings, head): a stable name, stored beside the
+        graphs in one file that every graph of the export references (see export/save.py)."""
+        name = f"shared.{key}"
+        if name not in self.shared:
+            t = numpy_helper.from_array(np.ascontiguousarray(array), name)
+            self.inits.append(t)
+            self.shared.add(name)
         return name
 
     def const(self, value: Any, dtype: Any = np.int64) -> str:
