@@ -1,20 +1,171 @@
-"""Backend-neutral pieces of the runners over an exported directory (onnxruntime now, TensorRT next).
+"""Backend-neutral runner over an `export onnx` directory (onnxruntime now; a TensorRT runner reuses it).
 
-The mask helper turns a boolean attention mask into the `specpress::TreeAttention` inputs
-(committed length + LSB-first packed int32 words, runtime.tree.pack_mask's layout).
+`ExportedRunner` is a DrafterRunner that drives the exported graphs named by manifest.json: it builds
+each graph's inputs (positions, the mask in the export's attention form, past K/V from its KVCache),
+calls the graph through a `GraphCall` (the only backend-specific piece: onnxruntime's InferenceSession
+in backends/onnxruntime.py), and writes the new K/V slots back. Its cache is a `models.kv.KVCache`, so
+crop / compact behave exactly like the torch backend's. No torch module of the drafter is needed.
 """
 
 from __future__ import annotations
 
+from typing import Callable, Mapping
+
 import torch
 from torch import Tensor
 
+from specpress.errors import CheckpointError, UsageError
+from specpress.manifest import ExportManifest
+from specpress.models.kv import KVCache
+from specpress.models.layers import causal_mask
+from specpress.runtime.backends.base import DrafterRunner
 from specpress.runtime.tree import pack_mask
+
+# feeds {input name: tensor} -> {output name: tensor}; tensors on the runner's device
+GraphCall = Callable[[Mapping[str, Tensor]], dict[str, Tensor]]
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 
 
 def plugin_mask(mask: Tensor) -> tuple[Tensor, Tensor]:
     """bool [T, S] (True = may attend) -> (committed int32 [1], tree_mask int32 [T, ceil((S-c)/32)]):
-    c = the longest prefix of slots every query sees; the words cover slots c..S-1."""
+    c = the longest prefix of slots every query sees; the words cover slots c..S-1 (LSB first)."""
     seen = mask.all(0)
     c = int(seen.numel()) if bool(seen.all()) else int((~seen).nonzero()[0, 0])
-    return torch.tensor([c], dtype=torch.int32), pack_mask(mask[:, c:]).contiguous()
+    return torch.tensor([c], dtype=torch.int32, device=mask.device), pack_mask(mask[:, c:]).contiguous()
+
+
+class ExportedRunner(DrafterRunner):
+    """A DrafterRunner over exported graphs; `calls` maps graph name -> GraphCall."""
+
+    def __init__(self, manifest: ExportManifest, calls: Mapping[str, GraphCall], device: torch.device,
+                 backend: str, provider: str) -> None:
+        self.manifest = m = manifest
+        self.calls = dict(calls)
+        self.backend, self.family = backend, m.family
+        self._device, self._provider = torch.device(device), provider
+        info = m.drafter
+        self.info = info
+        self.taps = tuple(info.taps)
+        self.vocab_size = info.vocab_size
+        self.token_map = None if info.token_map is None else torch.tensor(info.token_map, device=self._device)
+        self.dtype = TORCH_DTYPES[m.dtype]
+        missing = [g.name for g in m.graphs if g.name not in self.calls]
+        if missing:
+            raise CheckpointError(f"graphs {missing} of the export have no loaded session")
+        self.forward_ms = 0.0
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def provider(self) -> str:
+        return self._provider
+
+    def new_cache(self, capacity: int) -> KVCache:
+        i = self.info
+        return KVCache(i.cache_layers, 1, i.kv_heads, capacity, i.head_dim, self.dtype, self._device)
+
+    # -- inputs ------------------------------------------------------------------------------------
+
+    def _mask_feeds(self, mask: Tensor) -> dict[str, Tensor]:
+        if self.manifest.attention == "standard":
+            return {"mask": mask.to(torch.bool)}
+        committed, words = plugin_mask(mask)
+        return {"committed": committed, "tree_mask": words}
+
+    def _run(self, graph: str, feeds: dict[str, Tensor], cache: KVCache | None, layers: list[int],
+             past: int, keep: int) -> dict[str, Tensor]:
+        """Call `graph` with past K/V of `layers` from `cache`; append `keep` new slots of its presents."""
+        if cache is not None:
+            for j, layer in enumerate(layers):
+                feeds[f"past_key.{j}"] = cache.k[layer, :, :, :past]
+                feeds[f"past_value.{j}"] = cache.v[layer, :, :, :past]
+        out = self.calls[graph](feeds)
+        if cache is not None:
+            for j, layer in enumerate(layers):
+                cache.k[layer, :, :, past:past + keep] = out[f"present_key.{j}"][:, :, past:past + keep]
+                cache.v[layer, :, :, past:past + keep] = out[f"present_value.{j}"][:, :, past:past + keep]
+            cache.length = past + keep
+        return out
+
+    def _step_inputs(self, t: int, cache: KVCache, positions: Tensor | None,
+                     mask: Tensor | None) -> tuple[int, Tensor, Tensor]:
+        past = cache.reserve(t)
+        dev = self._device
+        pos = torch.arange(past, past + t, device=dev) if positions is None else positions.to(dev)
+        if mask is None:
+            mask = causal_mask(t, past, dev)
+        if tuple(mask.shape) != (t, past + t):
+            raise ValueError(f"mask must be [{t}, {past + t}] (new tokens x (cache + new)), got {tuple(mask.shape)}")
+        return past, pos.reshape(1, t).to(torch.int64), mask
+
+    # -- the seam ----------------------------------------------------------------------------------
+
+    def fuse_taps(self, taps: dict[int, Tensor]) -> Tensor:
+        """{tap: [1, T, Ht]} -> the fused features [1, T, H] (the exported `fuse` graph: fc, + hidden_norm
+        for dflash); feature_step / block_drafts take them as they come."""
+        if "fuse" not in self.calls:
+            raise NotImplementedError(f"{self.family} drafters take no fused taps")
+        missing = [i for i in self.taps if i not in taps]
+        if missing:
+            raise UsageError(f"target taps {missing} were not computed; run the target with taps=runner.taps")
+        x = torch.cat([taps[i] for i in self.taps], dim=-1).to(self.dtype)
+        return self.calls["fuse"]({"taps": x})["features"]
+
+    def feature_step(self, feats: Tensor, ids: Tensor, cache: KVCache, positions: Tensor | None,
+                     mask: Tensor | None, module: int = 0) -> tuple[Tensor, Tensor]:
+        if self.family not in ("eagle", "eagle3", "mtp"):
+            raise NotImplementedError(f"{self.family} drafters have no feature step")
+        t = ids.shape[1]
+        if feats.shape[-1] != self.info.hidden_size and "fuse" in self.calls:
+            feats = self.calls["fuse"]({"taps": feats.to(self.dtype)})["features"]
+        past, pos, mask = self._step_inputs(t, cache, positions, mask)
+        if self.family == "mtp":
+            k = module % self.info.cache_layers
+            graph, layers = f"step.{k}", [k]
+        else:
+            graph, layers = "step", list(range(self.info.cache_layers))
+        feeds = {"hidden": feats.to(self.dtype), "ids": ids.to(torch.int64), "positions": pos,
+                 **self._mask_feeds(mask)}
+        out = self._run(graph, feeds, cache, layers, past, t)
+        return out["logits"], out["hidden_out"]
+
+    def lm_step(self, ids: Tensor, cache: KVCache, positions: Tensor | None, mask: Tensor | None,
+                last_only: bool = False) -> Tensor:
+        if self.family != "lm":
+            raise NotImplementedError(f"{self.family} drafters are not standalone language models")
+        t = ids.shape[1]
+        past, pos, mask = self._step_inputs(t, cache, positions, mask)
+        feeds = {"ids": ids.to(torch.int64), "positions": pos, **self._mask_feeds(mask)}
+        logits = self._run("lm", feeds, cache, list(range(self.info.cache_layers)), past, t)["logits"]
+        return logits[:, -1:] if last_only else logits
+
+    def block_drafts(self, feats: Tensor | None, root: int, block_size: int, cache: KVCache) -> list[int]:
+        if self.family != "dflash":
+            raise NotImplementedError(f"{self.family} drafters do not draft blocks")
+        i = self.info
+        if i.mask_token_id is None:
+            raise UsageError("this dflash export has no mask_token_id; set dflash_config.mask_token_id in the "
+                             "drafter's config and export it again")
+        dev = self._device
+        if feats is None:
+            feats = torch.zeros(1, 0, i.hidden_size, dtype=self.dtype, device=dev)
+        elif feats.shape[-1] != i.hidden_size:
+            feats = self.calls["fuse"]({"taps": feats.to(self.dtype)})["features"]
+        c = feats.shape[1]
+        past = cache.reserve(c + block_size)
+        block = torch.full((1, block_size), i.mask_token_id, dtype=torch.int64, device=dev)
+        block[0, 0] = root
+        pos = torch.arange(past, past + c + block_size, device=dev)[None]
+        mask = torch.ones(block_size, past + c + block_size, dtype=torch.bool, device=dev)
+        feeds = {"features": feats.to(self.dtype), "block_ids": block, "positions": pos, **self._mask_feeds(mask)}
+        logits = self._run("block", feeds, cache, list(range(i.cache_layers)), past, c)["logits"][0]
+        if not i.markov:
+            return logits[1:].argmax(-1).tolist()
+        drafts, prev = [], root
+        for k in range(1, block_size):
+            bias = self.calls["markov"]({"prev_ids": torch.tensor([prev], device=dev)})["bias"]
+            prev = int((logits[k:k + 1] + bias.to(logits.dtype)).argmax(-1))
+            drafts.append(prev)
+        return drafts

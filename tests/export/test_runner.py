@@ -1,0 +1,97 @@
+"""The onnxruntime runner, called through the DrafterRunner methods, against the torch drafter's forward
+on the same inputs: prefill, a tree level with its mask and positions, crop / compact, for every family
+and both attention forms."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specpress.runtime.backends.onnxruntime import load_runner
+
+FORMS = ["standard", "plugin"]
+ATOL = 2e-5
+
+
+def close(a, b):
+    torch.testing.assert_close(a.float(), b.float(), atol=ATOL, rtol=1e-4)
+
+
+def tree_mask(past: int, k: int) -> torch.Tensor:
+    m = torch.zeros(k, past + k, dtype=torch.bool)
+    m[:, :past] = True
+    m[torch.arange(k), past + torch.arange(k)] = True
+    m[2:, past] = True  # a few nodes see the first new slot (their parent), like a tree level
+    return m
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("family", ["eagle", "eagle3", "mtp"])
+def test_feature_step_matches_torch(exported, target, family, form):
+    d, path, report = exported(family, form)
+    runner = load_runner(path, target, "cpu")
+    assert runner.family == family and runner.taps == tuple(d.taps) and runner.provider == "CPUExecutionProvider"
+    ids = torch.randint(0, d.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(3))
+    out = target(ids, taps=d.taps)
+    feats_t = d.fuse_taps(out.taps) if family == "eagle3" else out.hidden
+    feats_o = runner.fuse_taps(out.taps) if family == "eagle3" else out.hidden
+    tc, oc = d.new_cache(32), runner.new_cache(32)
+    # prefill (default positions, causal)
+    lt, gt = d(feats_t[:, :-1], ids[:, 1:], cache=tc)
+    lo, go = runner.feature_step(feats_o[:, :-1], ids[:, 1:], oc, None, None)
+    close(lo, lt), close(go, gt)
+    assert oc.length == tc.length == 8
+    close(oc.k[:, :, :, :8], tc.k[:, :, :, :8])
+    # one tree level: 4 nodes fed back with the drafter's own hidden, explicit positions and mask
+    k = 4
+    mask, pos = tree_mask(8, k), torch.full((k,), 9)
+    nodes = torch.randint(0, d.config.vocab_size, (1, k), generator=torch.Generator().manual_seed(4))
+    kw = {"step": 1} if family == "mtp" else {}
+    lt, gt = d(gt[:, -1:].expand(1, k, -1), nodes, cache=tc, positions=pos, mask=mask, **kw)
+    lo, go = runner.feature_step(go[:, -1:].expand(1, k, -1), nodes, oc, pos, mask, module=1)
+    close(lo, lt), close(go, gt)
+    # keep nodes 1 and 3 after slot 8, as a session does after verification; then step again
+    tc.compact(8, [1, 3]), oc.compact(8, [1, 3])
+    close(oc.k[:, :, :, :10], tc.k[:, :, :, :10])
+    tc.crop(9), oc.crop(9)
+    lt, _ = d(gt[:, :1], nodes[:, :1], cache=tc)
+    lo, _ = runner.feature_step(go[:, :1], nodes[:, :1], oc, None, None)
+    close(lo, lt)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("form", FORMS)
+def test_lm_step_matches_torch(exported, target, form):
+    d, path, _ = exported("lm", form)
+    runner = load_runner(path, target, "cpu")
+    ids = torch.randint(0, d.config.vocab_size, (1, 7), generator=torch.Generator().manual_seed(5))
+    tc, oc = d.new_cache(32), runner.new_cache(32)
+    close(runner.lm_step(ids, oc, None, None, last_only=True), d(ids, cache=tc, logits="last").logits)
+    mask, pos = tree_mask(7, 3), torch.full((3,), 7)
+    close(runner.lm_step(ids[:, :3], oc, pos, mask), d(ids[:, :3], cache=tc, positions=pos, mask=mask).logits)
+    tc.compact(7, [2]), oc.compact(7, [2])
+    close(oc.v[:, :, :, :8], tc.v[:, :, :, :8])
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("name", ["dflash", "dflash_markov"])
+def test_block_drafts_match_torch(exported, target, name, form):
+    d, path, _ = exported(name, form)
+    runner = load_runner(path, target, "cpu")
+    assert runner.manifest.drafter.markov == (name == "dflash_markov")
+    ids = torch.randint(0, d.config.vocab_size, (1, 10), generator=torch.Generator().manual_seed(6))
+    out = target(ids, taps=d.taps)
+    tc, oc = d.new_cache(64), runner.new_cache(64)
+    bs = d.config.block_size
+    for lo_, hi in ((0, 7), (7, 10)):  # two rounds: the context grows by what was accepted
+        root = int(ids[0, hi - 1])
+        logits = d(d.fuse_taps({i: t[:, lo_:hi] for i, t in out.taps.items()}),
+                   d.make_block(torch.tensor([root]), bs), cache=tc)[0]
+        want = d.greedy_drafts(logits, root)
+        got = runner.block_drafts(runner.fuse_taps({i: t[:, lo_:hi] for i, t in out.taps.items()}), root, bs, oc)
+        assert got == want and oc.length == tc.length == hi
+        close(oc.k[:, :, :, :hi], tc.k[:, :, :, :hi])
+    assert runner.block_drafts(None, 3, bs, oc) == d.greedy_drafts(d(None, d.make_block(torch.tensor([3]), bs),
+                                                                     cache=tc)[0], 3)
