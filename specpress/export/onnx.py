@@ -196,3 +196,18 @@ def _quantization(drafter: Any, o: ExportOptions, notes: list[str]) -> dict[str,
     if not schemes:
         return None
     return {"schemes": schemes, "format": o.quant_format, "linears": list(notes)}
+
+
+def export_from_dirs(drafter_dir: str | Path, target_dir: str | Path, out: str | Path,
+                     options: ExportOptions = ExportOptions(),
+                     progress: Callable[[str], None] = lambda s: None) -> ExportReport:
+    """Load the drafter artifact attached to its target (fp32) and export it (see export_onnx)."""
+    from specpress.models.drafter_io import load_drafter
+    from specpress.models.target import load_target
+
+    require_onnxruntime()
+    progress(f"loading target {target_dir}")
+    target = load_target(target_dir, device="cpu")
+    progress(f"loading drafter {drafter_dir}")
+    drafter = load_drafter(drafter_dir, target=target, device="cpu").eval()
+    return export_onnx(drafter, out, options, progress)
