@@ -87,6 +87,15 @@ def require_onnxruntime() -> Any:
     return onnxruntime
 
 
+def session_options(ort: Any) -> Any:
+    """Sessions that compute what the graph says: onnxruntime would otherwise fuse Q/DQ int4 + MatMul
+    into MatMulNBits with int8 activations (accuracy level 4), an error the torch drafter never makes."""
+    opts = ort.SessionOptions()
+    opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
+    opts.log_severity_level = 3
+    return opts
+
+
 def drafter_info(d: Any) -> DrafterInfo:
     cfg = d.config
     layers, kv, hd = d.cache_dims() if d.family != "lm" else (cfg.num_hidden_layers, cfg.num_key_value_heads,
@@ -168,7 +177,7 @@ def export_onnx(drafter: Any, out: str | Path, options: ExportOptions = ExportOp
             specs.append(GraphSpec(name, path.name, _specs(model.graph.input), _specs(model.graph.output),
                                    sizes[name], bool(g.shared)))
             progress(f"validating {name} ({sizes[name]:,} bytes)")
-            sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            sess = ort.InferenceSession(str(path), session_options(ort), providers=["CPUExecutionProvider"])
             feeds, want = case(ref, name, o.attention)
             errors[name] = compare(lambda f: dict(zip([x.name for x in sess.get_outputs()], sess.run(None, f))),
                                    feeds, want)

@@ -77,6 +77,8 @@ def load_runner(path: str | Path, target: Any, device: torch.device | str = "cpu
     opts.intra_op_num_threads = threads or torch.get_num_threads()
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
+    # compute what the graph says: no fusing of Q/DQ int4 + MatMul into int8-activation MatMulNBits
+    opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
     chosen = pick_providers(device, providers)
     calls, ran = {}, set()
     for g in manifest.graphs:
