@@ -27,6 +27,7 @@ class Ctx:
     g: Graph
     attention: str  # "standard" | "plugin"
     quant_format: str = "matmulnbits"  # "matmulnbits" | "qdq"
+    accuracy_level: int = 0  # MatMulNBits: 0 = fp32 activations (torch's arithmetic); 4 = int8 activations
     mask: dict[str, str] = field(default_factory=dict)  # standard: {"mask"}; plugin: {"committed", "tree_mask"}
     quant_notes: list[str] = field(default_factory=list)  # what each quantized Linear became, for the manifest
 

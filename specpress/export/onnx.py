@@ -43,6 +43,7 @@ class ExportOptions:
     opset: int | None = None  # default: 23 (the standard form's minimum; the plugin form accepts >= 18)
     dtype: str = "fp32"  # "fp32" | "fp16"
     quant_format: str = "matmulnbits"  # quantized Linears: "matmulnbits" (onnxruntime) | "qdq" (TensorRT)
+    accuracy_level: int = 0  # MatMulNBits activations: 0 fp32 (as torch computes), 4 int8 (faster on CPU)
     force: bool = False  # replace an existing output directory
 
     def __post_init__(self) -> None:
@@ -56,6 +57,9 @@ class ExportOptions:
             raise UsageError(f"--dtype {self.dtype!r}: choose one of {', '.join(DTYPES)}")
         if self.quant_format not in QUANT_FORMATS:
             raise UsageError(f"--quant-format {self.quant_format!r}: choose one of {', '.join(QUANT_FORMATS)}")
+        if self.accuracy_level not in (0, 1, 2, 3, 4):
+            raise UsageError(f"--accuracy-level {self.accuracy_level}: MatMulNBits takes 0 (unset: fp32), 1 (fp32), "
+                             f"2 (fp16), 3 (bf16) or 4 (int8)")
         need = ops.MIN_OPSET[self.attention]
         if self.opset is not None and self.opset < need:
             raise UsageError(f"--opset {self.opset} is too old for the {self.attention} attention form, which "
@@ -153,7 +157,8 @@ def export_onnx(drafter: Any, out: str | Path, options: ExportOptions = ExportOp
     quant_notes: list[str] = []
 
     def new(name: str) -> Ctx:
-        return Ctx(Graph(name, opset, o.dtype), o.attention, o.quant_format, quant_notes=quant_notes)
+        return Ctx(Graph(name, opset, o.dtype), o.attention, o.quant_format, o.accuracy_level,
+                   quant_notes=quant_notes)
 
     progress(f"building graphs ({drafter.family}, attention {o.attention}, opset {opset}, {o.dtype})")
     ctxs = build_graphs(drafter, new)
@@ -204,7 +209,8 @@ def _quantization(drafter: Any, o: ExportOptions, notes: list[str]) -> dict[str,
     schemes = sorted({m.scheme for m in drafter.modules() if getattr(m, "is_quantized", False)})
     if not schemes:
         return None
-    return {"schemes": schemes, "format": o.quant_format, "linears": list(notes)}
+    return {"schemes": schemes, "format": o.quant_format, "accuracy_level": o.accuracy_level,
+            "linears": list(notes)}
 
 
 def export_from_dirs(drafter_dir: str | Path, target_dir: str | Path, out: str | Path,

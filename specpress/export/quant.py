@@ -10,8 +10,9 @@
 MatMulNBits needs a power-of-two block >= 16. A per-row (per-output-channel) layout uses the largest
 such block <= K and repeats each row's scale over its blocks (codes past K padded with the zero point,
 so they contribute 0): exact. A group the op cannot hold (e.g. int4 g24) falls back to Q/DQ, noted in
-the manifest. accuracy_level 0 (fp32 activations, the torch reference's arithmetic): level 4 would
-quantize activations to int8 per block, an error the torch drafter never makes.
+the manifest. accuracy_level defaults to 0 (fp32 activations: the torch reference's arithmetic, so the
+export drafts what torch drafts); 4 quantizes activations to int8 per block for onnxruntime's int8
+kernels (faster on CPU; an error the torch drafter never makes, validated at the quantized tolerance).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from specpress.export.blocks import Ctx
 from specpress.export.graph import NP_TYPES
 
 MS = "com.microsoft"
-ACCURACY_LEVEL = 0
 QDQ_OPSET = 21
 
 
@@ -96,7 +96,7 @@ def _nbits(c: Ctx, x: str, codes: torch.Tensor, scales: torch.Tensor, zeros: tor
         inputs.append(c.g.init(z.reshape(-1), f"{hint}.zero_points"))
     c.g.use_domain(MS, 1)
     return c.g.op("MatMulNBits", *inputs, domain=MS, K=k, N=n, bits=bits, block_size=block,
-                  accuracy_level=ACCURACY_LEVEL)
+                  accuracy_level=c.accuracy_level)
 
 
 def _qdq_int(c: Ctx, x: str, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int,
