@@ -95,3 +95,36 @@ def test_block_drafts_match_torch(exported, target, name, form):
         close(oc.k[:, :, :, :hi], tc.k[:, :, :, :hi])
     assert runner.block_drafts(None, 3, bs, oc) == d.greedy_drafts(d(None, d.make_block(torch.tensor([3]), bs),
                                                                      cache=tc)[0], 3)
+
+
+def _fp16_case(exported, target, family):
+    from specpress.export.validate import reference_copy
+
+    d, path, report = exported(family, "standard", dtype="fp16")
+    assert report.tolerance == 2e-2 and report.graphs
+    runner = load_runner(path, target, "cpu")
+    assert runner.new_cache(4).k.dtype == torch.float16
+    ref = reference_copy(d, "fp16")
+    ids = torch.randint(0, d.config.vocab_size, (1, 6), generator=torch.Generator().manual_seed(8))
+    out = target(ids, taps=d.taps)
+    if family == "lm":
+        want = ref(ids, cache=ref.new_cache(8)).logits
+        got = runner.lm_step(ids, runner.new_cache(8), None, None)
+    else:
+        feats = (d.fuse_taps(out.taps) if family == "eagle3" else out.hidden).half()
+        want, _ = ref(feats, ids, cache=ref.new_cache(8))
+        got, _ = runner.feature_step(feats, ids, runner.new_cache(8), None, None)
+    assert got.dtype == torch.float16
+    assert float((got.float() - want.float()).abs().max()) <= 2e-2 * float(want.float().abs().max())
+
+
+@torch.no_grad()
+def test_fp16_export_runs_in_fp16(exported, target):
+    _fp16_case(exported, target, "eagle3")
+
+
+@pytest.mark.slow
+@torch.no_grad()
+@pytest.mark.parametrize("family", ["eagle", "mtp", "lm"])
+def test_fp16_export_every_family(exported, target, family):
+    _fp16_case(exported, target, family)
