@@ -84,3 +84,17 @@ def test_manifest_is_strict(exported, tmp_path):
             load_manifest(tmp_path)
     with pytest.raises(CheckpointError, match="export onnx"):
         load_manifest(tmp_path / "nowhere")
+
+
+def test_export_on_demand_is_made_once_and_reused(dirs, tmp_path, monkeypatch):
+    from specpress.export.ondemand import exported_dir_for
+
+    _, tdir, ddir = dirs
+    monkeypatch.setenv("SPECPRESS_CACHE", str(tmp_path))
+    said: list[str] = []
+    first, made = exported_dir_for(ddir, tdir, progress=said.append)
+    assert made and first.parent == tmp_path / "onnx" and load_manifest(first).family == "eagle3"
+    again, made_again = exported_dir_for(ddir, tdir, progress=said.append)
+    assert again == first and not made_again and "cached" in said[-1]
+    other, _ = exported_dir_for(ddir, tdir, ExportOptions(attention="plugin"))
+    assert other != first and load_manifest(other).attention == "plugin"
