@@ -30,13 +30,14 @@ class ExportValidationError(CheckpointError):
 
 
 def reference_copy(drafter: Any, dtype: str) -> Any:
-    """The drafter (and its borrowed target modules) in the export's float type."""
-    if dtype == "fp32":
+    """The drafter (and its borrowed target modules) in the export's float type (itself when it is)."""
+    want = {"fp32": torch.float32, "fp16": torch.float16}[dtype]
+    if drafter.compute_param().dtype == want:
         return drafter
-    d = copy.deepcopy(drafter).half()
+    d = copy.deepcopy(drafter).to(want)
     if drafter._shared is not None and drafter.family != "lm":
         s = drafter.shared
-        d._shared = SharedModules(copy.deepcopy(s.embed_tokens).half(), copy.deepcopy(s.lm_head).half(),
+        d._shared = SharedModules(copy.deepcopy(s.embed_tokens).to(want), copy.deepcopy(s.lm_head).to(want),
                                   s.target_config)
     return d
 

@@ -98,3 +98,14 @@ def test_export_on_demand_is_made_once_and_reused(dirs, tmp_path, monkeypatch):
     assert again == first and not made_again and "cached" in said[-1]
     other, _ = exported_dir_for(ddir, tdir, ExportOptions(attention="plugin"))
     assert other != first and load_manifest(other).attention == "plugin"
+
+
+def test_a_bf16_drafter_exports_against_its_fp32_copy(tmp_path):
+    import torch
+    from drafters_common import make, tiny_target
+
+    target = tiny_target().to(torch.bfloat16)
+    d = make("mtp", target.float()).to(torch.bfloat16)
+    d.attach_target(target)
+    rep = export_onnx(d, tmp_path / "o")
+    assert max(e["max_rel"] for e in rep.errors["step.0"].values()) <= rep.tolerance
