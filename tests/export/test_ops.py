@@ -92,3 +92,11 @@ def test_plugin_mask_packs_lsb_first():
     assert int(c) == 5 and words.shape == (2, 2) and words.dtype == torch.int32
     assert int(words[0, 1]) == 1 << (38 - 5 - 32) and int(words[0, 0]) == 0
     assert int(words[1, 0]) == -1  # all 32 bits set
+
+
+def test_plugin_mask_keeps_one_word_and_takes_a_given_committed_length():
+    mask = torch.ones(3, 10, dtype=torch.bool)
+    c, words = plugin_mask(mask)
+    assert int(c) == 9 and words.shape == (3, 1) and (words == 1).all()  # never a zero-size word tensor
+    c, words = plugin_mask(mask, committed=6)
+    assert int(c) == 6 and (words == 0b1111).all()  # DFlash: context committed, block bits all set

@@ -26,11 +26,17 @@ GraphCall = Callable[[Mapping[str, Tensor]], dict[str, Tensor]]
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 
 
-def plugin_mask(mask: Tensor) -> tuple[Tensor, Tensor]:
-    """bool [T, S] (True = may attend) -> (committed int32 [1], tree_mask int32 [T, ceil((S-c)/32)]):
-    c = the longest prefix of slots every query sees; the words cover slots c..S-1 (LSB first)."""
-    seen = mask.all(0)
-    c = int(seen.numel()) if bool(seen.all()) else int((~seen).nonzero()[0, 0])
+def plugin_mask(mask: Tensor, committed: int | None = None) -> tuple[Tensor, Tensor]:
+    """bool [T, S] (True = may attend) -> (committed int32 [1], tree_mask int32 [T, ceil((S-c)/32)]).
+
+    c = `committed` when given (slots every query sees: the committed context), else the longest prefix
+    of slots every query sees; c < S always, so the words are never empty (no zero-size plugin input).
+    The words cover slots c..S-1, LSB first (runtime.tree.pack_mask)."""
+    s = mask.shape[1]
+    if committed is None:
+        seen = mask.all(0)
+        committed = s if bool(seen.all()) else int((~seen).nonzero()[0, 0])
+    c = max(0, min(committed, s - 1))
     return torch.tensor([c], dtype=torch.int32, device=mask.device), pack_mask(mask[:, c:]).contiguous()
 
 
@@ -68,10 +74,10 @@ class ExportedRunner(DrafterRunner):
 
     # -- inputs ------------------------------------------------------------------------------------
 
-    def _mask_feeds(self, mask: Tensor) -> dict[str, Tensor]:
+    def _mask_feeds(self, mask: Tensor, committed: int | None = None) -> dict[str, Tensor]:
         if self.manifest.attention == "standard":
             return {"mask": mask.to(torch.bool)}
-        committed, words = plugin_mask(mask)
+        committed, words = plugin_mask(mask, committed)
         return {"committed": committed, "tree_mask": words}
 
     def _run(self, graph: str, feeds: dict[str, Tensor], cache: KVCache | None, layers: list[int],
@@ -159,7 +165,8 @@ class ExportedRunner(DrafterRunner):
         block[0, 0] = root
         pos = torch.arange(past, past + c + block_size, device=dev)[None]
         mask = torch.ones(block_size, past + c + block_size, dtype=torch.bool, device=dev)
-        feeds = {"features": feats.to(self.dtype), "block_ids": block, "positions": pos, **self._mask_feeds(mask)}
+        feeds = {"features": feats.to(self.dtype), "block_ids": block, "positions": pos,
+                 **self._mask_feeds(mask, committed=past + c)}  # the context is committed, the block all-visible
         logits = self._run("block", feeds, cache, list(range(i.cache_layers)), past, c)["logits"][0]
         if not i.markov:
             return logits[1:].argmax(-1).tolist()
