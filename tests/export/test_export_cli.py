@@ -109,3 +109,19 @@ def test_a_bf16_drafter_exports_against_its_fp32_copy(tmp_path):
     d.attach_target(target)
     rep = export_onnx(d, tmp_path / "o")
     assert max(e["max_rel"] for e in rep.errors["step.0"].values()) <= rep.tolerance
+
+
+def test_unknown_drafter_artifact_version_is_refused(dirs, tmp_path):
+    import shutil
+
+    from specpress.export.onnx import export_from_dirs
+
+    _, tdir, ddir = dirs
+    newer = tmp_path / "newer"
+    shutil.copytree(ddir, newer)
+    cfg = json.loads((newer / "config.json").read_text())
+    cfg["specpress"]["format_version"] = 99
+    (newer / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="format_version 99"):
+        export_from_dirs(newer, tdir, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

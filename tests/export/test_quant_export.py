@@ -94,3 +94,15 @@ def test_nf4_has_no_qdq_form(tmp_path, target):
     with pytest.raises(UsageError, match="matmulnbits"):
         export_onnx(d, tmp_path / "q", ExportOptions(quant_format="qdq"))
     assert not (tmp_path / "q").exists()
+
+
+@pytest.mark.slow
+def test_bitsandbytes_int8_rows_become_matmulnbits(tmp_path, target):
+    pytest.importorskip("bitsandbytes")
+    from specpress.compress.quantize.api import quantize
+    from specpress.compress.quantize.configs import config_for
+
+    d = quantize(_float_eagle(target), config_for("int8", "bnb"))
+    rep = export_onnx(d, tmp_path / "q")
+    assert all("MatMulNBits" in note for note in rep.quantization["linears"])
+    assert max(e["max_rel"] for e in rep.errors["step"].values()) <= rep.tolerance
