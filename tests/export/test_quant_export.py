@@ -76,10 +76,12 @@ def test_quantized_export_matrix(tmp_path, target, key):
     run_case(tmp_path, target, key)
 
 
-def test_runner_drafts_with_the_quantized_graph(tmp_path, target):
+@pytest.mark.parametrize("key", [("int4", 16, True, "matmulnbits"), ("fp8", None, None, "matmulnbits"),
+                                 ("int4", 32, True, "qdq")], ids=lambda k: "-".join(map(str, k)))
+def test_runner_drafts_with_the_quantized_graph(tmp_path, target, key):
     from specpress.runtime.backends.onnxruntime import load_runner
 
-    d, _ = run_case(tmp_path, target, ("int4", 16, True, "matmulnbits"))
+    d, _ = run_case(tmp_path, target, key)  # DequantizeLinear weights are folded at load (fold_dequantize)
     runner = load_runner(tmp_path / "q", target, "cpu")
     ids = torch.randint(0, 61, (1, 6), generator=torch.Generator().manual_seed(2))
     hidden = target(ids).hidden
