@@ -128,3 +128,20 @@ def test_fp16_export_runs_in_fp16(exported, target):
 @pytest.mark.parametrize("family", ["eagle", "mtp", "lm"])
 def test_fp16_export_every_family(exported, target, family):
     _fp16_case(exported, target, family)
+
+
+def test_another_target_warns_or_fails_strict(exported, target):
+    from drafters_common import randomize
+
+    from specpress.errors import CheckpointError
+
+    _, path, _ = exported("eagle")
+    other = randomize(__import__("copy").deepcopy(target), 9)
+    said: list[str] = []
+    load_runner(path, other, "cpu", warn=said.append)
+    assert said and "another target" in said[0]
+    with pytest.raises(CheckpointError, match="another target"):
+        load_runner(path, other, "cpu", strict=True)
+    said.clear()
+    load_runner(path, target, "cpu", strict=True, warn=said.append)
+    assert not said

@@ -15,7 +15,7 @@ export keeps its bytes on disk and runs at fp32 speed and memory. MatMulNBits / 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import onnxruntime as ort
@@ -55,8 +55,10 @@ def pick_providers(device: torch.device, providers: Sequence[str] | None) -> lis
     return ["CPUExecutionProvider"]
 
 
-def check_target(manifest_target: Mapping[str, Any] | None, target: Any, path: Path) -> None:
-    """The shared tensors in the export came from one target: refuse another one."""
+def check_target(manifest_target: Mapping[str, Any] | None, target: Any, path: Path, strict: bool,
+                 warn: Callable[[str], None]) -> None:
+    """The shared tensors in the export came from one target: another one warns (drafts will be poor),
+    or fails with `strict` (as the torch backend treats a drafter built for another target)."""
     if not manifest_target or target is None:
         return
     from specpress.models.drafter import target_fingerprint
@@ -65,18 +67,20 @@ def check_target(manifest_target: Mapping[str, Any] | None, target: Any, path: P
     bad = [k for k in ("config_sha256", "weights_sha256") if k in manifest_target and k in mine
            and manifest_target[k] != mine[k]]
     if bad:
-        raise CheckpointError(f"{path} was exported against another target ({', '.join(bad)} differ): its "
-                              f"embeddings/head are that target's; export the drafter again with --target "
-                              f"set to this one")
+        msg = (f"{path} was exported against another target ({', '.join(bad)} differ): its embeddings/head are "
+               f"that target's; export the drafter again with --target set to this one")
+        if strict:
+            raise CheckpointError(msg)
+        warn(f"warning: {msg}")
 
 
 def load_runner(path: str | Path, target: Any, device: torch.device | str = "cpu", *,
                 providers: Sequence[str] | None = None, threads: int | None = None, fold_dequantize: bool = True,
-                **_: Any) -> ExportedRunner:
+                strict: bool = False, warn: Callable[[str], None] = print, **_: Any) -> ExportedRunner:
     """An ExportedRunner whose graphs run in onnxruntime sessions (see the module docstring)."""
     path = Path(path).expanduser()
     manifest = load_manifest(path)
-    check_target(manifest.target, target, path)
+    check_target(manifest.target, target, path, strict, warn)
     device = torch.device(device)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads or torch.get_num_threads()
