@@ -82,6 +82,11 @@ class ExportManifest:
     format_version: int = FORMAT_VERSION
     plugin: Mapping[str, Any] = field(default_factory=dict)  # the TreeAttention contract when attention=plugin
 
+    @property
+    def drafter_bytes(self) -> int:
+        """The drafter's own bytes: its graphs, without the target's shared embeddings/head."""
+        return sum(g.bytes for g in self.graphs)
+
     def graph(self, name: str) -> GraphSpec:
         for g in self.graphs:
             if g.name == name:
