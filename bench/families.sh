@@ -23,7 +23,8 @@ distill dflash
 distill mtp --ttt-steps 3
 distill eagle
 distill lm --layers 2
-# eagle3 trains with Muon at lr 2e-3 by default since session 9; sessions 1-8 ran it with AdamW at 1e-3
+# Every family runs its distill defaults (eagle3: Muon at lr 2e-3 since 2026-11-30; the others AdamW at 1e-3).
+# dflash's defaults give tau ~2 at block:8; its best known recipe (regenerated data, Markov head) is recipes/dflash.yaml.
 [ -f "$OUT/prompts.jsonl" ] || python bench/make_prompts.py --target "$T" --n "$N" --tokens 64 --out "$OUT/prompts.jsonl"
 bench() {  # family policy name
   OMP_NUM_THREADS=2 specpress bench --target "$T" --drafter "$OUT/$1" --policy "$2" --prompts "$OUT/prompts.jsonl" \

@@ -54,8 +54,9 @@ class LazyGroup(click.Group):
 def cli() -> None:
     """specpress: how far can a speculative-decoding drafter be compressed before acceptance falls?
 
-    Artifacts (models, drafters) are directories of config.json + model.safetensors. Built-in
-    models and caches live under ~/.cache/specpress (override with SPECPRESS_CACHE).
+    Artifacts (models, drafters) are directories of config.json + model.safetensors, written atomically.
+    Built-in models and caches live under ~/.cache/specpress (override with SPECPRESS_CACHE).
+    Start with `specpress sweep quickstart --out runs/quickstart`; each command's --help has examples.
     """
 
 

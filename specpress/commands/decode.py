@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from specpress.runtime.backends import BACKENDS, READS
 TEMPERATURE = click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
                            help="0 = greedy; >0 samples from the target's (processed) distribution.")
 TOP_K = click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off.")
@@ -27,13 +28,35 @@ COMPILE = click.option("--compile", "compile_drafter", is_flag=True,
                             "target stays eager, so bench's plain baseline is unchanged. The first rounds "
                             "compile (tens of seconds on CPU); bench warms up on 3 prompts before timing.")
 COMPILE_WARMUP_PROMPTS = 3
-BACKEND = click.option("--backend", type=click.Choice(["torch"]), default="torch", show_default=True,
-                       help="Where the drafter runs.")
+BACKEND = click.option("--backend", type=click.Choice(list(BACKENDS)), default="torch", show_default=True,
+                       help="Where the drafter runs (the target always runs on torch); --drafter is then "
+                            + "; ".join(f"for {b.name}: {READS[b.reads]}" for b in BACKENDS.values()) + ".")
 
 
-def check_compile(compile_drafter: bool, drafter_dir: Path | None) -> None:
+def check_compile(compile_drafter: bool, drafter_dir: Path | None, backend: str = "torch") -> None:
     if compile_drafter and drafter_dir is None:
         raise click.UsageError("--compile compiles the drafter; pass --drafter too (plain decoding stays eager)")
+    if compile_drafter and backend != "torch":
+        raise click.UsageError(f"--compile compiles a torch drafter's forward; the {backend} backend runs its own "
+                               "graph: drop --compile or use --backend torch")
+
+
+def load_drafter_runner(backend: str, drafter_dir: Path, target, *, strict: bool, warn, compile_drafter: bool):
+    """The --drafter directory as the --backend registry entry runs it, on the target's device."""
+    from specpress.runtime.backends import load_runner
+    from specpress.runtime.backends.torch import TorchTarget
+
+    opts = {"compile": True} if compile_drafter else {}
+    return load_runner(backend, drafter_dir, target, TorchTarget(target).device, strict=strict, warn=warn, **opts)
+
+
+def drafter_bytes(backend: str, drafter_dir: Path) -> int:
+    """Bytes of the drafter as stored: the artifact's own count, or the files of an exported directory."""
+    if BACKENDS[backend].reads == "drafter":
+        from specpress.models.inspect import inspect_artifact
+
+        return int(inspect_artifact(drafter_dir)["bytes"])
+    return sum(p.stat().st_size for p in Path(drafter_dir).expanduser().rglob("*") if p.is_file())
 
 
 def DECODING(fn):  # noqa: N802 - used as a decorator like the option constants above
@@ -48,10 +71,11 @@ def DECODING(fn):  # noqa: N802 - used as a decorator like the option constants 
 @click.option("--prompt", required=True, help="Prompt text (encoded with the target's tokenizer.json).")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @DECODING
+@BACKEND
 @COMPILE
 @STRICT
 def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens: int, policy: str | None,
-        temperature: float, top_k: int, top_p: float, seed: int, dtype: str, compile_drafter: bool,
+        temperature: float, top_k: int, top_p: float, seed: int, dtype: str, backend: str, compile_drafter: bool,
         strict: bool) -> None:
     """Decode one prompt and print the prompt and its continuation (stderr: a tau / speed line).
 
@@ -64,8 +88,7 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
 
     from specpress.models.target import load_target
     from specpress.models.tokenizer import load_tokenizer
-    from specpress.runtime.bench import default_policy, load_drafter_for
-    from specpress.runtime.compile import compile_drafter as compile_fn
+    from specpress.runtime.bench import default_policy
     from specpress.runtime.compile import compile_errors
     from specpress.runtime.loop import speculative_generate
     from specpress.runtime.plain import decode_plain
@@ -73,7 +96,7 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
     from specpress.runtime.prompts import encode
     from specpress.runtime.sampling import SamplingParams
 
-    check_compile(compile_drafter, drafter_dir)
+    check_compile(compile_drafter, drafter_dir, backend)
     target = load_target(target_dir, dtype=dtype)
     tok = load_tokenizer(target_dir)
     ids = encode(prompt, tok)
@@ -85,10 +108,9 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
         click.echo(f"[{len(g.tokens)} tokens, {len(g.tokens) / (g.decode_ms / 1e3):.1f} tok/s, plain decoding]",
                    err=True)
         return
-    drafter = load_drafter_for(target, drafter_dir, strict=strict, warn=lambda m: click.echo(m, err=True))
+    drafter = load_drafter_runner(backend, drafter_dir, target, strict=strict,
+                                  warn=lambda m: click.echo(m, err=True), compile_drafter=compile_drafter)
     pol = parse_policy(policy or default_policy(drafter.family))
-    if compile_drafter:
-        compile_fn(drafter)
     with compile_errors(compile_drafter):
         s = speculative_generate(target, drafter, ids, max_new_tokens, pol,
                                  SamplingParams(temperature, top_k, top_p), gen)
@@ -119,6 +141,21 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
     plain greedy decoding (`lossless_mismatches` must be 0). Without a drafter this measures plain
     target decoding (tau = 1); its outputs equal transformers' greedy generate.
 
+    --json writes one object: tau (tokens per target verify forward, bonus included), ar (P(accepted
+    >= k)), histogram, draft_ms / verify_ms / other_ms (mean per round), draft_forward_ms (the drafter's
+    own compute within a round), overhead_ms and overhead_fraction (the loop's own time outside the
+    drafter's and the target's forwards, and its share of a round), tokens_per_s,
+    baseline_tokens_per_s, speedup, lossless_mismatches, drafter_bytes, per_prompt, outputs and config.
+    Policies: chain:K, tree:[[0],[0,0],[1],...] (EAGLE / TensorRT-LLM eagle_choices; vLLM's tuple form
+    parses too), dynamic:depth=D,topk=K,budget=N (EAGLE-2), block:B (DFlash), mtp:K.
+
+    The drafter runs in fp32 whatever --dtype says (at one or two rows an fp32 matmul is faster than
+    a bf16 one on CPU). At --dtype bf16 a few outputs may differ from plain greedy decoding at exact or
+    one-step ties of the bf16 logits (the one-token and many-token kernels round differently;
+    BENCHMARKS.md); fp32 is exactly lossless. --compile needs a C++ compiler; without one it fails
+    with a message saying to drop it. Its speedup is against an eager plain decoder;
+    bench/compile_both.py (in the repository) compiles the target too, for the like-for-like figure.
+
     \b
     Examples:
       specpress bench --target ~/.cache/specpress/zoo/small --prompts prompts.jsonl \\
@@ -133,12 +170,10 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
 
     from specpress.artifacts import write_json
     from specpress.runtime.bench import bench_plain, bench_speculative, default_policy, load_bench_inputs
-    from specpress.runtime.bench import load_drafter_for
-    from specpress.runtime.compile import compile_drafter as compile_fn
     from specpress.runtime.compile import compile_errors
     from specpress.runtime.policy import parse_policy
 
-    check_compile(compile_drafter, drafter_dir)
+    check_compile(compile_drafter, drafter_dir, backend)
     console = Console(stderr=True)
     target, prompts = load_bench_inputs(target_dir, prompts_file, dtype)
     config = {"target": str(target_dir), "prompts_file": str(prompts_file), "dtype": dtype,
@@ -146,14 +181,11 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
               "compile": compile_drafter}
     drafter = pol = None
     if drafter_dir is not None:
-        from specpress.models.inspect import inspect_artifact
-
-        drafter = load_drafter_for(target, drafter_dir, strict=strict, warn=lambda m: console.print(m))
+        drafter = load_drafter_runner(backend, drafter_dir, target, strict=strict, warn=lambda m: console.print(m),
+                                      compile_drafter=compile_drafter)
         pol = parse_policy(policy or default_policy(drafter.family))
         config["policy"] = str(pol)
-        drafter_bytes = int(inspect_artifact(drafter_dir)["bytes"])
-        if compile_drafter:
-            compile_fn(drafter)
+        n_bytes = drafter_bytes(backend, drafter_dir)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress, compile_errors(compile_drafter):
         task = progress.add_task("decoding" if drafter is None else f"decoding ({pol}) + baseline",
@@ -163,7 +195,7 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
         if drafter is None:
             result = bench_plain(target, prompts, max_new_tokens, **kw)
         else:
-            result = bench_speculative(target, drafter, prompts, max_new_tokens, pol, drafter_bytes=drafter_bytes,
+            result = bench_speculative(target, drafter, prompts, max_new_tokens, pol, drafter_bytes=n_bytes,
                                        warmup_prompts=COMPILE_WARMUP_PROMPTS if compile_drafter else 0, **kw)
     n_tok = sum(len(o) for o in result["outputs"])
     if drafter is None:

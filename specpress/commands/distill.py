@@ -94,14 +94,39 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
     to --out.
 
     Losses: eagle SmoothL1 feature + 0.1 soft CE; eagle3 training-time test over --ttt-steps steps;
-    mtp soft CE per chained step; dflash block loss with random anchors; lm forward KL. Progress shows
-    the loss and acc@k (top-1 agreement with the target per draft position). Checkpoints go to
-    <out>.partial/ every --checkpoint-minutes; --resume continues an interrupted run.
+    mtp soft CE per chained step; dflash block loss with random anchors; lm forward KL. Teacher signals
+    (hidden states, logits) come from the target on the fly. Progress shows the loss and acc@k (top-1
+    agreement with the target per draft position). Checkpoints go to <out>.partial/ every
+    --checkpoint-minutes; --resume continues an interrupted run (a checkpoint of a different run is
+    refused).
+
+    Budget: --steps N fixes the schedule (deterministic for a seed); --minutes M alone lays the lr warmup
+    and cosine over the wall clock, so the schedule ends at the budget however fast the machine is and
+    the step count varies with it. The closing summary gives acc@k on held-out windows (the last 5 % of
+    the data) and on the last training batches, and how many passes over the data the run made: training
+    agreement above the held-out one after a few passes means more data will help.
+
+    Defaults, the published ones and those measured better here (zoo target, 10 minutes, BENCHMARKS.md):
+    eagle3 trains with Muon at lr 2e-3 (chain:4 tau 3.05 with AdamW at 1e-3, 3.32 / 3.34 with Muon);
+    --taps keeps the published {2, L//2, L-3} by default, while 2,4,8 (the final hidden instead of
+    L-3) gave +0.14 chain:4 tau on the 8-layer zoo target. dflash keeps DFlash's gamma (4 for blocks
+    of 8) and AdamW (tau 1.90 at block:8); its best recipe here is target-regenerated data (`specpress
+    regenerate`) with --markov-rank 128 --lr 3e-3 --optimizer muon --gamma 1 (tau 3.27); DSpark's
+    --tv-weight 0.9 did worse than CE alone (the Markov head is stored as markov_head.markov_w{1,2}.weight,
+    its rank as dflash_config.markov_rank). --compile gave 10 % more steps in one 10-minute run. On
+    GPUs without bf16 (pre-Ampere) pass --fp32.
+
+    Multi-GPU: `torchrun --nproc_per_node N -m specpress.cli distill ...` shards the batches by rank
+    (gradients all-reduced; rank 0 writes).
 
     \b
-    Example:
+    Examples:
       specpress distill --target ~/.cache/specpress/zoo/small --family eagle3 \\
           --data zoo:train --out drafters/eagle3 --minutes 8
+      specpress distill --target ~/.cache/specpress/zoo/small --family eagle3 \\
+          --data zoo:train --out drafters/eagle3 --minutes 8 --resume        # after Ctrl-C
+      specpress distill --target ~/.cache/specpress/zoo/small --family lm --data ./my-code/ \\
+          --out drafters/lm --steps 2000 --layers 2
     """
     from specpress.compress.distill import DistillConfig, distill_from_dirs
     from specpress.errors import UsageError

@@ -45,8 +45,15 @@ def prune(drafter_dir: Path, out: Path, ffn: float | None, heads: float | None, 
     """Remove FFN channels, KV groups, layers or draft-vocabulary tokens: a smaller dense drafter.
 
     The result is in the family's public layout (smaller config and tensors) and records the step
-    in its provenance (`specpress inspect OUT` shows the chain). kl importance scores each unit by how
-    much removing it raises KL(target || drafter) on the calibration data.
+    in its provenance (`specpress inspect OUT` shows the chain). Importance: weight magnitude,
+    activations on --data, or kl, which scores each unit by how much removing it raises
+    KL(target || drafter) on the calibration data. --recover-steps then distills the pruned drafter
+    against the target, as `specpress distill` does.
+
+    --vocab (EAGLE-3) rebuilds lm_head, d2t and t2d for the tokens the target predicts most often on
+    --data, counted over --vocab-tokens predictions. Rank on enough of them: on the zoo target a
+    quarter of the vocabulary ranked on 2,048 predictions kept 94.5 % of tau, ranked on 262,144 (the
+    default, ~10 s of target forwards) 102.7 % (BENCHMARKS.md, "Compression").
 
     \b
     Examples:

@@ -62,12 +62,27 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
     With --target/--data the per-position top-1 agreement with the target is measured on held-out
     windows before and after; everything goes into the artifact's provenance.
 
+    Schemes: int8 (per output channel) and int4 (group-wise, symmetric or asymmetric) by round-to-nearest
+    or GPTQ; nf4 / fp4 (and int8 with --method bnb) through bitsandbytes' kernels; fp8 e4m3 (dequantised). The
+    in-memory drafter is rounded to --float-dtype too, so the measured cost is the stored one. The artifact
+    stores packed integers and scales (key scheme in specpress/compress/quantize/modules.py) and reloads
+    into quantized modules the runtime runs directly; --dequantize writes plain float weights instead, to
+    deploy elsewhere.
+
+    Speed: per-channel int8 runs on CPU through PyTorch's weight-only int8 kernel (activations rounded to
+    bf16 for that product), so it makes drafting faster as well as smaller: with --include lm_head it took
+    EAGLE-3's dynamic tree on the medium zoo target from 1.60-1.72x to 1.81-1.94x at unchanged tau
+    (BENCHMARKS.md, "Speed on the medium target"). The other schemes dequantize their weight on every
+    forward here: they save bytes, not time.
+
     \b
     Examples:
       specpress quantize --drafter drafters/eagle3 --out drafters/eagle3-int4 --scheme int4
       specpress quantize --drafter drafters/eagle3 --out drafters/eagle3-gptq --scheme int4 --method gptq \\
           --target ~/.cache/specpress/zoo/small --data zoo:train
       specpress quantize --drafter drafters/eagle3 --out drafters/eagle3-nf4 --scheme nf4 --include lm_head
+      specpress quantize --drafter drafters/eagle3 --out drafters/eagle3-fp8 --scheme fp8
+      specpress quantize --drafter drafters/eagle3 --out drafters/eagle3-int4-fp --scheme int4 --dequantize
     """
     from specpress.compress.quantize.configs import config_for
     from specpress.compress.quantize.pipeline import quantize_from_dirs

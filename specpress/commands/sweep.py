@@ -31,6 +31,18 @@ def sweep(recipe: str, out: Path, resume: bool, force: bool, jobs: int, find_sma
     paired comparison with the base (mean per-prompt delta tau, 95 % bootstrap CI). At the end:
     OUT/table.md, OUT/table.csv, OUT/plots/*.png|svg, and the Pareto front (bytes vs tau).
 
+    A recipe (validated strictly: an unknown key names itself and the allowed keys) gives the target (a
+    path or `zoo`), the base drafter (a path, or a `distill:` block: distilled once, cached under
+    ~/.cache/specpress/drafters and reused), a grid of compression points (quantize schemes x group sizes
+    x methods, prune ratios, draft-vocabulary sizes, and `chain:` lists of steps such as prune then
+    quantize), policies, prompts (a file or held-out code), temperatures and the token budget.
+    float_dtype (default auto: bf16 for an fp32 base) is what compressed points store their remaining
+    floats in; their bytes and tau are those of the stored drafter. Each results.jsonl line holds the
+    settings, provenance, bytes, bits/param, tau, AR[k], per-prompt tau, the paired delta tau with its CI
+    and whether it is resolved (the CI excludes 0), agreement with the target, tokens/s, speedup and
+    lossless mismatches. A failed point is recorded and the sweep goes on; an output folder of another
+    recipe is refused without --force.
+
     \b
     Examples:
       specpress sweep recipes/quickstart.yaml --out runs/quickstart

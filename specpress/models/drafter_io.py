@@ -101,8 +101,10 @@ def save_drafter(model: Drafter, out: str | Path, *, provenance: Sequence[Mappin
 
 def read_drafter_config(path: str | Path) -> tuple[str, Any, dict[str, Any]]:
     """(family, family config, the raw config.json) of a drafter dir or a bare config.json."""
+    from specpress.models import serving_io
+
     path = Path(path).expanduser()
-    cfg = read_config(path)
+    cfg = serving_io.to_specpress_config(read_config(path), path)  # speculators / compressed-tensors / ModelOpt
     source = str(path / "config.json" if path.is_dir() else path)
     names = set(tensor_index(path)) if path.is_dir() else None
     family = detect_family(cfg, names, source)
@@ -125,7 +127,9 @@ def load_drafter(path: str | Path, target: "TargetModel | None" = None, *,
     path = Path(path).expanduser()
     family, config, raw = read_drafter_config(path)
     fam = get_family(family)
-    weights = read_weights(path)
+    from specpress.models import serving_io
+
+    weights = serving_io.to_specpress_weights(path, read_weights(path))
     check_finite({k: (v.float() if v.dtype in FLOAT8 else v) for k, v in weights.items()}, path)
     dt = parse_dtype(dtype)
     with torch.device("meta"):
@@ -150,6 +154,7 @@ def load_drafter(path: str | Path, target: "TargetModel | None" = None, *,
     if target is None:
         return model
     saved = model.target_fingerprint
+    serving_io.check_verifier(raw, target.config.architecture, str(path))
     model.attach_target(target)
     model.fingerprint_mismatch = fingerprint_diff(saved, model.target_fingerprint)
     return model

@@ -56,10 +56,12 @@ def inspect_artifact(path: str | Path) -> dict[str, Any]:
     from specpress.models.drafter_io import read_drafter_config
     from specpress.models.target import TargetConfig, TargetModel
 
+    from specpress.models import serving_io
+
     path = Path(path).expanduser()
-    cfg = read_config(path)
+    cfg = serving_io.to_specpress_config(read_config(path), path)  # speculators / compressed-tensors / ModelOpt
     source = str(path / "config.json" if path.is_dir() else path)
-    index = tensor_index(path) if path.is_dir() else {}
+    index = serving_io.rename_index(path, tensor_index(path)) if path.is_dir() else {}
     block = cfg.get("specpress") if isinstance(cfg.get("specpress"), dict) else {}
     is_target = not block and _plain_decoder(cfg, set(index))
     shared: dict[str, str] = {}

@@ -74,10 +74,12 @@ def bench_speculative(target: TargetModel, drafter: Any, prompts: list[Prompt], 
     Before timing, the first prompt is decoded for 8 tokens both ways; `warmup_prompts` more are decoded
     speculatively in full (a compiled drafter meets every shape it will see, so no compilation is timed).
     """
+    from specpress.runtime.backends.torch import as_drafter_runner
     from specpress.runtime.drafting import check_policy, draft_slots
     from specpress.runtime.loop import speculative_generate
     from specpress.runtime.sampling import SamplingParams
 
+    drafter = as_drafter_runner(drafter)
     check_policy(drafter.family, policy)
     for i, p in enumerate(prompts):
         check_fits(target, len(p.ids), max_new_tokens + draft_slots(policy) + 2, label=f"prompt {i + 1}")

@@ -1,6 +1,7 @@
 """Draft sessions: a drafter's state across rounds, and how it turns a root token into a draft tree.
 
-A session sees three events: `start` (after the target's prefill), `propose` (draft a tree under the
+A session calls the drafter only through a `DrafterRunner` (runtime/backends/base.py), whatever backend
+runs it. It sees three events: `start` (after the target's prefill), `propose` (draft a tree under the
 root, the last committed token) and `accept` (after verification: keep the accepted path).
 
 - FeatureSession (eagle, eagle3, mtp): drafter position j reads (feature of token j, token j+1) and
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Callable, Sequence
 
 import torch
@@ -23,8 +23,8 @@ from torch import Tensor
 
 from specpress.device import wall_ms
 from specpress.errors import UsageError
-from specpress.models.kv import KVCache
 from specpress.models.target import TargetOutput
+from specpress.runtime.backends.base import DraftCache, DrafterRunner
 from specpress.runtime.policy import BlockPolicy, ChainPolicy, DynamicPolicy, MTPPolicy, Policy, TreePolicy
 from specpress.runtime.sampling import SamplingParams, process_logits
 from specpress.runtime.tree import DraftTree, DynamicTreeBuilder, tree_for_policy
@@ -142,13 +142,17 @@ def _expand_dynamic(policy: DynamicPolicy, root: int, root_logits: Tensor, root_
 
 
 class DraftSession(ABC):
-    family: str
-    taps: tuple[int, ...]  # target taps the session needs from every target forward
+    """A drafter's state across rounds. It calls the drafter only through `self.runner` (a DrafterRunner)."""
+
+    runner: DrafterRunner
     forward_ms: float = 0.0  # wall time spent inside drafter forwards so far (the rest of drafting is overhead)
 
-    def _forward(self, *args, **kwargs):
-        """Call the drafter, adding the call's wall time to `forward_ms`."""
-        return self._timed(self.drafter, *args, **kwargs)
+    def __init__(self, runner: DrafterRunner, capacity: int) -> None:
+        self.runner = runner
+        self.family = runner.family
+        self.taps = tuple(runner.taps)  # target taps the session needs from every target forward
+        self.device = runner.device
+        self.cache: DraftCache = runner.new_cache(capacity)
 
     def _timed(self, fn: Callable, *args, **kwargs):
         """Run one piece of drafter compute (a forward, the tap fusion), adding its wall time to `forward_ms`."""
@@ -165,11 +169,7 @@ class DraftSession(ABC):
         if not self.taps:
             return out.hidden[0] if rows is None else out.hidden[0, rows]
         taps = out.taps if rows is None else {i: t[:, rows] for i, t in out.taps.items()}
-        return self._timed(self.drafter.fuse_taps, taps)[0]
-
-    @cached_property
-    def device(self) -> torch.device:
-        return next(self.drafter.parameters()).device
+        return self._timed(self.runner.fuse_taps, taps)[0]
 
     @abstractmethod
     def start(self, prompt: Sequence[int], out: TargetOutput, first: int) -> None: ...
@@ -185,22 +185,15 @@ class DraftSession(ABC):
 class FeatureSession(DraftSession):
     """eagle / eagle3 / mtp: inputs are (feature of token j, token j+1) pairs."""
 
-    def __init__(self, drafter, capacity: int) -> None:  # drafter: EagleDrafter | Eagle3Drafter | MTPDrafter
-        self.drafter = drafter
-        self.family = drafter.family
-        self.taps = tuple(drafter.taps)
-        self.cache: KVCache = drafter.new_cache(capacity)
+    def __init__(self, runner: DrafterRunner, capacity: int) -> None:
+        super().__init__(runner, capacity)
         self.pending_feats: Tensor | None = None  # [P, F]
         self.pending_ids: list[int] = []
         self.context = 0  # drafter cache slots holding committed pairs
-        vd = getattr(drafter.config, "draft_vocab_size", None)
-        self.token_map = (torch.arange(vd, device=drafter.d2t.device) + drafter.d2t) if vd else None
-        self.vocab = drafter.config.vocab_size
 
-    def _run(self, hidden: Tensor, ids: Tensor, positions: Tensor | None, mask: Tensor | None,
-             step: int) -> tuple[Tensor, Tensor]:
-        kw = {"step": step} if self.family == "mtp" else {}
-        logits, g = self._forward(hidden[None], ids[None], cache=self.cache, positions=positions, mask=mask, **kw)
+    def _run(self, feats: Tensor, ids: Tensor, positions: Tensor | None, mask: Tensor | None,
+             level: int) -> tuple[Tensor, Tensor]:
+        logits, g = self._timed(self.runner.feature_step, feats[None], ids[None], self.cache, positions, mask, level)
         return logits[0], g[0]
 
     def start(self, prompt: Sequence[int], out: TargetOutput, first: int) -> None:
@@ -219,8 +212,8 @@ class FeatureSession(DraftSession):
             assert parent is not None
             return self._run(parent, tokens, torch.full(tokens.shape, base + level, device=dev), mask, level)
 
-        return expand(policy, root, logits[-1], g[-1], step, context, params, generator, self.token_map,
-                      self.vocab)
+        return expand(policy, root, logits[-1], g[-1], step, context, params, generator, self.runner.token_map,
+                      self.runner.vocab_size)
 
     def accept(self, proposal: Proposal, result: VerifyResult, out: TargetOutput) -> None:
         # Drop the draft slots; the accepted tokens are fed again with the target's own features.
@@ -232,15 +225,10 @@ class FeatureSession(DraftSession):
 class LMSession(DraftSession):
     """An independent small LM (classic draft-model speculative decoding)."""
 
-    family = "lm"
-    taps: tuple[int, ...] = ()
-
-    def __init__(self, drafter, capacity: int) -> None:  # drafter: LMDrafter (a TargetModel)
-        self.drafter = drafter
-        self.cache: KVCache = drafter.new_cache(capacity)
+    def __init__(self, runner: DrafterRunner, capacity: int) -> None:
+        super().__init__(runner, capacity)
         self.pending: list[int] = []
         self.context = 0
-        self.vocab = drafter.config.vocab_size
 
     def start(self, prompt: Sequence[int], out: TargetOutput, first: int) -> None:
         self.pending = list(prompt) + [first]
@@ -248,18 +236,17 @@ class LMSession(DraftSession):
     def propose(self, root: int, policy: Policy, params: SamplingParams,
                 generator: torch.Generator | None) -> Proposal:
         assert self.pending[-1] == root
-        dev = self.drafter.lm_head.weight.device
-        out = self._forward(torch.tensor([self.pending], device=dev), cache=self.cache, logits="last")
+        dev, lm_step = self.device, self.runner.lm_step
+        logits = self._timed(lm_step, torch.tensor([self.pending], device=dev), self.cache, None, None, True)
         self.context = self.cache.length
         root_pos = self.context - 1
 
         def step(tokens: Tensor, parent: Tensor | None, level: int, mask: Tensor) -> tuple[Tensor, None]:
             positions = torch.full(tokens.shape, root_pos + level, device=dev)
-            o = self._forward(tokens[None], cache=self.cache, positions=positions, mask=mask)
-            return o.logits[0], None
+            return self._timed(lm_step, tokens[None], self.cache, positions, mask)[0], None
 
-        return expand(policy, root, out.logits[0, -1], None, step, self.context, params, generator, None,
-                      self.vocab)
+        return expand(policy, root, logits[0, -1], None, step, self.context, params, generator, None,
+                      self.runner.vocab_size)
 
     def accept(self, proposal: Proposal, result: VerifyResult, out: TargetOutput) -> None:
         path = list(result.accepted[1:])
@@ -272,12 +259,8 @@ class LMSession(DraftSession):
 class BlockSession(DraftSession):
     """DFlash: the committed context is injected as K/V; the block [root, MASK...] is drafted in one pass."""
 
-    family = "dflash"
-
-    def __init__(self, drafter, capacity: int) -> None:  # drafter: DFlashDrafter
-        self.drafter = drafter
-        self.taps = tuple(drafter.taps)
-        self.cache: KVCache = drafter.new_cache(capacity)
+    def __init__(self, runner: DrafterRunner, capacity: int) -> None:
+        super().__init__(runner, capacity)
         self.pending_feats: Tensor | None = None
 
     def start(self, prompt: Sequence[int], out: TargetOutput, first: int) -> None:
@@ -286,22 +269,19 @@ class BlockSession(DraftSession):
     def propose(self, root: int, policy: Policy, params: SamplingParams,
                 generator: torch.Generator | None) -> Proposal:
         assert isinstance(policy, BlockPolicy) and self.pending_feats is not None
-        dev = self.pending_feats.device
-        block = self.drafter.make_block(torch.tensor([root], device=dev), policy.block_size)
-        logits = self._forward(self.pending_feats[None], block, cache=self.cache)[0]  # [B, V]
-        drafts = self.drafter.greedy_drafts(logits, root)
+        drafts = self._timed(self.runner.block_drafts, self.pending_feats[None], root, policy.block_size, self.cache)
         return Proposal(DraftTree.chain(len(drafts), [root] + drafts), None, {})
 
     def accept(self, proposal: Proposal, result: VerifyResult, out: TargetOutput) -> None:
         self.pending_feats = self._features(out, list(result.accepted))
 
 
-def make_session(drafter, capacity: int) -> DraftSession:
-    family = drafter.family
+def make_session(runner: DrafterRunner, capacity: int) -> DraftSession:
+    family = runner.family
     if family in ("eagle", "eagle3", "mtp"):
-        return FeatureSession(drafter, capacity)
+        return FeatureSession(runner, capacity)
     if family == "lm":
-        return LMSession(drafter, capacity)
+        return LMSession(runner, capacity)
     if family == "dflash":
-        return BlockSession(drafter, capacity)
+        return BlockSession(runner, capacity)
     raise UsageError(f"no runtime session for drafter family {family!r}")

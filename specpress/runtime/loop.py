@@ -9,17 +9,20 @@
         session.accept(proposal, result, out)  # the drafter keeps its side consistent
 
 Every round emits len(accepted) tokens: the accepted drafts plus the target's own next token.
+The loop sees a `TargetRunner` and a `DrafterRunner` (runtime/backends/base.py), nothing of torch modules.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
 from specpress.device import wall_ms
 from specpress.models.target import TargetModel
+from specpress.runtime.backends.base import DrafterRunner, TargetRunner
+from specpress.runtime.backends.torch import as_drafter_runner, as_target_runner
 from specpress.runtime.drafting import DraftSession, check_policy, draft_slots, make_session
 from specpress.runtime.plain import check_fits
 from specpress.runtime.policy import Policy
@@ -57,19 +60,23 @@ def first_token(logits: torch.Tensor, params: SamplingParams, generator: torch.G
 
 
 @torch.inference_mode()
-def speculative_generate(target: TargetModel, drafter, prompt: Sequence[int], max_new_tokens: int, policy: Policy,
-                         params: SamplingParams = SamplingParams(), generator: torch.Generator | None = None,
-                         eos_ids: Sequence[int] | None = None) -> SpecGeneration:
-    """Decode with `drafter` proposing and `target` verifying; the output distribution is the target's."""
+def speculative_generate(target: TargetModel | TargetRunner, drafter: DrafterRunner | Any, prompt: Sequence[int],
+                         max_new_tokens: int, policy: Policy, params: SamplingParams = SamplingParams(),
+                         generator: torch.Generator | None = None, eos_ids: Sequence[int] | None = None) -> SpecGeneration:
+    """Decode with `drafter` proposing and `target` verifying; the output distribution is the target's.
+
+    target: a TargetRunner or a TargetModel; drafter: a DrafterRunner or a drafter module (both wrapped
+    in the torch runners)."""
+    target, drafter = as_target_runner(target), as_drafter_runner(drafter)
     check_policy(drafter.family, policy)
     eos = set(target.config.eos_ids if eos_ids is None else eos_ids)
     margin = policy.num_draft_tokens + 2
     capacity = check_fits(target, len(prompt), max_new_tokens + margin)
     cache = target.new_cache(capacity)
     session: DraftSession = make_session(drafter, capacity + draft_slots(policy))
-    dev = target.lm_head.weight.device
+    dev = target.device
     t_start = wall_ms(dev)
-    out = target(torch.tensor([list(prompt)], device=dev), cache=cache, taps=session.taps)
+    out = target.forward(torch.tensor([list(prompt)], device=dev), cache=cache, taps=session.taps)
     tok = first_token(out.logits[0, -1], params, generator)
     session.start(prompt, out, tok)
     gen = SpecGeneration([tok], prefill_ms=wall_ms(dev) - t_start)
@@ -79,8 +86,8 @@ def speculative_generate(target: TargetModel, drafter, prompt: Sequence[int], ma
         tree = proposal.tree
         t1 = wall_ms(dev)
         past = cache.length
-        vout = target(tree.token_tensor(dev)[None], cache=cache, positions=tree.positions(past, dev),
-                      mask=tree.verify_mask(past, dev), taps=session.taps)
+        vout = target.forward(tree.token_tensor(dev)[None], cache=cache, positions=tree.positions(past, dev),
+                              mask=tree.verify_mask(past, dev), taps=session.taps)
         t2 = wall_ms(dev)
         result = verify(tree, vout.logits[0], params, generator, proposal.draft_probs)
         cache.compact(past, result.accepted)

@@ -9,7 +9,7 @@
     policies: [chain:4]              # default: the drafter family's default policy
     prompts: {heldout: {n: 100, tokens: 64}}   # or a .jsonl file ({"prompt"} / {"input_ids"} per line)
     temperatures: [0]                # default [0]
-    backends: [torch]                # default [torch]; the only one sweeps run today
+    backends: [torch]                # default [torch]; any name of runtime/backends' registry
     max_new_tokens: 64
     seed: 0
     dtype: fp32                      # the target's (and drafter's compute) dtype: fp32 | bf16 | fp16
@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from specpress.errors import ConfigError
+from specpress.runtime.backends import BACKENDS
 from specpress.sweep.grid import Point, expand_grid
 
 RECIPE_VERSION = 1
@@ -44,7 +45,6 @@ TOP_KEYS = ("version", "name", "description", "target", "drafter", "grid", "poli
             "backends", "max_new_tokens", "seed", "dtype", "float_dtype", "calibration", "agreement_batches",
             "agreement_data")
 REQUIRED = ("target", "drafter", "grid", "prompts")
-BACKENDS = ("torch",)  # onnxruntime / tensorrt drafters are not wired into sweeps yet
 DTYPES = ("fp32", "bf16", "fp16")
 ZOO_SPLITS = {"zoo-train": "train", "zoo-val": "val", "zoo:train": "train", "zoo:val": "val"}  # CLI spelling too
 BUNDLED = Path(__file__).resolve().parent.parent / "recipes"  # package data: `specpress sweep quickstart`

@@ -1,6 +1,6 @@
 """One grid point: build its artifact (reused when already built), measure acc@k, bench every run.
 
-A run is (policy, temperature, backend); every run of every point decodes the SAME prompts, so the parent
+A run is (policy, temperature, backend: a name of the runtime/backends registry); every run of every point decodes the SAME prompts, so the parent
 can pair each run with the base drafter's run of the same settings (stats.py). The artifact goes to
 OUT/points/<id>/drafter with OUT/points/<id>/point.json holding what it was built from (steps, base
 drafter digest, target, calibration data, seed): it is reused only when that key matches. Records are
@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from specpress.artifacts import write_json
+from specpress.runtime.backends import load_runner
+from specpress.runtime.backends.torch import TorchDrafterRunner, TorchTarget
 from specpress.runtime.bench import bench_speculative, load_drafter_for
 from specpress.sweep.context import SweepContext, file_digest, open_context
 from specpress.sweep.grid import Point, Step
@@ -141,13 +143,16 @@ def measure_point(ctx: SweepContext, point: Point, runs: list[RunSpec], *, log: 
               "agreement_windows": None if sampler is None else ctx.recipe.agreement_batches * sampler.batch,
               "build_s": build_s, "agreement_s": agreement_s}
     records = []
+    runners = {"torch": TorchDrafterRunner(drafter)}  # the module acc@k measured; other backends load per run
     for run in runs:
         policy, temperature, backend = run
         t2 = time.monotonic()
         rec = {**_base_record(point, run, ctx), **shared}
         try:
+            if backend not in runners:
+                runners[backend] = load_runner(backend, art, ctx.target, TorchTarget(ctx.target).device)
             res = bench_speculative(
-                ctx.target, drafter, ctx.prompts, ctx.recipe.max_new_tokens, parse_policy(policy),
+                ctx.target, runners[backend], ctx.prompts, ctx.recipe.max_new_tokens, parse_policy(policy),
                 temperature=temperature, seed=ctx.recipe.seed, drafter_bytes=int(info["bytes"]),
                 config={"point": point.id, "drafter": str(art), "target": str(ctx.target_dir), "backend": backend},
                 on_prompt=(lambda i, r=run: on_prompt(r, i)) if on_prompt else None)

@@ -3,7 +3,7 @@
 Every point is decoded on the SAME prompts as the base, so its cost is measured per prompt:
 delta_i = tau_i(point) - tau_i(base), and the mean delta gets a percentile bootstrap CI over prompts
 (seeded, 2000 resamples). Pairing removes the prompt-to-prompt spread that dominates unpaired tau
-(reference/probe.md: +-0.35 unpaired over 20 prompts vs +-0.04 paired over 100). `resolved` = the
+(BENCHMARKS.md, "How noisy": paired 95 % CIs of +-0.01 to +-0.12 over 100 prompts). `resolved` = the
 95 % CI excludes 0. Retention = pooled tau / pooled base tau (pooled: 1 + all accepted / all rounds).
 """
 

@@ -103,3 +103,20 @@ def test_compile_needs_a_drafter(tmp_path):
     res = CliRunner().invoke(cli, ["bench", "--target", str(tdir), "--prompts", str(prompts), "--max-new-tokens", "4",
                                    "--compile"])
     assert res.exit_code != 0 and "--drafter" in res.output
+
+
+def test_backend_choices_come_from_the_registry(tmp_path):
+    from specpress.runtime.backends import BACKENDS
+
+    _, tdir, ddir, prompts = setup(tmp_path)
+    base = ["bench", "--target", str(tdir), "--drafter", str(ddir), "--prompts", str(prompts), "--max-new-tokens", "4"]
+    res = CliRunner().invoke(cli, base + ["--backend", "nope"])
+    assert res.exit_code == 2 and all(name in res.output for name in BACKENDS)
+    out = tmp_path / "res.json"
+    res = CliRunner().invoke(cli, base + ["--backend", "torch", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    d = json.loads(out.read_text())
+    assert d["config"]["backend"] == "torch" and d["lossless_mismatches"] == 0
+    for command in ("run", "bench"):
+        help_text = CliRunner().invoke(cli, [command, "--help"]).output
+        assert "--backend" in help_text and all(name in help_text for name in BACKENDS)

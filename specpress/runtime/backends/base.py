@@ -1,7 +1,8 @@
-"""The drafter seam: what a draft session sees of a drafter, whatever runs it.
+"""The seam: what the speculative loop and the draft sessions see of the target and the drafter.
 
-The speculative loop and the draft sessions (`runtime/drafting.py`) call a drafter only through a
-`DrafterRunner`; a backend (torch, onnxruntime, tensorrt) implements it. The target stays on torch.
+The speculative loop (`runtime/loop.py`) and the draft sessions (`runtime/drafting.py`) call the target
+only through a `TargetRunner` and a drafter only through a `DrafterRunner`; a backend (torch,
+onnxruntime, tensorrt) implements the drafter side. The target stays on torch (`backends.torch.TorchTarget`).
 Inputs and outputs are torch tensors on `runner.device`; a backend converts at its edge.
 
 Calls by family (the session kind the family descriptor names):
@@ -21,10 +22,14 @@ form as long as those four behave the same.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from specpress.models.kv import KVCache
+    from specpress.models.target import TargetConfig, TargetOutput
 
 
 class DraftCache(Protocol):
@@ -38,6 +43,31 @@ class DraftCache(Protocol):
     def crop(self, length: int) -> None: ...
 
     def compact(self, base: int, keep: list[int]) -> None: ...
+
+
+class TargetRunner(Protocol):
+    """The target as the loop calls it: one forward serves prefill, a plain decode step and a tree verify."""
+
+    @property
+    def config(self) -> "TargetConfig":
+        """The target's config (vocabulary, context length, EOS ids)."""
+        ...
+
+    @property
+    def device(self) -> torch.device:
+        """Where the target's inputs and outputs live."""
+        ...
+
+    def new_cache(self, capacity: int) -> "KVCache":
+        """A fresh target KV cache for `capacity` positions."""
+        ...
+
+    def forward(self, ids: Tensor, *, cache: "KVCache", positions: Tensor | None = None,
+                mask: Tensor | None = None, taps: Sequence[int] = (), logits: str = "all") -> "TargetOutput":
+        """ids [1, T], positions [T] (None: cache.length + 0..T-1), mask bool [T, cache.length + T]
+        (None: causal) -> logits [1, T, V] ([1, 1, V] with logits="last"), hidden [1, T, H] and the
+        requested taps {i: [1, T, H]}. Appends T slots to `cache`."""
+        ...
 
 
 class DrafterRunner(ABC):
@@ -74,7 +104,8 @@ class DrafterRunner(ABC):
         """feats [1, T, F] (fused taps / target hidden, or the drafter's own hidden [1, T, H] fed back),
         ids [1, T] (the token after each position), positions [T] (None: cache.length + 0..T-1),
         mask bool [T, cache.length + T] (None: causal) -> logits [1, T, Vd], hidden [1, T, H].
-        Appends T slots to `cache`. `module` picks the MTP module (0 for the other families)."""
+        Appends T slots to `cache`. `module`: the draft level (0 for the prefill of committed pairs, the
+        tree level of a draft step); MTP picks its module from it (level % modules), other families ignore it."""
         raise NotImplementedError(f"{self.family} drafters have no feature step")
 
     def lm_step(self, ids: Tensor, cache: DraftCache, positions: Tensor | None, mask: Tensor | None,

@@ -1,0 +1,36 @@
+"""`specpress export hf`: a drafter (float or quantized) as a serving engine loads it.
+
+A standalone Click command; `register(group)` adds it to the `export` group (specpress/commands/export.py).
+"""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("hf")
+@click.option("--drafter", "drafter", required=True, type=click.Path(exists=True, file_okay=False),
+              help="Drafter directory (specpress's, or a speculators / compressed-tensors / ModelOpt one).")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory (written atomically).")
+@click.option("--format", "fmt", required=True, type=click.Choice(["speculators", "modelopt"]),
+              help="speculators: vLLM's drafter layout, quantized Linears as compressed-tensors (lm drafters as a "
+                   "plain HF dir). modelopt: ModelOpt's unified layout (hf_quant_config.json; fp8).")
+@click.option("--verifier", default=None,
+              help="The target the server loads (model id or path); recorded in speculators_config. A local "
+                   "directory is checked against the target the drafter was built for.")
+@click.option("--policy", default=None,
+              help="Draft policy to record as the proposal method (chain:K; tree / dynamic are written as the "
+                   "nearest chain; block:B for dflash). Default: chain of 3, dflash block_size - 1.")
+@click.option("--force", is_flag=True, help="Replace --out if it exists.")
+def hf(drafter: str, out: str, fmt: str, verifier: str | None, policy: str | None, force: bool) -> None:
+    """Export a drafter for vLLM / SGLang / TensorRT-LLM: the same codes and scales, re-laid out."""
+    from specpress.export.hf import export_hf
+
+    summary = export_hf(drafter, out, fmt, verifier=verifier, policy=policy, force=force)
+    for line in summary.lines():
+        click.echo(line)
+
+
+def register(group: click.Group) -> None:
+    """Add `hf` to the `export` group."""
+    group.add_command(hf)
