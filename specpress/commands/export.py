@@ -6,10 +6,12 @@ from pathlib import Path
 
 import click
 
+from specpress.commands import export_hf
+
 
 @click.group()
 def export() -> None:
-    """Export a drafter for another runtime (ONNX now)."""
+    """Export a drafter for another runtime: ONNX graphs (onnxruntime, TensorRT) or serving formats (hf)."""
 
 
 @export.command("onnx")
@@ -62,3 +64,6 @@ def onnx(drafter_dir: Path, target_dir: Path, out: Path, attention: str, opset: 
         for note in q["linears"]:
             if "fallback" in note or "refused" in note:
                 click.echo(f"    {note}")
+
+
+export_hf.register(export)

@@ -86,9 +86,9 @@ def tree_attention_function(opset: int) -> onnx.FunctionProto:
     b = _Body()
     b.n += 1
     scale = f"c{b.n}"
+    ref = AttributeProto(name="value_float", type=AttributeProto.FLOAT, ref_attr_name="scale")  # the node's scale
     b.nodes.append(helper.make_node("Constant", [], [scale]))
-    b.nodes[-1].attribute.append(helper.make_attribute_ref("value_float", AttributeProto.FLOAT,
-                                                           ref_attr_name="scale"))
+    b.nodes[-1].attribute.append(ref)
     qs, ks = b.op("Shape", "q"), b.op("Shape", "k")
 
     def dim(shape: str, i: int) -> str:

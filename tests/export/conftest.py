@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("onnxruntime")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from drafters_common import CONFIGS, make, tiny_target  # noqa: E402
@@ -34,6 +33,7 @@ def make_drafter(name: str, target):
 @pytest.fixture(scope="session")
 def exported(tmp_path_factory, target):
     """exported(name, form="standard", **options) -> (drafter, export dir, report), built once each."""
+    pytest.importorskip("onnxruntime")
     from specpress.export.onnx import ExportOptions, export_onnx
 
     cache: dict = {}

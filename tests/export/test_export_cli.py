@@ -6,6 +6,8 @@ import json
 import sys
 
 import pytest
+
+pytest.importorskip("onnxruntime")
 from click.testing import CliRunner
 
 from specpress.cli import cli

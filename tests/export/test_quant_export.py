@@ -7,6 +7,8 @@ import dataclasses
 
 import onnx
 import pytest
+
+pytest.importorskip("onnxruntime")
 import torch
 
 from specpress.errors import UsageError

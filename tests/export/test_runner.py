@@ -5,6 +5,8 @@ and both attention forms."""
 from __future__ import annotations
 
 import pytest
+
+pytest.importorskip("onnxruntime")
 import torch
 
 from specpress.runtime.backends.onnxruntime import load_runner
