@@ -128,3 +128,27 @@ def test_unknown_drafter_artifact_version_is_refused(dirs, tmp_path):
     with pytest.raises(CheckpointError, match="format_version 99"):
         export_from_dirs(newer, tdir, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_bench_with_onnxruntime_exports_a_drafter_artifact_on_demand(tmp_path, target, monkeypatch):
+    from conftest import make_drafter
+    from drafters_common import save_with_tokenizer
+
+    from specpress.models.drafter_io import save_drafter
+
+    monkeypatch.setenv("SPECPRESS_CACHE", str(tmp_path / "cache"))
+    tdir, _ = save_with_tokenizer(target, tmp_path)
+    ddir = save_drafter(make_drafter("eagle", target), tmp_path / "eagle")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"input_ids": [3, 5, 7, 9 + i]}) for i in range(2)) + "\n")
+    outs = {}
+    for backend in ("torch", "onnxruntime"):
+        res = CliRunner().invoke(cli, ["bench", "--target", str(tdir), "--drafter", str(ddir), "--backend", backend,
+                                       "--prompts", str(prompts), "--max-new-tokens", "8", "--policy", "chain:3",
+                                       "--json", str(tmp_path / f"{backend}.json")])
+        assert res.exit_code == 0, res.output
+        outs[backend] = json.loads((tmp_path / f"{backend}.json").read_text())
+    assert "exporting" in res.output and list((tmp_path / "cache" / "onnx").iterdir())
+    assert outs["onnxruntime"]["config"]["provider"] == "CPUExecutionProvider"
+    assert outs["onnxruntime"]["outputs"] == outs["torch"]["outputs"]
+    assert outs["onnxruntime"]["tau"] == pytest.approx(outs["torch"]["tau"], rel=0.01)
