@@ -44,8 +44,16 @@ def quantized_linear(c: Ctx, x: str, mod: nn.Module, hint: str) -> str:
     if c.quant_format == "matmulnbits":
         block = _nbits_block(mod.in_features, group)
         if block is not None:
-            c.quant_notes.append(f"{hint}: {scheme} {_group_name(group)} -> MatMulNBits block {block}")
-            return _nbits(c, x, codes, scales, zeros, bits, group, symmetric, block, hint)
+            bf16 = getattr(mod, "row_scales", None) is not None and c.g.ft == TensorProto.FLOAT
+            c.quant_notes.append(f"{hint}: {scheme} {_group_name(group)} -> MatMulNBits block {block}"
+                                 + (" (bf16 activations, as torch's int8 kernel)" if bf16 else ""))
+            if not bf16:
+                return _nbits(c, x, codes, scales, zeros, bits, group, symmetric, block, hint)
+            # torch's per-row int8 path (IntLinear.forward): aten's int8 kernel on bf16-rounded
+            # activations with bf16 scales, returning bf16; the same roundings here draft the same tokens
+            xb = _round_bf16(c, x)
+            sb = mod.row_scales.float()[:, None]
+            return _round_bf16(c, _nbits(c, xb, codes, sb, zeros, bits, group, symmetric, block, hint))
         c.quant_notes.append(f"{hint}: {scheme} g{group} -> Q/DQ fallback (MatMulNBits needs a power-of-two "
                              f"block >= 16)")
     else:
@@ -55,6 +63,11 @@ def quantized_linear(c: Ctx, x: str, mod: nn.Module, hint: str) -> str:
 
 def _group_name(group: int | None) -> str:
     return f"g{group}" if group else "per-row"
+
+
+def _round_bf16(c: Ctx, x: str) -> str:
+    """fp32 -> bf16 -> fp32 (round to nearest even, as torch's .to(torch.bfloat16))."""
+    return c.g.op("Cast", c.g.op("Cast", x, to=TensorProto.BFLOAT16), to=TensorProto.FLOAT)
 
 
 def int_layout(mod: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int | None, bool]:
