@@ -33,7 +33,7 @@ def tau(target, drafter, prompts, tokens: int, policy: str) -> tuple[float, list
 
 def round_scales(drafter) -> float:
     """Round every quantized module's scales to bf16 in place; return the max relative change."""
-    from specpress.compress.quantize.modules import quantized_modules
+    from specpress.models.quantized.modules import quantized_modules
 
     worst = 0.0
     for m in quantized_modules(drafter).values():

@@ -84,7 +84,7 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
       specpress quantize --drafter drafters/eagle3 --out drafters/eagle3-fp8 --scheme fp8
       specpress quantize --drafter drafters/eagle3 --out drafters/eagle3-int4-fp --scheme int4 --dequantize
     """
-    from specpress.compress.quantize.configs import config_for
+    from specpress.models.quantized.configs import config_for
     from specpress.compress.quantize.pipeline import quantize_from_dirs
 
     config = config_for(scheme, method, group_size=group_size, symmetric=symmetric, include=_names(include),

@@ -7,14 +7,7 @@ from typing import Any, ClassVar, Mapping
 
 from specpress.errors import ConfigError
 from specpress.config import config_kwargs
-from specpress.models.drafter import as_int_tuple, get_family
-
-CHAINED = ("eagle", "eagle3", "mtp")
-# Per-family training defaults where the zoo measurements found better than lr 1e-3 with AdamW: EAGLE-3 with
-# Muon at 2e-3 gave chain:4 tau 3.32 / 3.34 on held-out code in 10 minutes (two runs) against 3.05 (BENCHMARKS.md).
-FAMILY_LR = {"eagle3": 2e-3}
-FAMILY_OPTIMIZER = {"eagle3": "muon"}
-DEFAULT_LR, DEFAULT_OPTIMIZER = 1e-3, "adamw"
+from specpress.models.drafter import as_int_tuple, families_phrase, get_family
 
 
 @dataclass(frozen=True)
@@ -31,8 +24,8 @@ class DistillConfig:
     tv_weight (dflash: per position (1 - w)·CE + w·||p_draft - p_target||_1, DSpark's loss at w = 0.9; 0 = CE only),
     teacher_weight (weight of the KL to a --from drafter), optimizer ("adamw", or "muon": Muon on the 2-D weights
     inside the drafter's transformer layers, AdamW on the rest). lr / optimizer None = the family's default
-    (eagle3 2e-3 with muon, others 1e-3 with adamw), resolved on construction so to_dict records the value
-    used. bf16: the target's and the student's forwards run under bfloat16 autocast (losses, optimizer state
+    (its descriptor's DistillDefaults: eagle3 2e-3 with muon, others 1e-3 with adamw), resolved on construction
+    so to_dict records the value used. bf16: the target's and the student's forwards run under bfloat16 autocast (losses, optimizer state
     and weights stay fp32). compile: the target's teacher forward runs through torch.compile (teacher.py).
     """
 
@@ -76,28 +69,25 @@ class DistillConfig:
     compile: bool = False
 
     def __post_init__(self) -> None:
-        get_family(self.family)  # unknown family -> ConfigError listing the known ones
+        fam = get_family(self.family)  # unknown family -> ConfigError listing the known ones
         if self.lr is None:
-            object.__setattr__(self, "lr", FAMILY_LR.get(self.family, DEFAULT_LR))
+            object.__setattr__(self, "lr", fam.distill.lr)
         if self.optimizer is None:
-            object.__setattr__(self, "optimizer", FAMILY_OPTIMIZER.get(self.family, DEFAULT_OPTIMIZER))
+            object.__setattr__(self, "optimizer", fam.distill.optimizer)
         if self.taps is not None:
             taps = as_int_tuple(self.taps, "taps")  # a JSON list (resume, provenance) becomes an equal tuple
             if not taps or min(taps) < 0:
                 raise ConfigError(f"distill config field 'taps' must be a non-empty list of layer indices >= 0, "
                                   f"found {self.taps!r}")
-            if self.family not in ("eagle3", "dflash"):
-                raise ConfigError(f"distill config field 'taps' applies to eagle3 and dflash drafters, not "
-                                  f"{self.family}")
             object.__setattr__(self, "taps", taps)
         tv = self.tv_weight
         if not isinstance(tv, (int, float)) or isinstance(tv, bool) or not 0 <= tv <= 1:
             raise ConfigError(f"distill config field 'tv_weight' must be a number in [0, 1], found {tv!r}")
-        for name in ("tv_weight", "gamma"):
-            if getattr(self, name) and self.family != "dflash":
-                raise ConfigError(f"distill config field {name!r} applies to dflash drafters, not {self.family}")
-        if self.markov_rank is not None and self.family != "dflash":
-            raise ConfigError(f"distill config field 'markov_rank' applies to dflash drafters, not {self.family}")
+        for name in ("taps", "tv_weight", "gamma", "markov_rank"):  # set (taps, markov_rank: given at all)
+            v = getattr(self, name)
+            if (v is not None if name in ("taps", "markov_rank") else bool(v)) and not fam.takes(name):
+                who = families_phrase(lambda f, name=name: f.takes(name))  # type: ignore[misc]
+                raise ConfigError(f"distill config field {name!r} applies to {who} drafters, not {self.family}")
         if self.steps is None and self.minutes is None:
             raise ConfigError("distill needs a budget: steps and/or minutes")
         for name in ("steps", "batch", "seq_len", "hidden", "layers", "ffn", "heads", "kv_heads", "draft_vocab",
@@ -137,18 +127,19 @@ class DistillConfig:
             raise ConfigError("distill config: need 0 <= warmup_ratio < 1 and 0 <= min_lr_ratio <= 1")
 
     def resolved_ttt_steps(self, drafter: Any = None) -> int:
-        """Unrolled draft steps: ttt_steps, else eagle3 3, mtp its module count (of `drafter` when given,
-        else --layers), others 1."""
+        """Unrolled draft steps: ttt_steps, else the family's default (eagle3 3, others 1), or for families
+        with several draft modules (mtp) one step per module (of `drafter` when given, else --layers)."""
         if self.ttt_steps is not None:
             return self.ttt_steps
-        if self.family == "mtp":
-            return drafter.config.num_nextn_predict_layers if drafter is not None else (self.layers or 1)
-        return 3 if self.family == "eagle3" else 1
+        steps = get_family(self.family).distill.ttt_steps
+        if steps is None:
+            return drafter.draft_modules() if drafter is not None else (self.layers or 1)
+        return steps
 
     def resolved_grad_clip(self) -> float:
         if self.grad_clip is not None:
             return self.grad_clip
-        return 0.5 if self.family in CHAINED else 1.0
+        return get_family(self.family).distill.grad_clip
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": self.version, **{f.name: getattr(self, f.name) for f in fields(self)}}

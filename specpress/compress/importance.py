@@ -14,11 +14,11 @@ that read it), and the layers of a layer stack. Scores are per module; higher = 
               evaluated exactly, many at once: the calibration batch is stacked as copies along the batch
               dimension, each copy with its own unit mask (o_proj / down_proj inputs zeroed, a layer skipped).
 
-Calibration runs the drafter the way the runtime drafts, teacher-forced on windows of the data (the
-alignment of compress/losses.py): eagle / eagle3 / mtp chain `draft_steps` steps from the target's
-features (every MTP module runs); dflash drafts blocks [anchor, MASK...] at non-overlapping anchors with the
-context injected; lm predicts every next token. The reference is the target's distribution of each drafted
-token (EAGLE-3: restricted to its draft vocabulary and renormalized, as it is trained).
+Calibration runs the drafter through its family's teacher-forced forward (models/forced.py) on windows of
+the data: eagle / eagle3 / mtp chain `draft_steps` steps from the target's features (every MTP module runs);
+dflash drafts blocks [anchor, MASK...] at non-overlapping anchors with the context injected; lm predicts
+every next token. The reference is the target's distribution of each drafted token (a reduced draft
+vocabulary, EAGLE-3's: restricted to it and renormalized, as it is trained).
 """
 
 from __future__ import annotations
@@ -32,16 +32,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specpress.compress.data import WindowSampler
-from specpress.compress.losses import TeacherBatch, dflash_inputs, unroll
+from specpress.compress.losses import TeacherBatch
 from specpress.compress.progress import count_bar
 from specpress.compress.teacher import target_signals
 from specpress.errors import UsageError
-from specpress.models.drafter import Drafter
+from specpress.models.drafter import Drafter, families_phrase, get_family
+from specpress.models.forced import input_features, spaced_anchors
 from specpress.models.layers import MLP
 from specpress.models.target import TargetAttention, TargetModel
 
 METHODS = ("magnitude", "activation", "kl")
-LAYER_STACKS = {"eagle": "layers", "dflash": "layers", "lm": "model.layers"}  # families with a layer stack
 MAX_ELEMENTS = 1 << 25  # logits elements per batched KL forward (copies x batch x positions x vocab): 128 MB fp32
 
 
@@ -62,12 +62,12 @@ def attentions(d: nn.Module) -> dict[str, TargetAttention]:
 
 def layer_stack(d: Drafter) -> tuple[str, nn.ModuleList]:
     """(path, modules) of the drafter's layer stack; UsageError for families with a single layer."""
-    path = LAYER_STACKS.get(d.family)
-    if path is None:
-        why = " (its modules are chained draft steps, not depth)" if d.family == "mtp" else ""
+    fam = get_family(d.family)
+    if fam.layer_stack is None:
+        why = f" ({fam.note})" if fam.note else ""
         raise UsageError(f"--layers: {d.family} drafters have a single layer{why}; layer pruning applies to "
-                         f"multi-layer drafters: dflash, lm, and eagle with more than one layer")
-    return path, d.get_submodule(path)  # type: ignore[return-value]
+                         f"multi-layer drafters: {families_phrase(lambda f: f.layer_stack is not None)}")
+    return fam.layer_stack, d.get_submodule(fam.layer_stack)  # type: ignore[return-value]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -77,24 +77,27 @@ def layer_stack(d: Drafter) -> tuple[str, nn.ModuleList]:
 
 @dataclass
 class Probe:
-    """One calibration batch as the drafter's forward takes it, and the reference it is scored against."""
+    """One calibration batch as the family's teacher-forced forward takes it, and the reference it is scored
+    against."""
 
-    args: tuple[Tensor, ...]  # batch-first inputs of the family's forward
-    kwargs: dict[str, Tensor]  # batch-first keyword inputs (dflash positions / mask)
+    ids: Tensor  # [B, T] windows
+    feats: Tensor | None  # [B, n | T, F] the drafter's input features (chain: the first n positions)
     ref_logp: Tensor  # [B, *, V'] target log-probs of each drafted token over the drafter's output vocab
     ref_ids: Tensor  # [B, *] the target's argmax (target ids)
     steps: int = 1  # chained draft steps (eagle, eagle3, mtp)
+    span: int | None = None  # chained start positions n
+    anchors: Tensor | None = None  # [B, N] block anchors (dflash)
 
     @property
     def batch(self) -> int:
-        return self.args[0].shape[0]
+        return self.ids.shape[0]
 
-    def repeated(self, copies: int) -> tuple[tuple[Tensor, ...], dict[str, Tensor]]:
-        """The inputs stacked `copies` times along the batch (copy-major)."""
-        def rep(x: Tensor) -> Tensor:
-            return x if copies == 1 else x.repeat(copies, *([1] * (x.dim() - 1)))
+    def repeated(self, copies: int) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """(ids, feats, anchors) stacked `copies` times along the batch (copy-major)."""
+        def rep(x: Tensor | None) -> Tensor | None:
+            return x if copies == 1 or x is None else x.repeat(copies, *([1] * (x.dim() - 1)))
 
-        return tuple(rep(a) for a in self.args), {k: rep(v) for k, v in self.kwargs.items()}
+        return rep(self.ids), rep(self.feats), rep(self.anchors)  # type: ignore[return-value]
 
 
 def calibration_windows(calib: np.ndarray | Tensor, batch: int, seq_len: int, seed: int, batches: int
@@ -117,7 +120,7 @@ def calibration_signals(target: TargetModel, windows: Sequence[Tensor], taps: Se
 
 def draft_steps(d: Drafter, steps: int | None) -> int:
     """Chained draft steps calibration runs: default 1 (every MTP module: num_nextn_predict_layers)."""
-    n_mod = d.config.num_nextn_predict_layers if d.family == "mtp" else 1
+    n_mod = d.draft_modules()
     if steps is not None and steps < n_mod:
         raise UsageError(f"draft_steps {steps} would leave MTP modules unscored; use >= {n_mod} "
                          f"(num_nextn_predict_layers)")
@@ -125,55 +128,50 @@ def draft_steps(d: Drafter, steps: int | None) -> int:
 
 
 def draft_vocab_ids(d: Drafter) -> Tensor:
-    """eagle3: the target ids of its draft vocabulary [Vd], in draft-id order."""
+    """A reduced draft vocabulary's target ids [Vd], in draft-id order (eagle3)."""
     return d.to_target_ids(torch.arange(d.config.draft_vocab_size, device=d.d2t.device))  # type: ignore[operator]
 
 
 def make_probes(d: Drafter, signals: Sequence[TeacherBatch], steps: int | None = None) -> list[Probe]:
     """Calibration probes of drafter `d` on the target's signals."""
-    k = draft_steps(d, steps) if d.family in ("eagle", "eagle3", "mtp") else 1
+    chained = get_family(d.family).session == "feature"
+    k = draft_steps(d, steps) if chained else 1
     return [_probe(d, s, k) for s in signals]
 
 
 def _probe(d: Drafter, s: TeacherBatch, k: int) -> Probe:
     ids, z = s.ids, s.logits.float()
     b, t = ids.shape
-    if d.family == "lm":
-        return Probe((ids,), {}, F.log_softmax(z, -1), z.argmax(-1))
-    if d.family == "dflash":
+    kind = get_family(d.family).loss
+    if kind == "lm":
+        return Probe(ids, None, F.log_softmax(z, -1), z.argmax(-1))
+    if kind == "block":
         bk = d.config.block_size
         if t - bk < 1:
             raise UsageError(f"calibration windows of {t} tokens are too short for dflash blocks of {bk}; "
                              f"use --seq-len >= {bk + 2}")
-        anchors = torch.arange(1, t - bk + 1, bk, device=ids.device)
-        blocks, pos, mask = dflash_inputs(d, ids, anchors.expand(b, -1), bk)
-        src = anchors[:, None] + torch.arange(bk - 1, device=ids.device)  # block position k drafts a+k ~ z_{a+k-1}
+        anchors = spaced_anchors(b, t, bk, ids.device)
+        src = anchors[0, :, None] + torch.arange(bk - 1, device=ids.device)  # slot k drafts a+k ~ z_{a+k-1}
         ref = z[:, src]  # [B, N, Bk-1, V]
-        return Probe((d.fuse_taps(s.taps), blocks), {"positions": pos, "mask": mask}, F.log_softmax(ref, -1),
-                     ref.argmax(-1))
+        return Probe(ids, d.fuse_taps(s.taps), F.log_softmax(ref, -1), ref.argmax(-1), anchors=anchors)
     n = t - k - 1
     if n < 1:
         raise UsageError(f"calibration windows of {t} tokens are too short for {k} draft steps; "
                          f"use --seq-len >= {k + 2}")
-    first = d.fuse_taps(s.taps) if d.family == "eagle3" else s.hidden
+    first = input_features(d, s.hidden, s.taps)
     ref = torch.stack([z[:, 1 + i:1 + i + n] for i in range(k)], dim=2)  # [B, n, K, V]: step i drafts x_{j+2+i}
     ref_ids = ref.argmax(-1)
-    if d.family == "eagle3":
+    if get_family(d.family).draft_vocab == "reduced":
         ref = ref[..., draft_vocab_ids(d)]
-    return Probe((first[:, :n], ids), {}, F.log_softmax(ref, -1), ref_ids, k)
+    return Probe(ids, first[:, :n], F.log_softmax(ref, -1), ref_ids, k, span=n)
 
 
 def drafter_logits(d: Drafter, probe: Probe, copies: int = 1) -> Tensor:
     """The drafter's logits on the probe, shaped like probe.ref_logp with the batch x copies."""
-    args, kw = probe.repeated(copies)
-    if d.family == "lm":
-        return d(*args).logits
-    if d.family == "dflash":
-        out = d(*args, **kw)
-        bk = d.config.block_size
-        return out.view(out.shape[0], -1, bk, out.shape[-1])[:, :, 1:]
-    n = args[0].shape[1]
-    return torch.stack([lg for lg, _ in unroll(d, args[0], args[1], probe.steps, n)], dim=2)
+    ids, feats, anchors = probe.repeated(copies)
+    forced = get_family(d.family).teacher_forced(d, ids, feats, steps=probe.steps, span=probe.span,
+                                                  anchors=anchors)
+    return forced.draft_logits(d)
 
 
 def _kl_per_copy(ref_logp: Tensor, logits: Tensor, copies: int) -> Tensor:
@@ -192,7 +190,7 @@ def fit(d: Drafter, probes: Sequence[Probe]) -> dict[str, float]:
         logits = drafter_logits(d, p)
         kl += float(_kl_per_copy(p.ref_logp, logits, 1)[0])
         top = logits.argmax(-1)
-        if d.family == "eagle3":
+        if get_family(d.family).draft_vocab == "reduced":
             top = d.to_target_ids(top)  # type: ignore[operator]
         agree += float((top == p.ref_ids).float().mean())
     return {"kl": kl / len(probes), "agreement": agree / len(probes)}

@@ -1,8 +1,8 @@
-"""One distillation loss per drafter family, each running the drafter's own inference forward.
+"""The distillation losses, one per loss kind a family descriptor names ("chain", "block", "lm").
 
-Every loss is `loss_fn(ctx: LossContext) -> LossOut`: the student runs exactly the forward the runtime
-runs at inference (same module call, same inputs, explicit positions and masks), batched over every
-position of a window at once. Teacher signals come from the target (TeacherBatch) and, optionally, from
+Every loss is `loss_fn(ctx: LossContext) -> LossOut`: the student runs its family's teacher-forced forward
+(models/forced.py: exactly the forward the runtime runs at inference, same module call, same inputs, explicit
+positions and masks), batched over every position of a window at once. Teacher signals come from the target (TeacherBatch) and, optionally, from
 a larger drafter of the same family (`--from`), whose output distribution is matched by an extra KL term.
 
 Alignment on a window x [B, T] (target: final normed hidden f [B, T, H], logits z [B, T, V] where z_j
@@ -33,18 +33,18 @@ is reported as KL(p || q) itself.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from specpress.errors import UsageError
-from specpress.models.drafter import Drafter
-from specpress.models.kv import KVCache
+from specpress.models.drafter import Drafter, get_family
+from specpress.models.forced import Forced, input_features
 
 if TYPE_CHECKING:
-    from specpress.compress.distill import DistillConfig
+    from specpress.compress.config import DistillConfig
 
 
 # ----------------------------------------------------------------------------------------------
@@ -114,88 +114,6 @@ def top1_hits(pred: Tensor, ref: Tensor) -> Tensor:
 
 
 # ----------------------------------------------------------------------------------------------
-# Training-time test: an autograd-friendly cache and the chained-draft mask
-# ----------------------------------------------------------------------------------------------
-
-
-class TrainKV(KVCache):
-    """A KVCache that grows by concatenation, so gradients flow through cached K/V of earlier steps.
-
-    Same interface as KVCache for the drafter forwards (reserve / write / length); a layer that was
-    not written during a call gets zero slots there (the unrolled mask never lets a query see them).
-    """
-
-    def __init__(self) -> None:  # noqa: D107 (no preallocation)
-        self.length = 0
-        self._k: dict[int, Tensor] = {}
-        self._v: dict[int, Tensor] = {}
-
-    @property
-    def capacity(self) -> int:
-        return 1 << 30
-
-    def reserve(self, t: int) -> int:
-        return self.length
-
-    def write(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """k/v [B, Hkv, T, D] appended at slots [length, length+T); returns slots [0, length+T)."""
-        out = []
-        for store, new in ((self._k, k), (self._v, v)):
-            old = store.get(layer)
-            have = 0 if old is None else old.shape[2]
-            parts = [] if old is None else [old]
-            if have < self.length:
-                parts.append(new.new_zeros(*new.shape[:2], self.length - have, new.shape[3]))
-            parts.append(new)
-            store[layer] = torch.cat(parts, dim=2)
-            out.append(store[layer])
-        return out[0], out[1]
-
-    def crop(self, length: int) -> None:
-        raise NotImplementedError("TrainKV only grows (training-time test)")
-
-    def compact(self, base: int, keep: Sequence[int]) -> None:
-        raise NotImplementedError("TrainKV only grows (training-time test)")
-
-
-def unrolled_mask(n: int, step: int, modules: Sequence[int], device: torch.device | str = "cpu") -> Tensor:
-    """Bool [n, (step+1)·n]: what step `step` at index j sees among the slots of steps 0..step.
-
-    modules[s] = the module (cache layer group) step s runs; a query sees only its own module's slots:
-    the module's first step causally (j' <= j, the accepted context), its later steps on the diagonal
-    (the query's own draft chain). One module for all steps = EAGLE-3's training-time test.
-    """
-    m = modules[step]
-    first = modules.index(m)
-    tril = torch.ones(n, n, dtype=torch.bool, device=device).tril()
-    eye = torch.eye(n, dtype=torch.bool, device=device)
-    zero = torch.zeros(n, n, dtype=torch.bool, device=device)
-    blocks = [zero if modules[s] != m else (tril if s == first else eye) for s in range(step + 1)]
-    return torch.cat(blocks, dim=1)
-
-
-def unroll(drafter: Drafter, first_in: Tensor, ids: Tensor, steps: int, n: int) -> list[tuple[Tensor, Tensor]]:
-    """Run `steps` chained draft steps over indices 0..n-1 (see the module docstring for alignment).
-
-    first_in [B, n, *]: step-0 hidden inputs; ids [B, T] with T >= n + steps + 1.
-    Returns [(logits [B, n, V or Vd], g [B, n, H])] per step.
-    """
-    fam = drafter.family
-    n_mod = drafter.config.num_nextn_predict_layers if fam == "mtp" else 1
-    modules = [s % n_mod for s in range(steps)]
-    cache = TrainKV()
-    h, outs = first_in, []
-    base = torch.arange(n, device=ids.device)
-    for i in range(steps):
-        kw = {"step": i} if fam == "mtp" else {}
-        logits, g = drafter(h, ids[:, 1 + i:1 + i + n], cache=cache, positions=base + i,
-                            mask=unrolled_mask(n, i, modules, ids.device), **kw)
-        outs.append((logits, g))
-        h = g
-    return outs
-
-
-# ----------------------------------------------------------------------------------------------
 # Chained families: eagle (EAGLE-1), eagle3 (EAGLE-3 training-time test), mtp
 # ----------------------------------------------------------------------------------------------
 
@@ -205,11 +123,11 @@ def chain_steps(ctx: LossContext) -> int:
 
 
 def _chain_inputs(ctx: LossContext, drafter: Drafter, n: int, noise: bool) -> Tensor:
+    """Step-0 features [B, n, F]; with feature noise U(-a, a) on the target's hidden for drafters that
+    regress it (EAGLE-1's recipe), when training."""
     b = ctx.batch
-    if drafter.family == "eagle3":
-        return drafter.fuse_taps(b.taps)[:, :n]
-    h = b.hidden[:, :n]
-    if noise and ctx.train and drafter.family == "eagle" and ctx.config.feature_noise > 0:
+    h = input_features(drafter, b.hidden, b.taps)[:, :n]
+    if noise and ctx.train and get_family(drafter.family).distill.feature_regression and ctx.config.feature_noise > 0:
         a = ctx.config.feature_noise
         lo, hi, total = ctx.rows()
         u = torch.rand((total, *h.shape[1:]), generator=ctx.generator)[lo:hi].to(h.device, h.dtype)
@@ -218,44 +136,48 @@ def _chain_inputs(ctx: LossContext, drafter: Drafter, n: int, noise: bool) -> Te
 
 
 def _draft_vocab(d: Drafter) -> Tensor:
-    """eagle3: target ids of the draft vocabulary [Vd] (ascending)."""
+    """A reduced draft vocabulary's target ids [Vd] (ascending)."""
     return d.to_target_ids(torch.arange(d.config.draft_vocab_size, device=d.d2t.device))  # type: ignore[attr-defined]
 
 
 def chain_loss(ctx: LossContext) -> LossOut:
     """eagle, eagle3, mtp: K unrolled steps; per step a family loss; total = sum_i w_i · loss_i."""
     s, b, cfg = ctx.student, ctx.batch, ctx.config
+    fam = get_family(s.family)
     k = chain_steps(ctx)
     t = b.ids.shape[1]
     n = t - k - 1
     if n < 1:
         raise UsageError(f"seq_len {t} is too short for {k} unrolled draft steps; use --seq-len >= {k + 2}")
-    outs = unroll(s, _chain_inputs(ctx, s, n, noise=True), b.ids, k, n)
+    outs = fam.teacher_forced(s, b.ids, _chain_inputs(ctx, s, n, noise=True), steps=k, span=n).steps
     t_outs = None
     if ctx.teacher is not None:
         with torch.no_grad():
-            t_outs = unroll(ctx.teacher, _chain_inputs(ctx, ctx.teacher, n, noise=False), b.ids, k, n)
-    vocab = _draft_vocab(s) if s.family == "eagle3" else None
+            t_outs = fam.teacher_forced(ctx.teacher, b.ids, _chain_inputs(ctx, ctx.teacher, n, noise=False),
+                                        steps=k, span=n).steps
+    reduced = fam.draft_vocab == "reduced"
+    vocab = _draft_vocab(s) if reduced else None
+    feature_loss = fam.distill.feature_regression
     total = b.logits.new_zeros(())
     hits, counts = torch.zeros(k), torch.zeros(k)
     parts: dict[str, float] = {}
     for i, (logits, g) in enumerate(outs):
         z = b.logits[:, 1 + i:1 + i + n].float()  # target distribution of the token this step drafts
         ref = top1(z)
-        w = cfg.step_decay ** i if s.family != "mtp" else 1.0 / k
-        if s.family == "eagle3":
-            assert vocab is not None
+        w = cfg.step_decay ** i if fam.distill.step_weights == "decay" else 1.0 / k
+        if vocab is not None:
             p = F.softmax(z[..., vocab], dim=-1)  # restricted to the draft vocab, renormalized
             inside = s.t2d[ref]  # type: ignore[index]
             step_loss = (soft_ce(logits, p) * inside).mean()
             pred = vocab[top1(logits)]
-        elif s.family == "eagle":
+        elif feature_loss:
+            assert g is not None
             feat = F.smooth_l1_loss(g.float(), b.hidden[:, 1 + i:1 + i + n].float())
             ce = soft_ce(logits, F.softmax(z, dim=-1)).mean()
             step_loss = cfg.feature_weight * feat + cfg.ce_weight * ce
             parts[f"feature{i}"] = float(feat.detach())
             pred = top1(logits)
-        else:  # mtp
+        else:
             if cfg.labels == "data":
                 step_loss = F.cross_entropy(logits.float().flatten(0, 1), b.ids[:, 2 + i:2 + i + n].flatten())
             else:
@@ -263,8 +185,7 @@ def chain_loss(ctx: LossContext) -> LossOut:
             pred = top1(logits)
         if t_outs is not None:
             tl = t_outs[i][0]
-            if s.family == "eagle3":
-                assert vocab is not None
+            if vocab is not None:
                 tl = ctx.teacher.full_vocab_logits(tl)[..., vocab]  # type: ignore[union-attr, operator]
             step_loss = step_loss + cfg.teacher_weight * kl(tl, logits).mean()
         total = total + w * step_loss
@@ -304,20 +225,9 @@ def dflash_anchors(batch: int, t: int, block: int, n: int, generator: torch.Gene
     return torch.stack(rows)
 
 
-def dflash_inputs(d: Drafter, ids: Tensor, anchors: Tensor, block: int) -> tuple[Tensor, Tensor, Tensor]:
-    """(block ids [B, N·Bk], positions [B, T + N·Bk], mask bool [B, N·Bk, T + N·Bk]) for `features`."""
-    b, t = ids.shape
-    n = anchors.shape[1]
-    dev = ids.device
-    blocks = d.make_block(ids.gather(1, anchors).flatten(), block).view(b, n * block)  # type: ignore[operator]
-    offs = torch.arange(block, device=dev)
-    bpos = (anchors[..., None] + offs).view(b, n * block)
-    pos = torch.cat([torch.arange(t, device=dev).expand(b, t), bpos], dim=1)
-    qa = anchors.repeat_interleave(block, dim=1)  # [B, N·Bk] anchor of each query
-    ctx_ok = torch.arange(t, device=dev)[None, None, :] < qa[..., None]  # context strictly before the anchor
-    qb = torch.arange(n, device=dev).repeat_interleave(block)
-    own = (qb[:, None] == qb[None, :]).expand(b, -1, -1)  # bidirectional within its own block
-    return blocks, pos, torch.cat([ctx_ok, own], dim=2)
+def _forced(d: Drafter, b: TeacherBatch, anchors: Tensor | None = None) -> Forced:
+    """The family's teacher-forced pass of `d` on the batch (block anchors when given)."""
+    return get_family(d.family).teacher_forced(d, b.ids, input_features(d, b.hidden, b.taps), anchors=anchors)
 
 
 def dflash_loss(ctx: LossContext) -> LossOut:
@@ -326,9 +236,9 @@ def dflash_loss(ctx: LossContext) -> LossOut:
     bsz, t = b.ids.shape
     lo, hi, total = ctx.rows()
     anchors = dflash_anchors(total, t, bk, cfg.anchors, ctx.generator)[lo:hi].to(b.ids.device)
-    blocks, pos, mask = dflash_inputs(s, b.ids, anchors, bk)
-    feats = s.features(s.fuse_taps(b.taps), blocks, positions=pos, mask=mask).view(bsz, -1, bk, s.config.hidden_size)
-    logits = s.head(feats[:, :, 1:])  # [B, N, Bk-1, V]: the anchor's slot drafts nothing
+    forced = _forced(s, b, anchors)
+    assert forced.features is not None
+    logits = s.head(forced.features[:, :, 1:])  # [B, N, Bk-1, V]: the anchor's slot drafts nothing
     # block position k (1..Bk-1) drafts token a+k, whose target distribution is z_{a+k-1}
     src = (anchors[..., None] + torch.arange(bk - 1, device=anchors.device))  # [B, N, Bk-1] = a+k-1
     # rows by indexing, not gather with a vocabulary-wide index: [8, 112] rows of 4096 here, 0.8 vs 2.1 ms on CPU
@@ -350,8 +260,9 @@ def dflash_loss(ctx: LossContext) -> LossOut:
     w = torch.exp(-torch.arange(bk - 1, dtype=torch.float32, device=q.device) / gamma)  # k = 1.. -> e^{-(k-1)/g}
     loss = (per * w).sum(-1).mean() / w.sum()
     if ctx.teacher is not None:
+        _, blocks, pos, mask = forced.inputs  # the teacher drafts the student's blocks
         with torch.no_grad():
-            tl = ctx.teacher(ctx.teacher.fuse_taps(b.taps), blocks, positions=pos, mask=mask)
+            tl = ctx.teacher(input_features(ctx.teacher, b.hidden, b.taps), blocks, positions=pos, mask=mask)
         tl = ctx.teacher.with_markov(tl.view(bsz, -1, bk, tl.shape[-1])[:, :, 1:], prev)
         loss = loss + cfg.teacher_weight * (kl(tl, q) * w).sum(-1).mean() / w.sum()
     ref = top1(z)
@@ -367,42 +278,35 @@ def dflash_loss(ctx: LossContext) -> LossOut:
 
 def lm_loss(ctx: LossContext) -> LossOut:
     s, b, cfg = ctx.student, ctx.batch, ctx.config
-    q = s(b.ids).logits  # [B, T, V]
+    q = _forced(s, b).draft_logits(s)  # [B, T, V]
     z = b.logits.float()
     loss = kl(z, q).mean()
     if ctx.teacher is not None:
         with torch.no_grad():
-            tl = ctx.teacher(b.ids).logits
+            tl = _forced(ctx.teacher, b).draft_logits(ctx.teacher)
         loss = loss + cfg.teacher_weight * kl(tl, q).mean()
     ref = top1(z)
     return LossOut(loss, top1_hits(top1(q), ref)[None].cpu(), torch.tensor([float(ref.numel())]))
 
 
-LOSSES: dict[str, Callable[[LossContext], LossOut]] = {
-    "eagle": chain_loss,
-    "eagle3": chain_loss,
-    "mtp": chain_loss,
-    "dflash": dflash_loss,
-    "lm": lm_loss,
-}
+# The loss kinds a family descriptor names (models/family.py LOSSES), with their functions.
+LOSSES: dict[str, Callable[[LossContext], LossOut]] = {"chain": chain_loss, "block": dflash_loss, "lm": lm_loss}
 
 
 def get_loss(family: str) -> Callable[[LossContext], LossOut]:
-    try:
-        return LOSSES[family]
-    except KeyError:
-        raise UsageError(f"no distillation loss for drafter family {family!r}; known: {', '.join(LOSSES)}") from None
+    """The distillation loss of drafter family `family` (its descriptor's `loss`)."""
+    return LOSSES[get_family(family).loss]
 
 
 def positions_scored(config: "DistillConfig", drafter: Drafter) -> int:
     """How many draft positions the family loss reports agreement for (acc@1..K)."""
-    if drafter.family == "dflash":
+    kind = get_family(drafter.family).loss
+    if kind == "block":
         return drafter.config.block_size - 1
-    if drafter.family == "lm":
+    if kind == "lm":
         return 1
     return config.resolved_ttt_steps(drafter)
 
 
-__all__ = ["TeacherBatch", "LossContext", "LossOut", "TrainKV", "unrolled_mask", "unroll", "chain_loss",
-           "dflash_loss", "lm_loss", "dflash_gamma", "dflash_anchors", "dflash_inputs", "get_loss", "LOSSES",
-           "soft_ce", "kl", "positions_scored"]
+__all__ = ["TeacherBatch", "LossContext", "LossOut", "chain_loss", "dflash_loss", "lm_loss", "dflash_gamma",
+           "dflash_anchors", "get_loss", "LOSSES", "soft_ce", "kl", "positions_scored"]

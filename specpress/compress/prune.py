@@ -41,7 +41,7 @@ from specpress.compress.importance import (METHODS, attentions, calibration_sign
                                            vocab_count_stream)
 from specpress.errors import ConfigError, UsageError
 from specpress.config import config_kwargs
-from specpress.models.drafter import Drafter, get_family
+from specpress.models.drafter import Drafter, families_phrase, get_family
 from specpress.models.target import TargetModel
 
 VOCAB_SOURCES = ("target", "data")
@@ -174,7 +174,8 @@ def prune(drafter: Drafter, config: PruneConfig, *, target: TargetModel | None =
 
 def _recover(model: Drafter, target: TargetModel, config: PruneConfig, stream: np.ndarray) -> Drafter:
     """A short distillation against the target from the pruned weights (compress.distill)."""
-    from specpress.compress.distill import DistillConfig, distill
+    from specpress.compress.config import DistillConfig
+    from specpress.compress.distill import distill
 
     dtype = model.compute_param().dtype
     dc = DistillConfig(family=model.family, steps=config.recover_steps, lr=config.recover_lr, optimizer="adamw",
@@ -203,11 +204,15 @@ def check_request(d: Drafter, config: PruneConfig, *, has_target: bool, has_cali
     if any(getattr(m, "is_quantized", False) for m in d.modules()) or (quant and not quant[-1].get("dequantized")):
         raise UsageError("this drafter is quantized (its provenance ends in an active quantize step); prune comes "
                          "before quantize: prune the unquantized drafter, then quantize the result")
+    fam = get_family(d.family)
+    for stage in [s for s in ("heads", "ffn") if getattr(config, s) is not None and s not in fam.prunable]:
+        raise UsageError(f"--{stage}: {d.family} drafters support {', '.join('--' + s for s in fam.prunable)}")
     if config.layers is not None:
         n = len(layer_stack(d)[1])
         if n < 2:
             raise UsageError(f"--layers: this {d.family} drafter has a single layer; layer pruning applies to "
-                             f"multi-layer drafters: dflash, lm, and eagle with more than one layer")
+                             f"multi-layer drafters: {families_phrase(lambda f: f.layer_stack is not None)} (with more "
+                             f"than one layer)")
         if not config.layers < n:
             raise UsageError(f"--layers {config.layers} must be less than the drafter's {n} layers "
                              f"(valid range 1..{n - 1}; it is the number of layers to KEEP)")
@@ -217,10 +222,12 @@ def check_request(d: Drafter, config: PruneConfig, *, has_target: bool, has_cali
     if config.ffn is not None:
         out["ffn"] = removed_count(config.ffn, c.intermediate_size, "--ffn", "FFN channel")
     if config.vocab is not None:
-        if d.family != "eagle3":
-            how = "own their vocabulary" if d.family == "lm" else "draft through the target's head"
+        vocab = get_family(d.family).draft_vocab
+        if vocab != "reduced":
+            how = "own their vocabulary" if vocab == "own" else "draft through the target's head"
+            who = families_phrase(lambda f: f.draft_vocab == "reduced")
             raise UsageError(f"--vocab: {d.family} drafters {how}; draft-vocabulary pruning is supported for "
-                             f"eagle3 drafters (their own lm_head, d2t, t2d)")
+                             f"{who} drafters (their own lm_head, d2t, t2d)")
         if not config.vocab <= c.draft_vocab_size:
             raise UsageError(f"--vocab {config.vocab} is larger than the drafter's draft vocabulary "
                              f"({c.draft_vocab_size}; the target's vocabulary is {c.vocab_size}); valid range "
@@ -261,8 +268,8 @@ def _complement(removed: Sequence[int], n: int) -> Tensor:
 
 def _stage_layers(d: Drafter, keep_n: int, method: str, probes: Any) -> tuple[Drafter, dict[str, Any]]:
     scores = layer_scores(d, method, probes)
-    if d.family == "eagle":
-        scores[0] = float("inf")  # eagle's layer 0 reads fc's output without a norm: it stays
+    for i in get_family(d.family).pinned_layers:
+        scores[i] = float("inf")  # e.g. eagle's layer 0 reads fc's output without a norm: it stays
     removed = lowest(scores, len(scores) - keep_n, layer_scores(d, "magnitude"))
     keep = _complement(removed, len(scores)).tolist()
     return drop_layers(d, keep), {"removed": removed, "scores": [_r(s) for s in scores]}
@@ -361,8 +368,10 @@ def drop_layers(d: Drafter, keep: Sequence[int]) -> Drafter:
     keep = list(keep)
     if not keep or sorted(set(keep)) != keep or keep[-1] >= len(stack) or keep[0] < 0:
         raise UsageError(f"layers to keep must be distinct ascending indices in 0..{len(stack) - 1}, got {keep}")
-    if d.family == "eagle" and keep[0] != 0:
-        raise UsageError("an eagle drafter's layer 0 (no input norm; reads fc's output) cannot be removed")
+    fam = get_family(d.family)
+    gone = [i for i in fam.pinned_layers if i not in keep]
+    if gone:
+        raise UsageError(f"a {d.family} drafter's layer(s) {gone} cannot be removed: {fam.note}")
     pre = path + "."
     sd = {}
     for k, v in _state(d).items():
@@ -378,8 +387,9 @@ def drop_layers(d: Drafter, keep: Sequence[int]) -> Drafter:
 def shrink_vocab(d: Drafter, target_ids: Tensor) -> Drafter:
     """eagle3: keep the draft tokens with target ids `target_ids` (each already in the draft vocab):
     their lm_head rows; d2t / t2d rebuilt (target id = draft id + d2t[draft id])."""
-    if d.family != "eagle3":
-        raise UsageError(f"draft-vocabulary pruning is supported for eagle3 drafters, not {d.family}")
+    if get_family(d.family).draft_vocab != "reduced":
+        who = families_phrase(lambda f: f.draft_vocab == "reduced")
+        raise UsageError(f"draft-vocabulary pruning is supported for {who} drafters, not {d.family}")
     v = d.config.vocab_size
     ids = torch.unique(torch.as_tensor(target_ids, dtype=torch.long).cpu())  # sorted, distinct
     if ids.numel() < 1 or int(ids[0]) < 0 or int(ids[-1]) >= v or not bool(d.t2d.cpu()[ids].all()):

@@ -173,3 +173,18 @@ def regenerate(target: TargetModel, tokenizer: Any, stream: np.ndarray, cfg: Reg
     write_json(card_path(out), card)
     return card
 
+
+def regenerated_stream(target: TargetModel, tokenizer: Any, stream: np.ndarray, cfg: RegenConfig, out: str | Path,
+                       *, source: str = "", log: Callable[[str], None] = print) -> np.ndarray:
+    """The token stream of `out`: `stream`'s prompts continued by the target (regenerated on the first call,
+    resumed after an interruption, reused afterwards), tokenized like any `--data` file."""
+    from specpress.compress.data import encode_stream, read_texts
+
+    out = Path(out).expanduser()
+    if tokenizer is None or not target.config.eos_ids:
+        raise UsageError("regenerating training data needs the target's tokenizer.json and an eos_token_id")
+    if not out.is_file():
+        log(f"regenerating {cfg.sequences} sequences with the target into {out} (once; later runs reuse it)")
+        regenerate(target, tokenizer, stream, cfg, out, resume=_partial(out)[0].exists(), source=source)
+    return encode_stream(read_texts(out), tokenizer, target.config.eos_ids[0])
+

@@ -10,35 +10,31 @@ and final norm when their shapes match.
 from __future__ import annotations
 
 import copy
-import dataclasses
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from specpress.errors import UsageError
-from specpress.models.dflash import DFlashConfig, default_target_layer_ids
-from specpress.models.drafter import Drafter, DrafterConfig, build_drafter
-from specpress.models.eagle import EagleConfig
-from specpress.models.eagle3 import Eagle3Config
-from specpress.models.lm import LMConfig
-from specpress.models.mtp import MTPConfig
+from specpress.models.drafter import Drafter, DrafterConfig, build_drafter, get_family
+from specpress.models.family import StudentSpec
 from specpress.models.target import TargetConfig, TargetModel
 
 if TYPE_CHECKING:
-    from specpress.compress.distill import DistillConfig
+    from specpress.compress.config import DistillConfig
 
 SHAPE_FLAGS = ("hidden", "layers", "ffn", "heads", "kv_heads", "draft_vocab", "taps", "markov_rank")
-MAX_DRAFT_VOCAB = 32000
 
 
 def student_config(config: "DistillConfig", t: TargetConfig, teacher: Drafter | None = None) -> DrafterConfig:
-    """The student's family config for target `t` (see the module docstring for the defaults)."""
-    fam = config.family
+    """The student's family config for target `t`: the shared layer shape from the flags (defaults from the
+    target), the rest from the family's descriptor (Family.student)."""
+    fam = get_family(config.family)
     hidden = config.hidden or t.hidden_size
-    if fam != "lm" and hidden != t.hidden_size:
-        raise UsageError(f"{fam} drafters share the target's embeddings, so their hidden size must be the target's "
-                         f"({t.hidden_size}), not {hidden}; shrink them with --ffn, --heads, --kv-heads or --layers")
+    if fam.draft_vocab != "own" and hidden != t.hidden_size:
+        raise UsageError(f"{fam.name} drafters share the target's embeddings, so their hidden size must be the "
+                         f"target's ({t.hidden_size}), not {hidden}; shrink them with --ffn, --heads, --kv-heads or "
+                         f"--layers")
     heads = config.heads or t.num_attention_heads
     assert t.num_key_value_heads is not None
     kv = config.kv_heads or (t.num_key_value_heads if heads % t.num_key_value_heads == 0 else heads)
@@ -51,47 +47,10 @@ def student_config(config: "DistillConfig", t: TargetConfig, teacher: Drafter | 
     shape = dict(vocab_size=t.vocab_size, hidden_size=hidden, intermediate_size=config.ffn or t.intermediate_size,
                  num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim, rms_norm_eps=t.rms_norm_eps,
                  max_position_embeddings=t.max_position_embeddings, rope=t.rope)
-    layers = config.layers
-    if fam == "eagle":
-        return EagleConfig(**shape, num_hidden_layers=layers or 1)  # type: ignore[arg-type]
-    if fam == "eagle3":
-        if layers not in (None, 1):
-            raise UsageError(f"eagle3 drafters have exactly one layer (midlayer); --layers {layers} is not possible")
-        n = config.draft_vocab
-        if n is None:
-            n = teacher.config.draft_vocab_size if teacher is not None else min(t.vocab_size, MAX_DRAFT_VOCAB)
-        if teacher is not None and n > teacher.config.draft_vocab_size:
-            raise UsageError(f"--draft-vocab {n} is larger than the --from drafter's draft vocabulary "
-                             f"({teacher.config.draft_vocab_size}); the student's must be a subset of it")
-        if n > t.vocab_size:
-            raise UsageError(f"--draft-vocab {n} is larger than the target's vocabulary ({t.vocab_size})")
-        return Eagle3Config(**shape, draft_vocab_size=n, target_layer_ids=config.taps)  # type: ignore[arg-type]
-    if fam == "mtp":
-        return MTPConfig(**shape, num_target_layers=t.num_hidden_layers,  # type: ignore[arg-type]
-                         num_nextn_predict_layers=layers or 1, qk_norm=t.qk_norm)
-    if fam == "dflash":
-        n_layers = layers or 2
-        if config.taps is not None:  # HF hidden_states indices, like eagle3's; DFlash reads layer id = tap - 1
-            bad = [i for i in config.taps if not 1 <= i <= t.num_hidden_layers]
-            if bad:
-                n = t.num_hidden_layers
-                raise UsageError(f"--taps {bad} out of range for dflash: HF hidden_states indices 1..{n} "
-                                 f"(the output of layer i-1; {n} = the final normed hidden)")
-            ids = tuple(sorted({i - 1 for i in config.taps}))
-        else:
-            ids = tuple(sorted(set(default_target_layer_ids(t.num_hidden_layers, n_layers))))
-        mask = config.mask_token_id if config.mask_token_id is not None else 0
-        if not 0 <= mask < t.vocab_size:
-            raise UsageError(f"--mask-token-id {mask} is outside the target's vocabulary 0..{t.vocab_size - 1}")
-        return DFlashConfig(**shape, num_hidden_layers=n_layers,  # type: ignore[arg-type]
-                            num_target_layers=t.num_hidden_layers, block_size=config.block_size,
-                            mask_token_id=mask, target_layer_ids=ids, markov_rank=config.markov_rank or 0)
-    if fam == "lm":
-        base = dataclasses.replace(t, hidden_size=hidden, intermediate_size=config.ffn or t.intermediate_size,
-                                   num_hidden_layers=layers or max(1, t.num_hidden_layers // 4),
-                                   num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim)
-        return LMConfig.from_target_config(base)
-    raise UsageError(f"distill does not know how to shape a {fam!r} student")
+    spec = StudentSpec(layers=config.layers, draft_vocab=config.draft_vocab, taps=config.taps,
+                       block_size=config.block_size, mask_token_id=config.mask_token_id,
+                       markov_rank=config.markov_rank)
+    return fam.student(shape, spec, t, teacher.config if teacher is not None else None)
 
 
 def draft_vocab_by_frequency(stream: np.ndarray, vocab_size: int, n: int,
@@ -117,14 +76,15 @@ def init_student(config: "DistillConfig", target: TargetModel, stream: np.ndarra
             raise UsageError(f"the student's shape comes from the init drafter; drop {', '.join(given)}")
         student = copy.deepcopy(init).attach_target(target)
         student.requires_grad_(True)
-        if student.family == "lm":
+        if get_family(student.family).draft_vocab == "own":
             student.lm_head.weight.requires_grad_(True)
         return student.float()
     cfg = student_config(config, target.config, teacher)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
         student = build_drafter(cfg, target)
-    if student.family == "eagle3":
+    vocab = get_family(student.family).draft_vocab
+    if vocab == "reduced":
         allowed = teacher.t2d if teacher is not None else None  # type: ignore[union-attr]
         n = cfg.draft_vocab_size  # type: ignore[attr-defined]
         student.set_draft_vocab(draft_vocab_by_frequency(stream, cfg.vocab_size, n, allowed))  # type: ignore[operator]
@@ -135,7 +95,7 @@ def init_student(config: "DistillConfig", target: TargetModel, stream: np.ndarra
                 ids = student.to_target_ids(torch.arange(n, device=student.d2t.device))  # type: ignore[operator]
                 student.lm_head.weight.copy_(target.lm_head.weight[ids])  # type: ignore[union-attr]
                 student.norm.weight.copy_(target.model.norm.weight)  # type: ignore[union-attr]
-    if student.family == "lm" and cfg.hidden_size == target.config.hidden_size:  # type: ignore[attr-defined]
+    if vocab == "own" and cfg.hidden_size == target.config.hidden_size:  # type: ignore[attr-defined]
         with torch.no_grad():
             student.model.embed_tokens.weight.copy_(target.model.embed_tokens.weight)
             student.model.norm.weight.copy_(target.model.norm.weight)

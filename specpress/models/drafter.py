@@ -1,7 +1,9 @@
 """What every drafter family shares: the config base, the module base, and the family registry.
 
-A family registers four things under its name: its config class, its module class, a reader
-(public config.json -> config) and a writer (config -> public config.json). Module state_dict keys
+A family registers under its name its config class, its module class, a reader (public config.json ->
+config), a writer (config -> public config.json) and its traits: what the family IS for the code above
+models/ (draft session kind, policies, teacher-forced forward, loss, distill defaults, pruning, draft
+vocabulary; models/family.py). Module state_dict keys
 ARE the family's public checkpoint names (`fc.weight`, `midlayer.*`, `model.layers.{L}.eh_proj.weight`),
 so weights need no renaming on the way in or out.
 
@@ -23,6 +25,7 @@ from torch import Tensor, nn
 
 from specpress.errors import CheckpointError, ConfigError, UsageError
 from specpress.config import config_kwargs
+from specpress.models.family import REQUIRED_TRAITS, TRAITS, Family
 from specpress.models.io import load_into
 from specpress.models.kv import KVCache
 from specpress.models.layers import RopeConfig, resolve_mask, resolve_positions
@@ -244,6 +247,14 @@ class Drafter(nn.Module):
         """Target tap indices (HF hidden_states indexing) this drafter reads; () = final hidden only."""
         return ()
 
+    def draft_modules(self) -> int:
+        """How many draft modules its chained steps cycle through (step i runs module i % this); 1 = one."""
+        return 1
+
+    def step_kwargs(self, step: int) -> dict[str, Any]:
+        """Extra forward arguments of chained step `step` ({} unless the family has several draft modules)."""
+        return {}
+
     def fuse_taps(self, taps: Mapping[int, Tensor]) -> Tensor:
         """TargetOutput.taps -> [B, T, len(self.taps) * H_t], concatenated in self.taps order."""
         missing = [i for i in self.taps if i not in taps]
@@ -307,30 +318,34 @@ class Drafter(nn.Module):
 # ----------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Family:
-    name: str
-    config_cls: type[DrafterConfig]
-    model_cls: type[Drafter]
-    reader: Callable[[Mapping[str, Any], str], DrafterConfig]  # public config.json -> config
-    writer: Callable[[Any], dict[str, Any]]  # config -> public config.json (without the specpress block)
-
-
 _FAMILIES: dict[str, Family] = {}
 
 
 def register_family(name: str, config_cls: type[DrafterConfig], model_cls: type[Drafter],
                     reader: Callable[[Mapping[str, Any], str], DrafterConfig],
-                    writer: Callable[[Any], dict[str, Any]]) -> Family:
-    """Register a drafter family; registering a name twice is an error."""
+                    writer: Callable[[Any], dict[str, Any]], **traits: Any) -> Family:
+    """Register a drafter family with its traits (models/family.py); registering a name twice, a missing or an
+    unknown trait, or a config/module class of another family is an error."""
     if name in _FAMILIES:
         raise ValueError(f"drafter family {name!r} is already registered (by {_FAMILIES[name].model_cls.__module__})")
     if config_cls.family != name or model_cls.family != name:
         raise ValueError(f"family {name!r}: config_cls.family={config_cls.family!r}, "
                          f"model_cls.family={model_cls.family!r}; they must agree")
-    fam = Family(name, config_cls, model_cls, reader, writer)
+    missing = [t for t in REQUIRED_TRAITS if t not in traits]
+    unknown = sorted(set(traits) - set(TRAITS))
+    if missing or unknown:
+        raise ValueError(f"family {name!r}: missing trait(s) {missing}, unknown trait(s) {unknown}; "
+                         f"a family declares {', '.join(TRAITS)} (models/family.py)")
+    fam = Family(name, config_cls, model_cls, reader, writer, **traits)
     _FAMILIES[name] = fam
     return fam
+
+
+def unregister_family(name: str) -> None:
+    """Remove a registered family that is not built in (for tests that register their own)."""
+    if name in BUILTIN_FAMILIES:
+        raise ValueError(f"{name!r} is a built-in drafter family and stays registered")
+    _FAMILIES.pop(name, None)
 
 
 def _load_builtins() -> None:
@@ -343,6 +358,19 @@ def _load_builtins() -> None:
 def family_names() -> list[str]:
     _load_builtins()
     return sorted(_FAMILIES)
+
+
+def families_where(test: Callable[[Family], bool]) -> list[str]:
+    """Names of the families for which test(family) holds: built-ins in their usual order, then the others."""
+    _load_builtins()
+    order = [*BUILTIN_FAMILIES, *sorted(set(_FAMILIES) - set(BUILTIN_FAMILIES))]
+    return [n for n in order if n in _FAMILIES and test(_FAMILIES[n])]
+
+
+def families_phrase(test: Callable[[Family], bool]) -> str:
+    """families_where(test) in words, for messages: "eagle3 and dflash", "eagle, dflash and lm"."""
+    names = families_where(test)
+    return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
 
 
 def get_family(name: str) -> Family:

@@ -2,7 +2,7 @@
 and model.safetensors under the public key names.
 
 A drafter whose provenance ends in an active `quantize` step holds quantized modules: load_drafter
-rebuilds them (specpress.compress.quantize.api.restore_quantized) before loading, and their tensors
+rebuilds them (specpress.models.quantized.restore) before loading, and their tensors
 (packed codes, scales, fp8 weights; modules.py documents the keys) keep their stored dtypes both ways.
 
 The `specpress` block: {family, format_version, config_version, target (fingerprint of the target it
@@ -24,6 +24,7 @@ from specpress.errors import CheckpointError, ConfigError
 from specpress.models.drafter import Drafter, get_family
 from specpress.models.io import check_finite, read_config, read_weights, save_weights, tensor_index
 from specpress.models.layers import Rotary
+from specpress.models.quantized.restore import active_quantize_step, quantized_keys, restore_quantized
 
 if TYPE_CHECKING:
     from specpress.models.target import TargetModel
@@ -138,8 +139,6 @@ def load_drafter(path: str | Path, target: "TargetModel | None" = None, *,
     frozen: set[str] = set()
     step = active_quantize_step(block.get("steps"))
     if step is not None:  # swap in the quantized modules; their tensors load in their stored dtypes
-        from specpress.compress.quantize.api import restore_quantized
-
         frozen = restore_quantized(model, step, weights, dt, str(path))
     shared = model.shared_keys()
     weights = {k: (v.to(dt) if v.is_floating_point() and k not in frozen else v) for k, v in weights.items()
@@ -158,22 +157,6 @@ def load_drafter(path: str | Path, target: "TargetModel | None" = None, *,
     model.attach_target(target)
     model.fingerprint_mismatch = fingerprint_diff(saved, model.target_fingerprint)
     return model
-
-
-def active_quantize_step(steps: Any) -> dict[str, Any] | None:
-    """The last `quantize` provenance step, if the weights hold its quantized modules (not when it was
-    written with --dequantize); None otherwise."""
-    for step in reversed(tuple(steps or ())):
-        if isinstance(step, Mapping) and step.get("step") == "quantize":
-            return None if step.get("dequantized") else dict(step)
-    return None
-
-
-def quantized_keys(model: nn.Module) -> set[str]:
-    """State-dict keys of quantized tensors (modules flagged `is_quantized`): saved and loaded in their
-    own dtypes, never converted to the float dtype."""
-    return {f"{name}.{key}" for name, m in model.named_modules() if getattr(m, "is_quantized", False)
-            for key in m.KEYS}
 
 
 def fingerprint_diff(saved: dict | None, current: dict | None) -> list[str]:

@@ -17,7 +17,9 @@ import torch
 from torch import Tensor, nn
 
 from specpress.errors import ConfigError
+from specpress.models import forced
 from specpress.models.drafter import Drafter, LlamaDrafterConfig, register_family
+from specpress.models.family import DistillDefaults, StudentSpec
 from specpress.models.kv import KVCache
 from specpress.models.layers import Rotary
 from specpress.models.target import DecoderLayer, TargetConfig
@@ -99,4 +101,17 @@ def write_config(config: EagleConfig) -> dict[str, Any]:
     return out
 
 
-register_family("eagle", EagleConfig, EagleDrafter, read_config, write_config)
+def student_config(shape: Mapping[str, Any], spec: StudentSpec, target: TargetConfig, teacher: Any) -> EagleConfig:
+    """A fresh student for distill: `spec.layers` layers (default 1)."""
+    return EagleConfig(**shape, num_hidden_layers=spec.layers or 1)
+
+
+register_family(
+    "eagle", EagleConfig, EagleDrafter, read_config, write_config,
+    session="feature", policies=("chain", "tree", "dynamic"), default_policy="chain:4",
+    teacher_forced=forced.chain, loss="chain",
+    distill=DistillDefaults(grad_clip=0.5, feature_regression=True, published="EAGLE-1: SmoothL1 on the next feature + 0.1 CE through the "
+                            "target head, feature noise U(-0.1, 0.1), clip 0.5 (paper lr 3e-5 at 7B; 1e-3 here)"),
+    prunable=("layers", "heads", "ffn"), layer_stack="layers", pinned_layers=(0,), draft_vocab="target",
+    student=student_config,
+    note="layer 0 has no input norm (it reads fc's output) and stays")

@@ -22,7 +22,9 @@ import torch
 from torch import Tensor, nn
 
 from specpress.errors import CheckpointError, ConfigError, UsageError
+from specpress.models import forced
 from specpress.models.drafter import Drafter, LlamaDrafterConfig, as_int_tuple, register_family
+from specpress.models.family import DistillDefaults, StudentSpec
 from specpress.models.io import load_into
 from specpress.models.kv import KVCache
 from specpress.models.layers import MLP, RMSNorm, Rotary
@@ -235,4 +237,32 @@ def write_config(config: Eagle3Config) -> dict[str, Any]:
     return out
 
 
-register_family("eagle3", Eagle3Config, Eagle3Drafter, read_config, write_config)
+MAX_DRAFT_VOCAB = 32000  # a fresh student's default draft vocabulary: min(target vocabulary, this)
+
+
+def student_config(shape: Mapping[str, Any], spec: StudentSpec, target: TargetConfig,
+                   teacher: Eagle3Config | None) -> Eagle3Config:
+    """A fresh student for distill: one layer, `spec.draft_vocab` draft tokens (default the --from drafter's,
+    else min(V, 32000)) within the teacher's, reading `spec.taps`."""
+    if spec.layers not in (None, 1):
+        raise UsageError(f"eagle3 drafters have exactly one layer (midlayer); --layers {spec.layers} is not possible")
+    n = spec.draft_vocab
+    if n is None:
+        n = teacher.draft_vocab_size if teacher is not None else min(target.vocab_size, MAX_DRAFT_VOCAB)
+    if teacher is not None and n > teacher.draft_vocab_size:
+        raise UsageError(f"--draft-vocab {n} is larger than the --from drafter's draft vocabulary "
+                         f"({teacher.draft_vocab_size}); the student's must be a subset of it")
+    if n > target.vocab_size:
+        raise UsageError(f"--draft-vocab {n} is larger than the target's vocabulary ({target.vocab_size})")
+    return Eagle3Config(**shape, draft_vocab_size=n, target_layer_ids=spec.taps)
+
+
+register_family(
+    "eagle3", Eagle3Config, Eagle3Drafter, read_config, write_config,
+    session="feature", policies=("chain", "tree", "dynamic"), default_policy="chain:4",
+    teacher_forced=forced.chain, loss="chain",
+    # lr 2e-3 with Muon were measured here (chain:4 tau 3.32 / 3.34 against 3.05 with AdamW 1e-3, BENCHMARKS.md)
+    distill=DistillDefaults(lr=2e-3, optimizer="muon", grad_clip=0.5, ttt_steps=3, options=("taps",),
+                            published="EAGLE-3: training-time test, step weights 0.8^i, clip 0.5 (paper: 7 steps, "
+                                      "AdamW lr 5e-5); the lr 2e-3 / Muon defaults were measured better here"),
+    prunable=("heads", "ffn", "vocab"), draft_vocab="reduced", student=student_config)

@@ -106,7 +106,7 @@ def inspect_artifact(path: str | Path) -> dict[str, Any]:
 def _quantization(block: dict[str, Any], index: dict[str, Any], model: nn.Module) -> dict[str, Any] | None:
     """For a quantized artifact: scheme, and bytes / params / bits per param of each quantized module
     (its stored tensors over its Linear's weight + bias) and of everything else."""
-    from specpress.models.drafter_io import active_quantize_step
+    from specpress.models.quantized.restore import active_quantize_step
 
     step = active_quantize_step(block.get("steps"))
     if step is None or not index:

@@ -8,12 +8,15 @@ load as is; the `specpress` block in config.json is ignored by them. It owns its
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Mapping
 
 from torch import Tensor
 
+from specpress.models import forced
 from specpress.models.drafter import Drafter, DrafterConfig, register_family
+from specpress.models.family import DistillDefaults, StudentSpec
 from specpress.models.io import load_into
 from specpress.models.target import TargetConfig, TargetModel, target_state_dict
 
@@ -57,4 +60,18 @@ def write_config(config: LMConfig) -> dict[str, Any]:
     return config.to_hf()
 
 
-register_family("lm", LMConfig, LMDrafter, read_config, write_config)
+def student_config(shape: Mapping[str, Any], spec: StudentSpec, target: TargetConfig, teacher: Any) -> LMConfig:
+    """A fresh student for distill: the target's architecture in the given shape, `spec.layers` layers
+    (default a quarter of the target's, at least 1)."""
+    keys = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
+    base = dataclasses.replace(target, **{k: shape[k] for k in keys},
+                               num_hidden_layers=spec.layers or max(1, target.num_hidden_layers // 4))
+    return LMConfig.from_target_config(base)
+
+
+register_family(
+    "lm", LMConfig, LMDrafter, read_config, write_config,
+    session="lm", policies=("chain", "tree", "dynamic"), default_policy="chain:4",
+    teacher_forced=forced.lm, loss="lm",
+    distill=DistillDefaults(published="a small LM distilled by forward KL to the target's distribution"),
+    prunable=("layers", "heads", "ffn"), layer_stack="model.layers", draft_vocab="own", student=student_config)

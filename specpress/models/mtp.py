@@ -20,7 +20,9 @@ import torch
 from torch import Tensor, nn
 
 from specpress.errors import ConfigError
+from specpress.models import forced
 from specpress.models.drafter import Drafter, LlamaDrafterConfig, register_family
+from specpress.models.family import DistillDefaults, StudentSpec
 from specpress.models.kv import KVCache
 from specpress.models.layers import RMSNorm, Rotary
 from specpress.models.target import DecoderLayer, TargetConfig
@@ -80,6 +82,12 @@ class MTPDrafter(Drafter):
         """The MTP module used at chained step `step` (vLLM: step % num_nextn_predict_layers)."""
         k = step % self.config.num_nextn_predict_layers
         return self.model.layers[str(self.config.num_target_layers + k)]  # type: ignore[index,return-value]
+
+    def draft_modules(self) -> int:
+        return self.config.num_nextn_predict_layers
+
+    def step_kwargs(self, step: int) -> dict[str, Any]:
+        return {"step": step}
 
     def check_target(self, target: TargetConfig) -> None:
         self._mismatch("hidden_size", self.config.hidden_size, target.hidden_size)
@@ -143,4 +151,16 @@ def write_config(config: MTPConfig) -> dict[str, Any]:
     return out
 
 
-register_family("mtp", MTPConfig, MTPDrafter, read_config, write_config)
+def student_config(shape: Mapping[str, Any], spec: StudentSpec, target: TargetConfig, teacher: Any) -> MTPConfig:
+    """A fresh student for distill: `spec.layers` MTP modules (default 1)."""
+    return MTPConfig(**shape, num_target_layers=target.num_hidden_layers, num_nextn_predict_layers=spec.layers or 1,
+                     qk_norm=target.qk_norm)
+
+
+register_family(
+    "mtp", MTPConfig, MTPDrafter, read_config, write_config,
+    session="feature", policies=("mtp", "chain"), default_policy="mtp:3",
+    teacher_forced=forced.chain, loss="chain",
+    distill=DistillDefaults(grad_clip=0.5, ttt_steps=None, step_weights="mean",
+                            published="DeepSeek-V3 MTP: the mean over depths of each module's cross-entropy"),
+    prunable=("heads", "ffn"), draft_vocab="target", student=student_config, note="its modules are chained draft steps, not depth")

@@ -57,12 +57,12 @@ def _quant(cfg: Mapping[str, Any], path: Path) -> tuple[str, dict[str, Any] | No
     """(kind, specpress quantize config dict or None, target/exclude patterns)."""
     kind = layout({k: v for k, v in cfg.items() if k != "speculators_model_type"}, path)
     if kind == "compressed-tensors":
-        from specpress.export.hf.compressed_tensors import parse_quantization_config
+        from specpress.models.formats.compressed_tensors import parse_quantization_config
 
         q, pats = parse_quantization_config(cfg["quantization_config"], str(path))
         return kind, q, pats
     if kind == "modelopt":
-        from specpress.export.hf.modelopt import parse
+        from specpress.models.formats.modelopt import parse
 
         q, pats = parse(_hf_quant_config(path), str(path))
         return kind, q, pats
@@ -99,7 +99,7 @@ def to_specpress_config(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]
     kind = layout(cfg, path)
     if kind is None:
         return cfg
-    from specpress.export.hf import speculators as sp
+    from specpress.models.formats import speculators as sp
 
     block = dict(cfg.get("specpress") or {})
     if kind == "speculators":
@@ -141,9 +141,9 @@ def to_specpress_weights(path: Path | str, weights: dict[str, Tensor]) -> dict[s
     kind = layout(cfg, path)
     if kind is None:
         return weights
-    from specpress.export.hf import compressed_tensors as ct
-    from specpress.export.hf import modelopt as mo
-    from specpress.export.hf import speculators as sp
+    from specpress.models.formats import compressed_tensors as ct
+    from specpress.models.formats import modelopt as mo
+    from specpress.models.formats import speculators as sp
 
     mtype = cfg.get("speculators_model_type")
     qkind, qcfg, _ = _quant(cfg, path)
@@ -164,7 +164,7 @@ def to_specpress_weights(path: Path | str, weights: dict[str, Tensor]) -> dict[s
 def rename_index(path: Path | str, index: dict[str, Any]) -> dict[str, Any]:
     """A tensor index (name -> stored dtype/shape/bytes) under specpress's module names: speculators'
     keys renamed; sizes stay as stored (what the checkpoint costs)."""
-    from specpress.export.hf.speculators import rename_in
+    from specpress.models.formats.speculators import rename_in
     from specpress.models.io import read_config
 
     mtype = read_config(path).get("speculators_model_type")

@@ -39,7 +39,9 @@ def load_drafter_for(target: TargetModel, drafter_dir: str | Path, *, strict: bo
 
 
 def default_policy(family: str) -> str:
-    return {"eagle": "chain:4", "eagle3": "chain:4", "lm": "chain:4", "mtp": "mtp:3", "dflash": "block:8"}[family]
+    from specpress.models.drafter import get_family
+
+    return get_family(family).default_policy
 
 
 def bench_plain(target: TargetModel, prompts: list[Prompt], max_new_tokens: int, *, temperature: float = 0.0,

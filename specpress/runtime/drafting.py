@@ -23,6 +23,7 @@ from torch import Tensor
 
 from specpress.device import wall_ms
 from specpress.errors import UsageError
+from specpress.models.drafter import get_family
 from specpress.models.target import TargetOutput
 from specpress.runtime.backends.base import DraftCache, DrafterRunner
 from specpress.runtime.policy import BlockPolicy, ChainPolicy, DynamicPolicy, MTPPolicy, Policy, TreePolicy
@@ -34,13 +35,8 @@ from specpress.runtime.verify import VerifyResult
 # level = the nodes' depth below the root (their position is the root's position + level).
 StepFn = Callable[[Tensor, "Tensor | None", int, Tensor], tuple[Tensor, "Tensor | None"]]
 
-POLICIES_BY_FAMILY: dict[str, tuple[type, ...]] = {
-    "eagle": (ChainPolicy, TreePolicy, DynamicPolicy),
-    "eagle3": (ChainPolicy, TreePolicy, DynamicPolicy),
-    "lm": (ChainPolicy, TreePolicy, DynamicPolicy),
-    "mtp": (MTPPolicy, ChainPolicy),
-    "dflash": (BlockPolicy,),
-}
+# The family descriptor names the policy kinds a family runs (models/family.py); these are their classes.
+POLICY_KINDS: dict[str, type] = {p.kind: p for p in (ChainPolicy, TreePolicy, DynamicPolicy, MTPPolicy, BlockPolicy)}
 
 
 @dataclass
@@ -51,7 +47,7 @@ class Proposal:
 
 
 def check_policy(family: str, policy: Policy) -> None:
-    allowed = POLICIES_BY_FAMILY[family]
+    allowed = tuple(POLICY_KINDS[k] for k in get_family(family).policies)
     if not isinstance(policy, allowed):
         names = {ChainPolicy: "chain:K", TreePolicy: "tree:[...]", DynamicPolicy: "dynamic:depth=D,topk=K,budget=N",
                  MTPPolicy: "mtp:K", BlockPolicy: "block:B"}
@@ -277,11 +273,6 @@ class BlockSession(DraftSession):
 
 
 def make_session(runner: DrafterRunner, capacity: int) -> DraftSession:
-    family = runner.family
-    if family in ("eagle", "eagle3", "mtp"):
-        return FeatureSession(runner, capacity)
-    if family == "lm":
-        return LMSession(runner, capacity)
-    if family == "dflash":
-        return BlockSession(runner, capacity)
-    raise UsageError(f"no runtime session for drafter family {family!r}")
+    """The session of the drafter's kind (its family descriptor's `session`)."""
+    sessions = {"feature": FeatureSession, "lm": LMSession, "block": BlockSession}
+    return sessions[get_family(runner.family).session](runner, capacity)

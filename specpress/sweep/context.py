@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -123,8 +123,13 @@ def resolve_drafter(recipe: Recipe, target_dir: Path, log: Callable[[str], None]
 
     target = load_target(target_dir, dtype=recipe.dtype)
     cfg, data = spec.distill.config, spec.distill.data
-    key = _sha({"config": {k: v for k, v in cfg.to_dict().items() if k != "checkpoint_minutes"},
-                "data": data.to_json(), "target": target_fingerprint(target.config, target)})
+    regen = spec.distill.regenerate
+    fingerprint = target_fingerprint(target.config, target)
+    identity = {"config": {k: v for k, v in cfg.to_dict().items() if k != "checkpoint_minutes"},
+                "data": data.to_json(), "target": fingerprint}
+    if regen is not None:  # (absent otherwise, so the drafters cached before `regenerate` existed stay valid)
+        identity["regenerate"] = asdict(regen)
+    key = _sha(identity)
     out = cache_root() / "drafters" / key
     if (out / "config.json").is_file():
         log(f"base drafter: reusing {out} (distilled earlier with the same config, data and target)")
@@ -132,6 +137,12 @@ def resolve_drafter(recipe: Recipe, target_dir: Path, log: Callable[[str], None]
     tok, tag = _tokenizer(target_dir)
     eos = target.config.eos_ids[0] if target.config.eos_ids else None
     stream = token_stream(data, tok, eos)
+    if regen is not None:
+        from specpress.compress.regen import regenerated_stream
+
+        name = _sha({"regenerate": asdict(regen), "data": data.to_json(), "target": fingerprint})
+        stream = regenerated_stream(target, tok, stream, regen, cache_root() / "regenerated" / f"{name}.jsonl",
+                                    source=data.to_json(), log=log)
     if data.zoo_split == "train":
         held = token_stream(DataSource(zoo_split="val"), tok, eos)
         train = stream
@@ -143,7 +154,8 @@ def resolve_drafter(recipe: Recipe, target_dir: Path, log: Callable[[str], None]
     heldout = WindowSampler(held, cfg.seq_len, cfg.batch, cfg.seed + 1) if held is not None and \
         len(held) > cfg.seq_len else None
     distill(target, cfg, sampler, out, resume=True, progress=True, heldout=heldout,
-            provenance_extra={"source": data.to_json(), "target": str(target_dir), "sweep_cache_key": key})
+            provenance_extra={"source": data.to_json(), "target": str(target_dir), "sweep_cache_key": key,
+                              **({"regenerate": asdict(regen)} if regen is not None else {})})
     return out
 
 

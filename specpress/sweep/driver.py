@@ -321,7 +321,7 @@ class Sweep:
 def sizing_bytes(ctx: Any, point: Point, drafter: Any) -> int:
     """Stored bytes of `point` built cheaply from `drafter` (a private copy of the base)."""
     from specpress.compress.quantize.api import stored_bytes
-    from specpress.compress.quantize.configs import GPTQConfig, IntWeightOnlyConfig
+    from specpress.models.quantized.configs import GPTQConfig, IntWeightOnlyConfig
     from specpress.sweep.grid import Step
     from specpress.sweep.run import apply_step
 

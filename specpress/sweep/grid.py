@@ -56,7 +56,7 @@ class Step:
         """The step's compress config (QuantizeConfig or PruneConfig); ConfigError if it does not exist."""
         opts = dict(self.options)
         if self.kind == "quantize":
-            from specpress.compress.quantize.configs import config_for
+            from specpress.models.quantized.configs import config_for
 
             return config_for(opts["scheme"], opts.get("method"), group_size=opts.get("group_size"),
                               symmetric=opts.get("symmetric"), include=tuple(opts.get("include", ())),
@@ -97,7 +97,7 @@ def _pct(r: float) -> str:
 
 
 def quant_label(cfg: Any) -> str:
-    from specpress.compress.quantize.configs import BnbConfig, Fp8WeightOnlyConfig, GPTQConfig
+    from specpress.models.quantized.configs import BnbConfig, Fp8WeightOnlyConfig, GPTQConfig
 
     if isinstance(cfg, Fp8WeightOnlyConfig):
         s = "fp8"

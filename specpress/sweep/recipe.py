@@ -2,7 +2,9 @@
 
     target: zoo                      # zoo | zoo:<size> (built on first use) | a local HF-format directory
     drafter:                         # a drafter directory, or one distilled once and cached:
-      distill: {family: eagle3, steps: 1500, data: zoo-train}     # + any DistillConfig field
+      distill: {family: eagle3, steps: 1500, data: zoo-train}     # + any DistillConfig field, and
+        # regenerate: {sequences: 18432}  (RegenConfig fields): train on `data`'s prompts continued by the
+        # target itself (`specpress regenerate`), regenerated once and cached; recipes/dflash.yaml
     grid:                            # see grid.py; the base drafter is always measured too
       - quantize: {scheme: [int8, fp8]}
       - prune: {ffn: 0.5, recover_steps: 100}
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -74,9 +76,13 @@ class TargetSpec:
 class DistillSpec:
     config: Any  # DistillConfig
     data: DataSource
+    regenerate: Any = None  # RegenConfig: train on `data`'s prompts continued by the target, or None
 
     def to_json(self) -> dict[str, Any]:
-        return {"config": self.config.to_dict(), "data": self.data.to_json()}
+        out = {"config": self.config.to_dict(), "data": self.data.to_json()}
+        if self.regenerate is not None:
+            out["regenerate"] = asdict(self.regenerate)
+        return out
 
 
 @dataclass(frozen=True)
@@ -219,16 +225,20 @@ def _drafter(v: Any, base: Path) -> DrafterSpec:
     from dataclasses import fields
 
     from specpress.compress.config import DistillConfig
+    from specpress.compress.regen import RegenConfig
 
     body = _keys(v, "drafter", ("distill",), ("distill",))["distill"]
-    allowed = ("data", *(f.name for f in fields(DistillConfig)), "version")
+    allowed = ("data", "regenerate", *(f.name for f in fields(DistillConfig)), "version")
     d = _keys(body, "drafter.distill", allowed, ("family",))
     data = _data(d.pop("data", "zoo-train"), "drafter.distill.data", base)
+    regen = d.pop("regenerate", None)
     try:
         config = DistillConfig.from_dict(d)
+        if regen is not None:
+            regen = RegenConfig(**_keys(regen, "drafter.distill.regenerate", tuple(f.name for f in fields(RegenConfig))))
     except ConfigError as exc:
         raise ConfigError(f"drafter.distill: {exc}") from None
-    return DrafterSpec(distill=DistillSpec(config, data))
+    return DrafterSpec(distill=DistillSpec(config, data, regen))
 
 
 def _prompts(v: Any, base: Path) -> PromptSpec:

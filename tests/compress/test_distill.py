@@ -13,7 +13,8 @@ from specpress.compress.agreement import agreement, batch_loss
 from specpress.compress.config import DistillConfig
 from specpress.compress.data import WindowSampler
 from specpress.compress.distill import distill
-from specpress.compress.losses import dflash_gamma, dflash_inputs, top1, unroll, unrolled_mask
+from specpress.compress.losses import dflash_gamma, top1
+from specpress.models.forced import block_inputs, unroll, unrolled_mask
 from specpress.compress.students import draft_vocab_by_frequency, init_student
 from specpress.errors import CheckpointError, ConfigError, DataError, UsageError
 from specpress.models.drafter_io import load_drafter
@@ -150,7 +151,7 @@ def test_dflash_batched_blocks_equal_one_block_at_a_time(target):
     x = torch.randint(1, V, (2, 16), generator=torch.Generator().manual_seed(4))
     fused = d.fuse_taps(target(x, taps=d.taps).taps)
     anchors = torch.tensor([[1, 5, 12], [3, 7, 9]])
-    blocks, pos, mask = dflash_inputs(d, x, anchors, 4)
+    blocks, pos, mask = block_inputs(d, x, anchors, 4)
     with torch.no_grad():
         got = d(fused, blocks, positions=pos, mask=mask).view(2, 3, 4, V)
         for b in range(2):

@@ -9,13 +9,13 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from specpress.compress.quantize import primitives as P
 from specpress.compress.quantize.api import quantize, select_modules
-from specpress.compress.quantize.configs import (BnbConfig, Fp8WeightOnlyConfig, GPTQConfig, IntWeightOnlyConfig,
-                                                 config_for, config_from_dict)
 from specpress.compress.quantize.gptq import gptq_codes
-from specpress.compress.quantize.modules import Bnb4bitLinear, Bnb8bitLinear, Fp8Linear, IntLinear
 from specpress.errors import ConfigError, UsageError
+from specpress.models.quantized import primitives as P
+from specpress.models.quantized.configs import (BnbConfig, Fp8WeightOnlyConfig, GPTQConfig, IntWeightOnlyConfig,
+                                                config_for, config_from_dict)
+from specpress.models.quantized.modules import Bnb4bitLinear, Bnb8bitLinear, Fp8Linear, IntLinear
 
 SHAPES = [(64, 128), (96, 256), (256, 512)]
 

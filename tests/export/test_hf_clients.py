@@ -25,9 +25,9 @@ from safetensors.torch import load_file
 
 from drafters_common import make, tiny_target
 from specpress.compress.quantize import config_for, quantize
-from specpress.compress.quantize.modules import quantized_modules
+from specpress.models.quantized.modules import quantized_modules
 from specpress.export.hf import export_hf
-from specpress.export.hf.speculators import rename_out
+from specpress.models.formats.speculators import rename_out
 from specpress.models.drafter_io import save_drafter
 from specpress.models.target import save_target
 

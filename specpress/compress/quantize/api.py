@@ -17,27 +17,26 @@ The step appended to `model.provenance`:
   {"step": "quantize", "scheme", "method", "config": config.to_dict(), "quantized": [names],
    "skipped": [{"module", "reason"}], "bytes_before", "bytes_after", "weight_sqnr_db": {name: dB},
    "notes": [...], "dequantized": false}
-load_drafter reads it back (restore_quantized) and rebuilds the quantized modules before loading.
+load_drafter reads it back (models/quantized/restore.py) and rebuilds the quantized modules before loading.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import math
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
-from specpress.compress.quantize import primitives as P
-from specpress.compress.quantize.configs import (BNB_BLOCKSIZES, BnbConfig, Fp8WeightOnlyConfig, GPTQConfig,
-                                                 IntWeightOnlyConfig, QuantizeConfig, config_from_dict)
 from specpress.compress.quantize.gptq import ForwardLoop, call_groups, collect_hessians, gptq_codes
-from specpress.compress.quantize.modules import (Bnb4bitLinear, Bnb8bitLinear, Fp8Linear, IntLinear, QuantizedLinear,
-                                                 import_bnb, quantized_modules)
-from specpress.errors import CheckpointError, ConfigError, UsageError
-from specpress.models.drafter_io import active_quantize_step, quantized_keys
+from specpress.errors import ConfigError, UsageError
+from specpress.models.quantized import primitives as P
+from specpress.models.quantized.configs import (BNB_BLOCKSIZES, BnbConfig, Fp8WeightOnlyConfig, GPTQConfig,
+                                                IntWeightOnlyConfig, QuantizeConfig)
+from specpress.models.quantized.modules import (Bnb4bitLinear, Bnb8bitLinear, Fp8Linear, IntLinear, import_bnb,
+                                                quantized_modules)
+from specpress.models.quantized.restore import active_quantize_step, quantized_keys, replace_module
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -47,31 +46,25 @@ FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # ----------------------------------------------------------------------------------------------
 
 Quantizer = Callable[[nn.Module, list[str], Any, "ForwardLoop | None", list[str]], None]
-Restorer = Callable[[Any, nn.Linear, torch.dtype, Mapping[str, Tensor], str], QuantizedLinear]
+# (model, names, config, calibration, notes) -> None; replaces the named Linears. Loading them back is
+# models/quantized/restore.py's (one restorer per config type).
+
+_HANDLERS: dict[type, Quantizer] = {}
 
 
-@dataclass(frozen=True)
-class Handler:
-    quantize: Quantizer  # (model, names, config, calibration, notes) -> None; replaces the named Linears
-    restore: Restorer  # (config, meta Linear, compute dtype, stored tensors, where) -> an empty module to load into
-
-
-_HANDLERS: dict[type, Handler] = {}
-
-
-def register_handler(config_cls: type[QuantizeConfig], restore: Restorer) -> Callable[[Quantizer], Quantizer]:
+def register_handler(config_cls: type[QuantizeConfig]) -> Callable[[Quantizer], Quantizer]:
     """Decorator: the quantizer for configs of exactly `config_cls` (registering one twice is an error)."""
 
     def deco(fn: Quantizer) -> Quantizer:
         if config_cls in _HANDLERS:
             raise ValueError(f"a quantize handler for {config_cls.__name__} is already registered")
-        _HANDLERS[config_cls] = Handler(fn, restore)
+        _HANDLERS[config_cls] = fn
         return fn
 
     return deco
 
 
-def handler_for(config: QuantizeConfig) -> Handler:
+def handler_for(config: QuantizeConfig) -> Quantizer:
     try:
         return _HANDLERS[type(config)]
     except KeyError:
@@ -79,18 +72,7 @@ def handler_for(config: QuantizeConfig) -> Handler:
         raise ConfigError(f"no quantize handler for {type(config).__name__}; known configs: {known}") from None
 
 
-def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
-    parent, _, leaf = name.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, leaf, new)
-
-
-def _int_restore(config: IntWeightOnlyConfig, linear: nn.Linear, dtype: torch.dtype, stored: Mapping[str, Tensor],
-                 where: str) -> QuantizedLinear:
-    return IntLinear.empty(linear, dtype, bits=config.bits, group_size=config.group_size, symmetric=config.symmetric,
-                           stored=stored, where=where)
-
-
-@register_handler(IntWeightOnlyConfig, _int_restore)
+@register_handler(IntWeightOnlyConfig)
 def _rtn(model: nn.Module, names: list[str], config: IntWeightOnlyConfig, calibration: ForwardLoop | None,
          notes: list[str]) -> None:
     for name in names:
@@ -100,7 +82,7 @@ def _rtn(model: nn.Module, names: list[str], config: IntWeightOnlyConfig, calibr
                                                          symmetric=config.symmetric))
 
 
-@register_handler(GPTQConfig, _int_restore)
+@register_handler(GPTQConfig)
 def _gptq(model: nn.Module, names: list[str], config: GPTQConfig, calibration: ForwardLoop | None,
           notes: list[str]) -> None:
     assert calibration is not None
@@ -127,16 +109,7 @@ def _gptq(model: nn.Module, names: list[str], config: GPTQConfig, calibration: F
                      f"codes can overfit the calibration windows: give more --calib-batches / --seq-len")
 
 
-def _bnb_restore(config: BnbConfig, linear: nn.Linear, dtype: torch.dtype, stored: Mapping[str, Tensor],
-                 where: str) -> QuantizedLinear:
-    if config.quant_type == "int8":
-        return Bnb8bitLinear.empty(linear, dtype, stored=stored, where=where)
-    assert config.blocksize is not None
-    return Bnb4bitLinear.empty(linear, dtype, quant_type=config.quant_type, blocksize=config.blocksize, stored=stored,
-                               where=where)
-
-
-@register_handler(BnbConfig, _bnb_restore)
+@register_handler(BnbConfig)
 def _bnb(model: nn.Module, names: list[str], config: BnbConfig, calibration: ForwardLoop | None,
          notes: list[str]) -> None:
     for name in names:
@@ -148,12 +121,7 @@ def _bnb(model: nn.Module, names: list[str], config: BnbConfig, calibration: For
         notes.append("bnb int8 is weight-only here: computed by dequantising (bitsandbytes int8_vectorwise_dequant)")
 
 
-def _fp8_restore(config: Fp8WeightOnlyConfig, linear: nn.Linear, dtype: torch.dtype, stored: Mapping[str, Tensor],
-                 where: str) -> QuantizedLinear:
-    return Fp8Linear.empty(linear, dtype, stored=stored, where=where)
-
-
-@register_handler(Fp8WeightOnlyConfig, _fp8_restore)
+@register_handler(Fp8WeightOnlyConfig)
 def _fp8(model: nn.Module, names: list[str], config: Fp8WeightOnlyConfig, calibration: ForwardLoop | None,
          notes: list[str]) -> None:
     for name in names:
@@ -317,7 +285,7 @@ def quantize(model: nn.Module, config: QuantizeConfig, calibration: ForwardLoop 
     originals = {n: model.get_submodule(n).weight.detach().clone() for n in names}
     notes: list[str] = []
     with torch.no_grad():
-        handler.quantize(model, names, config, calibration, notes)
+        handler(model, names, config, calibration, notes)
     if float_dtype is not None:
         round_floats(model, float_dtype)
     sq = {}
@@ -357,22 +325,3 @@ def dequantize(model: nn.Module) -> nn.Module:
     if active_quantize_step(getattr(model, "provenance", ())):
         update_step(model, dequantized=True)
     return model
-
-
-def restore_quantized(model: nn.Module, step: Mapping[str, Any], weights: Mapping[str, Tensor], dtype: torch.dtype,
-                      source: str) -> set[str]:
-    """Swap the Linears a quantize step names for empty quantized modules shaped after the stored
-    tensors (checked against the recorded config); returns the quantized keys (kept in their dtype)."""
-    config = config_from_dict(step.get("config") or {})
-    handler = handler_for(config)
-    for name in step.get("quantized") or ():
-        try:
-            lin = model.get_submodule(name)
-        except AttributeError:
-            raise CheckpointError(f"{source}: the quantize step names module {name!r}, which this drafter lacks") \
-                from None
-        if not isinstance(lin, nn.Linear):
-            raise CheckpointError(f"{source}: the quantize step names {name!r}, a {type(lin).__name__}, not a Linear")
-        stored = {k[len(name) + 1:]: v for k, v in weights.items() if k.startswith(name + ".")}
-        replace_module(model, name, handler.restore(config, lin, dtype, stored, f"{source}: {name}"))
-    return quantized_keys(model)

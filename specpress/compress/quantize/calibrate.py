@@ -2,10 +2,11 @@
 
 `DrafterCalibration(target, drafter, sampler, batches)` runs the target once per window batch (taps =
 drafter.taps, no logits) and keeps its hidden states; calling it with a model runs that model's
-forward on every batch under no_grad, so forward hooks see the activations entering each Linear:
+teacher-forced forward (models/forced.py) on every batch under no_grad, so forward hooks see the activations entering each Linear:
 
     eagle / eagle3   drafter(features[:, :-1], ids[:, 1:])  (eagle: final normed hidden; eagle3: fused taps)
-    mtp              the chained pass: step k reads the previous step's output, for every MTP module
+    mtp              the chained pass (training-time test): step k reads the previous step's output, one step
+                     per MTP module, from the first T - modules positions
     dflash           blocks [anchor, MASK…] at anchors spaced every block_size tokens, context = fused taps
     lm               drafter(ids)
 
@@ -20,7 +21,8 @@ import torch
 from torch import Tensor, nn
 
 from specpress.compress.data import WindowSampler
-from specpress.models.drafter import Drafter
+from specpress.models.drafter import Drafter, get_family
+from specpress.models.forced import input_features
 from specpress.models.target import TargetModel
 
 
@@ -56,29 +58,8 @@ class DrafterCalibration:
 
 
 def drafter_forward(d: Drafter, ids: Tensor, hidden: Tensor, taps: dict[int, Tensor]) -> None:
-    """One calibration forward of drafter `d` on windows ids [B, T] with the target's hidden / taps."""
-    fam = d.family
-    if fam == "lm":
-        d(ids)
-    elif fam in ("eagle", "eagle3"):
-        feats = d.fuse_taps(taps) if fam == "eagle3" else hidden
-        d(feats[:, :-1], ids[:, 1:])
-    elif fam == "mtp":
-        h = hidden[:, :-1]
-        for k in range(d.config.num_nextn_predict_layers):
-            n = ids.shape[1] - 1 - k
-            if n < 1:
-                break
-            _, h = d(h[:, :n], ids[:, 1 + k:1 + k + n], step=k)
-    elif fam == "dflash":
-        from specpress.compress.losses import dflash_inputs
-
-        bk = d.config.block_size
-        b, t = ids.shape
-        if t <= bk:
-            raise ValueError(f"calibration windows of {t} tokens are too short for DFlash blocks of {bk}")
-        anchors = torch.arange(1, t - bk + 1, bk, device=ids.device).expand(b, -1)
-        blocks, pos, mask = dflash_inputs(d, ids, anchors, bk)
-        d(d.fuse_taps(taps), blocks, positions=pos, mask=mask)
-    else:
-        raise ValueError(f"no calibration forward for drafter family {fam!r}")
+    """One calibration forward of drafter `d` on windows ids [B, T] with the target's hidden / taps: its
+    family's teacher-forced forward (models/forced.py) over every position that has an input token (chained
+    drafters: one step per draft module, from the first T - modules positions)."""
+    steps = d.draft_modules()
+    get_family(d.family).teacher_forced(d, ids, input_features(d, hidden, taps), steps=steps, span=ids.shape[1] - steps)

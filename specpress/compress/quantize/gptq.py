@@ -21,8 +21,8 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from specpress.compress.quantize import primitives as P
 from specpress.errors import UsageError
+from specpress.models.quantized import primitives as P
 
 ForwardLoop = Callable[[nn.Module], None]
 

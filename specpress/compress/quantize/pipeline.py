@@ -17,9 +17,9 @@ import torch
 
 from specpress.compress.quantize.api import (dequantize, quantize, resolve_float_dtype, round_floats, stored_bytes,
                                              update_step)
-from specpress.compress.quantize.configs import QuantizeConfig
 from specpress.device import DTYPES
 from specpress.errors import DataError, UsageError
+from specpress.models.quantized.configs import QuantizeConfig
 
 
 @dataclass

@@ -19,9 +19,9 @@ from torch import Tensor, nn
 
 from specpress.artifacts import atomic_dir, write_json
 from specpress.errors import CheckpointError, ConfigError, UsageError
-from specpress.export.hf import compressed_tensors as ct
-from specpress.export.hf import modelopt as mo
-from specpress.export.hf import speculators as sp
+from specpress.models.formats import compressed_tensors as ct
+from specpress.models.formats import modelopt as mo
+from specpress.models.formats import speculators as sp
 from specpress.models.drafter import get_family
 from specpress.models.io import read_config, read_weights, save_weights
 

@@ -72,8 +72,7 @@ class TorchDrafterRunner(DrafterRunner):
 
     def feature_step(self, feats: Tensor, ids: Tensor, cache: KVCache, positions: Tensor | None,
                      mask: Tensor | None, module: int = 0) -> tuple[Tensor, Tensor]:
-        kw = {"step": module} if self.family == "mtp" else {}
-        return self.module(feats, ids, cache=cache, positions=positions, mask=mask, **kw)
+        return self.module(feats, ids, cache=cache, positions=positions, mask=mask, **self.module.step_kwargs(module))
 
     def lm_step(self, ids: Tensor, cache: KVCache, positions: Tensor | None, mask: Tensor | None,
                 last_only: bool = False) -> Tensor:

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specpress.compress.quantize import primitives as P
+from specpress.models.quantized import primitives as P
 from specpress.errors import CheckpointError, UsageError
 
 

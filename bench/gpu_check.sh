@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# One GPU check, prepared to run when an NVIDIA GPU machine is lent (no network, nothing installed):
+#   bash bench/gpu_check.sh OUT                 # on the GPU machine, < 8 minutes
+#   bash bench/gpu_check.sh OUT --dry-run       # the same steps on CPU at tiny sizes (a default test runs it)
+# Steps: environment; CUDA/TensorRT-marked tests; a target (TARGET=dir carried, else ~/.cache/specpress/zoo/small,
+# else `zoo build` capped at 3 min); an eagle3 drafter (DRAFTER=dir carried, else a 2-min distill); held-out
+# prompts; the torch runtime in bf16 (speculative vs plain: tau, speedup, lossless check); the onnxruntime
+# drafter (CUDA provider when present); TensorRT (engine build + bench through --backend tensorrt when standard
+# TensorRT imports; on CPU only TensorRT for RTX's ahead-of-time build of the plugin probe).
+# A step whose tool is absent is SKIPPED with the reason; each step has its own log under OUT; the last
+# thing printed is the table (also OUT/summary.md). PYTHON=... picks the interpreter. Exit status: 0 unless a step that ran failed.
+set -uo pipefail
+[ $# -ge 1 ] || { echo "usage: bash bench/gpu_check.sh OUT [--dry-run]" >&2; exit 2; }
+OUT=$1; DRY=0; [ "${2:-}" = "--dry-run" ] && DRY=1
+PY=${PYTHON:-python}
+cd "$(dirname "$0")/.."
+mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+: > "$OUT/steps.tsv"
+exec > >(tee -a "$OUT/gpu_check.log") 2>&1
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+SPX=("$PY" -c 'import sys; from specpress.cli import main; main(sys.argv[1:])')
+spx() { "${SPX[@]}" "$@"; }
+
+# step NAME SECONDS CMD...: run with a time limit, log to OUT/NAME.log, record ok/FAILED(rc) and seconds
+step() {
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS rc=0
+  echo "== $name"
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1 || rc=$?
+  local status=ok; [ "$rc" -ne 0 ] && status="FAILED(rc=$rc)"
+  [ "$rc" -eq 124 ] && status="FAILED(timeout ${limit}s)"
+  printf '%s\t%s\t%s\t%s\n' "$name" "$status" $((SECONDS - t0)) "$OUT/$name.log" >> "$OUT/steps.tsv"
+  tail -n 3 "$OUT/$name.log"
+  return "$rc"
+}
+skip() { printf '%s\tSKIPPED\t0\t%s\n' "$1" "$2" >> "$OUT/steps.tsv"; echo "== $1: skipped ($2)"; }
+has() { "$PY" -c "$1" > /dev/null 2>&1; }
+
+if [ $DRY -eq 1 ]; then
+  MAXNEW=6; NPROMPTS=1; PTOKENS=16; POLICY=chain:2; DTYPE=fp32  # bf16 on CPU is many times slower
+else
+  MAXNEW=64; NPROMPTS=20; PTOKENS=64; POLICY=dynamic:depth=6,topk=8,budget=32; DTYPE=bf16
+  has "import torch; assert torch.cuda.is_available()" || { echo "no CUDA device: use --dry-run" >&2; exit 2; }
+fi
+
+step env 120 "$PY" - <<'EOF'
+import importlib.util, json, platform, torch
+info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "capability": "sm%d%d" % torch.cuda.get_device_capability(0) if torch.cuda.is_available() else None}
+for mod in ("triton", "onnxruntime", "tensorrt", "tensorrt_rtx", "bitsandbytes"):
+    info[mod] = importlib.util.find_spec(mod) is not None
+if info["onnxruntime"]:
+    import onnxruntime
+    info["ort_providers"] = onnxruntime.get_available_providers()
+print(json.dumps(info, indent=1))
+EOF
+
+# CUDA-marked (gpu) and TensorRT-marked (trt) tests; rc 5 = none selected here. SKIP_TESTS=1: the test
+# suite's own run of this script (it runs those tests itself)
+if [ "${SKIP_TESTS:-0}" = 1 ]; then skip tests "SKIP_TESTS=1"; else step tests 300 bash -c "'$PY' -m pytest -q -p no:cacheprovider -m 'gpu or trt' tests; rc=\$?; [ \$rc -eq 5 ] && rc=0; exit \$rc"; fi
+
+TGT=${TARGET:-}
+if [ -z "$TGT" ] && [ $DRY -eq 0 ] && [ -f "$HOME/.cache/specpress/zoo/small/config.json" ]; then
+  TGT=$HOME/.cache/specpress/zoo/small
+fi
+if [ -n "$TGT" ]; then
+  printf 'target\tok\t0\t%s (carried)\n' "$TGT" >> "$OUT/steps.tsv"
+elif [ $DRY -eq 1 ]; then
+  TGT=$OUT/zoo-tiny
+  step target 300 "$PY" - "$TGT" <<'EOF'
+# a random 8-layer Llama (hidden 64) with a BPE trained on specpress's own sources: built here, in seconds
+import sys
+from pathlib import Path
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from specpress.models.target import TargetConfig, TargetModel, save_target
+text = [p.read_text() for p in sorted(Path("specpress/runtime").glob("*.py"))]
+tok = Tokenizer(models.BPE(unk_token="<unk>"))
+tok.pre_tokenizer = pre_tokenizers.ByteLevel()
+tok.train_from_iterator(text, trainers.BpeTrainer(vocab_size=512, special_tokens=["<eos>", "<unk>"]))
+torch.manual_seed(0)
+cfg = TargetConfig(vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=8,
+                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, eos_token_id=0)
+save_target(TargetModel(cfg).eval(), Path(sys.argv[1]), extra_files={"tokenizer.json": tok.to_str()})
+print(f"built a random tiny target (vocab {cfg.vocab_size}) with its tokenizer")
+EOF
+else
+  TGT=$OUT/zoo-small
+  step target 240 "${SPX[@]}" zoo build --minutes 3 --out "$TGT"
+fi
+
+DRF=${DRAFTER:-}
+if [ -n "$DRF" ]; then
+  printf 'drafter\tok\t0\t%s (carried)\n' "$DRF" >> "$OUT/steps.tsv"
+elif [ $DRY -eq 1 ]; then
+  DRF=$OUT/eagle3
+  step drafter 300 "${SPX[@]}" distill --target "$TGT" --family eagle3 --data specpress/runtime --out "$DRF" \
+      --steps 1 --batch 1 --seq-len 16 --force
+else
+  DRF=$OUT/eagle3
+  step drafter 180 "${SPX[@]}" distill --target "$TGT" --family eagle3 --data zoo:train --out "$DRF" --minutes 2 --force
+fi
+
+step prompts 120 "$PY" bench/make_prompts.py --target "$TGT" --n $NPROMPTS --tokens $PTOKENS --out "$OUT/prompts.jsonl"
+
+BENCH=(--target "$TGT" --drafter "$DRF" --prompts "$OUT/prompts.jsonl" --max-new-tokens $MAXNEW --policy "$POLICY")
+step bench_torch 240 "${SPX[@]}" bench "${BENCH[@]}" --dtype $DTYPE --json "$OUT/bench_torch.json"
+
+if ! spx bench --help 2>/dev/null | grep -q onnxruntime; then
+  skip bench_onnxruntime "no onnxruntime backend in this build"
+elif ! spx export onnx --help > /dev/null 2>&1; then
+  skip bench_onnxruntime "no \`export onnx\` in this build"
+elif [ $DRY -eq 0 ] && ! has "import onnxruntime as o; assert 'CUDAExecutionProvider' in o.get_available_providers()"; then
+  skip bench_onnxruntime "onnxruntime has no CUDA provider on this machine"
+else
+  step export_onnx 180 "${SPX[@]}" export onnx --drafter "$DRF" --target "$TGT" --out "$OUT/onnx" --dtype fp32 \
+    && step bench_onnxruntime 240 "${SPX[@]}" bench "${BENCH[@]}" --backend onnxruntime --drafter "$OUT/onnx" \
+        --json "$OUT/bench_onnxruntime.json"
+fi
+
+if has "import tensorrt; tensorrt.Builder" && [ $DRY -eq 0 ]; then
+  if spx export onnx --help > /dev/null 2>&1; then
+    step export_onnx_plugin 180 "${SPX[@]}" export onnx --drafter "$DRF" --target "$TGT" --out "$OUT/onnx-plugin" \
+        --attention plugin --dtype fp16 \
+      && step export_trt 300 "$PY" -m specpress.commands.export_trt --onnx "$OUT/onnx-plugin" --out "$OUT/engines" \
+      && step bench_tensorrt 240 "${SPX[@]}" bench "${BENCH[@]}" --backend tensorrt --drafter "$OUT/engines" --dtype fp16 \
+          --json "$OUT/bench_tensorrt.json"
+  else
+    skip export_trt "no \`export onnx\` in this build"
+  fi
+elif has "import tensorrt_rtx; tensorrt_rtx.Builder"; then
+  # TensorRT for RTX builds ahead of time without a device: the plugin probe proves parser + plugin + builder
+  step export_trt_probe 180 "$PY" -m specpress.commands.export_trt --probe --out "$OUT/engine-probe" \
+      --target-gpu sm86 --flavour tensorrt_rtx --force
+else
+  skip export_trt "neither tensorrt nor tensorrt_rtx imports (pip install 'specpress[trt]' or '[trt-rtx]')"
+fi
+
+"$PY" - "$OUT" <<'EOF' | tee "$OUT/summary.md"
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+print("| step | status | s | tau | speedup | tok/s | draft ms/round | lossless mismatches | note |")
+print("|---|---|---|---|---|---|---|---|---|")
+for line in (out / "steps.tsv").read_text().splitlines():
+    name, status, secs, note = line.split("\t")
+    res = out / f"{name}.json"
+    cells = ["", "", "", "", ""]
+    if name.startswith("bench_") and res.is_file():
+        m = json.loads(res.read_text())
+        cells = [f"{m['tau']:.3f}", f"{m['speedup']:.2f}", f"{m['tokens_per_s']:.1f}", f"{m['draft_ms']:.2f}",
+                 str(m["lossless_mismatches"])]
+        note = f"{m.get('config', {}).get('dtype', '')} {m.get('config', {}).get('backend', '')}".strip() or note
+    print(f"| {name} | {status} | {secs} | " + " | ".join(cells) + f" | {note} |")
+EOF
+! grep -q "FAILED" "$OUT/steps.tsv"

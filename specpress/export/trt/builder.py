@@ -1,0 +1,242 @@
+"""Build TensorRT engines from an `export onnx` directory, with the TreeAttention plugin registered.
+
+`build_engines(onnx_dir, out, options)` parses every `*.onnx` of the export (strongly typed: precision is
+the export's own — its dtype and Q/DQ nodes; TensorRT 11 has no weak typing), adds one optimization
+profile per phase (`profiles.py`), builds, and writes `<graph>.engine` per graph plus `manifest.json`
+(TensorRT flavour and version, compute-capability targets, profiles, provenance) and a copy of the
+export's own manifest (`onnx_manifest.json`, what a runner needs beside the engines). The output
+directory is written atomically.
+
+Standard TensorRT builds for the GPU it runs on (it needs one); TensorRT for RTX builds ahead of time for
+the `targets` compute capabilities on any machine (no device needed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import shutil
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, cast
+
+from specpress.errors import SpecpressError, UsageError
+from specpress.runtime.backends.trt.library import TensorRT, TensorRTUnavailable, load_tensorrt
+from specpress.runtime.backends.trt.plugin import NAME, NAMESPACE, VERSION, register_tree_attention
+from specpress.export.trt.profiles import AxisRange, Budget, Shapes, onnx_input_shapes, profiles
+
+if TYPE_CHECKING:  # type-checked against tensorrt-stubs; tensorrt_rtx shares the API (RTX-only calls cast)
+    import tensorrt
+
+FORMAT = "specpress-tensorrt-engines"
+FORMAT_VERSION = 1
+Echo = Callable[[str], None]
+
+
+class TensorRTBuildError(SpecpressError):
+    """TensorRT could not parse or build an exported graph."""
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    budget: Budget = field(default_factory=Budget)
+    axes: tuple[tuple[str, AxisRange], ...] = ()  # per-axis overrides of the budget's ranges
+    targets: tuple[str, ...] = ()  # TensorRT for RTX compute capabilities, e.g. ("sm86", "sm89"); () = default
+    flavour: str | None = None  # "tensorrt" | "tensorrt_rtx" | None (standard when importable)
+
+
+def _logger(trt: Any, echo: Echo, verbose: bool) -> Any:
+    class Logger(trt.ILogger):
+        def __init__(self) -> None:
+            trt.ILogger.__init__(self)
+            self.errors: list[str] = []
+
+        def log(self, severity: Any, msg: str) -> None:
+            if severity in (trt.ILogger.ERROR, trt.ILogger.INTERNAL_ERROR):
+                self.errors.append(msg)
+            if verbose or severity in (trt.ILogger.ERROR, trt.ILogger.INTERNAL_ERROR, trt.ILogger.WARNING):
+                echo(f"  [TensorRT {str(severity).split('.')[-1].lower()}] {msg}")
+
+    return Logger()
+
+
+def _progress(trt: Any, echo: Echo) -> Any:
+    class Progress(trt.IProgressMonitor):
+        def __init__(self) -> None:
+            trt.IProgressMonitor.__init__(self)
+            self.started: dict[str, float] = {}
+
+        def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
+            self.started[phase_name] = time.perf_counter()
+            if parent_phase is None:
+                echo(f"  {phase_name} ({num_steps} steps)")
+
+        def step_complete(self, phase_name: str, step: int) -> bool:
+            return True
+
+        def phase_finish(self, phase_name: str) -> None:
+            t0 = self.started.pop(phase_name, None)
+            if t0 is not None and not self.started:
+                echo(f"  {phase_name} done in {time.perf_counter() - t0:.1f} s")
+
+    return Progress()
+
+
+def _compute_capabilities(lib: TensorRT, config: "tensorrt.IBuilderConfig", targets: tuple[str, ...]) -> list[str]:
+    trt = lib.module
+    if not lib.aot:
+        if targets:
+            raise UsageError(f"--target-gpu is for TensorRT for RTX (ahead-of-time); standard TensorRT builds for "
+                             f"the GPU it runs on. Drop {','.join(targets)} or install specpress[trt-rtx]")
+        import torch
+
+        major, minor = torch.cuda.get_device_capability()
+        return [f"sm{major}{minor}"]
+    known = {k.lower(): v for k, v in trt.ComputeCapability.__members__.items() if k.startswith("SM")}
+    bad = [t for t in targets if t.lower() not in known]
+    if bad:
+        raise UsageError(f"unknown --target-gpu {','.join(bad)}; {lib.flavour} {lib.version} targets "
+                         f"{', '.join(sorted(known))}")
+    if not targets:
+        return ["builder default"]
+    rtx_config = cast(Any, config)  # TensorRT for RTX only: not in standard TensorRT's API
+    rtx_config.num_compute_capabilities = len(targets)
+    for i, t in enumerate(targets):
+        rtx_config.set_compute_capability(known[t.lower()], i)
+    return [t.lower() for t in targets]
+
+
+def _tree_attention_nodes(path: Path) -> int:
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return sum(1 for n in graph.node if n.op_type == NAME and n.domain == NAMESPACE)
+
+
+def build_graph(lib: TensorRT, path: Path, options: BuildOptions, echo: Echo, verbose: bool = False
+                ) -> tuple[bytes, dict[str, Any]]:
+    """Parse and build one ONNX file -> (serialized engine, its manifest entry)."""
+    trt = lib.module
+    register_tree_attention(trt)
+    logger = _logger(trt, echo, verbose)
+    builder: tensorrt.Builder = trt.Builder(logger)
+    flags = 0
+    if hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):  # TensorRT 11: strongly typed only
+        flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    network: tensorrt.INetworkDefinition = builder.create_network(flags)
+    parser: tensorrt.OnnxParser = trt.OnnxParser(network, logger)
+    t0 = time.perf_counter()
+    if not parser.parse_from_file(str(path)):
+        errs = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors)) or "; ".join(logger.errors)
+        raise TensorRTBuildError(f"{lib.flavour} {lib.version} could not parse {path.name}: {errs}")
+    layers = [network.get_layer(i) for i in range(network.num_layers)]
+    plugins = sum(1 for layer in layers if layer.type == trt.LayerType.PLUGIN_V3)
+    expected = _tree_attention_nodes(path)
+    if plugins < expected:
+        raise TensorRTBuildError(
+            f"{path.name} has {expected} {NAMESPACE}::{NAME} node(s) but {lib.flavour} {lib.version}'s parser built "
+            f"{plugins} plugin layer(s): it imported the node's model-local function instead of the plugin. "
+            f"Export with --attention standard for this TensorRT, or use one whose parser prefers registered plugins")
+    shapes = onnx_input_shapes(path)
+    phases = profiles(shapes, options.budget, dict(options.axes))
+    config: tensorrt.IBuilderConfig = builder.create_builder_config()
+    for shp in phases.values():
+        profile: tensorrt.IOptimizationProfile = builder.create_optimization_profile()
+        for name, (lo, mid, hi) in shp.items():
+            profile.set_shape(name, trt.Dims(lo), trt.Dims(mid), trt.Dims(hi))
+        config.add_optimization_profile(profile)
+    targets = _compute_capabilities(lib, config, options.targets)
+    config.progress_monitor = _progress(trt, echo)
+    engine = builder.build_serialized_network(network, config)
+    if engine is None:
+        raise TensorRTBuildError(f"{lib.flavour} {lib.version} could not build {path.name}: "
+                                 f"{'; '.join(logger.errors) or 'no error was logged'}")
+    data = bytes(engine)
+    io = [network.get_input(i) for i in range(network.num_inputs)], \
+        [network.get_output(i) for i in range(network.num_outputs)]
+    entry = {
+        "onnx": path.name,
+        "onnx_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "inputs": {t.name: str(t.dtype).split(".")[-1].lower() for t in io[0]},
+        "outputs": {t.name: str(t.dtype).split(".")[-1].lower() for t in io[1]},
+        "profiles": {ph: {n: {"min": list(s[0]), "opt": list(s[1]), "max": list(s[2])} for n, s in shp.items()}
+                     for ph, shp in phases.items()},
+        "layers": len(layers),
+        "plugin_layers": plugins,
+        "compute_capabilities": targets,
+        "bytes": len(data),
+        "build_seconds": round(time.perf_counter() - t0, 3),
+    }
+    return data, entry
+
+
+def read_source_manifest(onnx_dir: Path) -> dict[str, Any] | None:
+    path = onnx_dir / "manifest.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path} is not valid JSON ({exc}); re-run `specpress export onnx`") from exc
+
+
+def build_engines(onnx_dir: Path, out: Path, options: BuildOptions = BuildOptions(), *, echo: Echo = print,
+                  force: bool = False, verbose: bool = False) -> dict[str, Any]:
+    """Build one engine per `*.onnx` in `onnx_dir` into `out`; returns the manifest written there."""
+    from specpress import __version__
+    from specpress.artifacts import atomic_dir, write_json
+
+    onnx_dir = Path(onnx_dir)
+    files = sorted(onnx_dir.glob("*.onnx"))
+    if not files:
+        raise UsageError(f"{onnx_dir} holds no .onnx files; expected the output of `specpress export onnx`")
+    lib = load_tensorrt(options.flavour)
+    if not lib.aot:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise TensorRTUnavailable(
+                f"standard TensorRT ({lib.version}) builds only on a CUDA device and none is visible; build "
+                f"ahead of time with TensorRT for RTX instead (`pip install 'specpress[trt-rtx]'`, "
+                f"--flavour tensorrt_rtx)")
+    echo(f"{lib.flavour} {lib.version}: building {len(files)} graph(s) from {onnx_dir}")
+    engines: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    with atomic_dir(out, force=force) as tmp:
+        for path in files:
+            echo(f"{path.name}:")
+            data, entry = build_graph(lib, path, options, echo, verbose)
+            (tmp / f"{path.stem}.engine").write_bytes(data)
+            entry["file"] = f"{path.stem}.engine"
+            engines[path.stem] = entry
+            echo(f"  -> {entry['file']} ({entry['bytes']:,} B, {entry['plugin_layers']} plugin layer(s), "
+                 f"{entry['build_seconds']:.1f} s)")
+        source = read_source_manifest(onnx_dir)
+        if source is not None:
+            shutil.copyfile(onnx_dir / "manifest.json", tmp / "onnx_manifest.json")
+        manifest = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "tensorrt": {"flavour": lib.flavour, "version": lib.version, "ahead_of_time": lib.aot},
+            "compute_capabilities": sorted({c for e in engines.values() for c in e["compute_capabilities"]}),
+            "budget": {"max_tree": options.budget.max_tree, "max_context": options.budget.max_context},
+            "axes": {n: [r.min, r.opt, r.max] for n, r in options.axes},
+            "plugins": [{"name": NAME, "namespace": NAMESPACE, "version": VERSION,
+                         "implementation": "python: specpress.runtime.backends.trt.plugin (register before deserializing)"}],
+            "engines": engines,
+            "build_seconds": round(time.perf_counter() - t0, 3),
+            "provenance": {
+                "onnx_dir": str(onnx_dir.resolve()),
+                "onnx_manifest": "onnx_manifest.json" if source is not None else None,
+                "source": (source or {}).get("provenance"),
+                "specpress_version": __version__,
+                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "host": platform.node(),
+            },
+        }
+        write_json(tmp / "manifest.json", manifest)
+    echo(f"wrote {out} ({len(engines)} engine(s), {manifest['build_seconds']:.1f} s)")
+    return manifest

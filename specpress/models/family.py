@@ -1,0 +1,148 @@
+"""What a drafter family IS: one registered descriptor per family (models/drafter.py keeps the registry).
+
+Everything outside models/ that depends on the family reads it from here, never from the family's name:
+
+  session         how the runtime drafts with it: "feature" (reads target features, chained steps: eagle,
+                  eagle3, mtp), "lm" (an independent LM) or "block" (one pass over a block: dflash)
+  policies        the draft policy kinds it runs ("chain", "tree", "dynamic", "mtp", "block"), by name:
+                  runtime/ maps the names to its policy classes; default_policy is a policy string
+  teacher_forced  its teacher-forced forward (models/forced.py): the one function distillation, importance
+                  scoring and quantization calibration run it through
+  loss            the name of its distillation loss ("chain", "block", "lm"; compress/losses.py maps names
+                  to functions)
+  distill         its distillation defaults (DistillDefaults) and the family-only options it takes
+  prunable        the structured pruning stages it supports ("ffn", "heads", "layers", "vocab"), its layer
+                  stack's module path and the layers that must stay
+  student         its fresh student's config for distill: student(shape, spec, target config, teacher config)
+  draft_vocab     how it drafts tokens: "target" (through the target's own head), "reduced" (its own head
+                  over a subset of the target's vocabulary, mapped by d2t / t2d: eagle3) or "own" (its own
+                  embeddings and head over the target's token ids: lm)
+
+Adding a family = one file in models/ that defines its config and module and calls register_family with
+these traits (see models/eagle.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from specpress.models.forced import TeacherForced
+
+if TYPE_CHECKING:
+    from specpress.models.drafter import Drafter, DrafterConfig
+
+SESSIONS = ("feature", "lm", "block")
+POLICY_KINDS = ("chain", "tree", "dynamic", "mtp", "block")
+LOSSES = ("chain", "block", "lm")
+PRUNE_STAGES = ("layers", "heads", "ffn", "vocab")
+DRAFT_VOCABS = ("target", "reduced", "own")
+DISTILL_OPTIONS = ("taps", "tv_weight", "gamma", "markov_rank")  # DistillConfig fields only some families take
+STEP_WEIGHTS = ("decay", "mean")
+OPTIMIZERS = ("adamw", "muon")
+
+
+@dataclass(frozen=True)
+class DistillDefaults:
+    """How `distill` trains the family unless told otherwise.
+
+    lr / optimizer / grad_clip: the defaults; ttt_steps: unrolled draft steps of the chain loss (None = one
+    per draft module, read from the drafter or --layers); step_weights: weight of unrolled step i, "decay"
+    (step_decay^i, EAGLE-3) or "mean" (1/K, DeepSeek's MTP); feature_regression: each step also regresses the
+    target's next feature (feature_weight SmoothL1 + ce_weight CE, feature noise on the inputs: EAGLE-1); options: the family-only DistillConfig fields
+    it accepts. published: what the defaults follow (paper or reference code); measured: flags measured
+    better than the defaults on the zoo (BENCHMARKS.md), and `regenerate`: the target-regenerated data
+    they were measured on (RegenConfig fields), {} when the defaults are the best known.
+    """
+
+    lr: float = 1e-3
+    optimizer: str = "adamw"
+    grad_clip: float = 1.0
+    ttt_steps: int | None = 1
+    step_weights: str = "decay"
+    feature_regression: bool = False
+    options: tuple[str, ...] = ()
+    published: str = ""
+    measured: Mapping[str, Any] = field(default_factory=dict)
+    regenerate: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"distill optimizer {self.optimizer!r}: must be one of {', '.join(OPTIMIZERS)}")
+        if self.step_weights not in STEP_WEIGHTS:
+            raise ValueError(f"step_weights {self.step_weights!r}: must be one of {', '.join(STEP_WEIGHTS)}")
+        bad = sorted(set(self.options) - set(DISTILL_OPTIONS))
+        if bad:
+            raise ValueError(f"distill options {bad}: known ones are {', '.join(DISTILL_OPTIONS)}")
+
+
+@dataclass(frozen=True)
+class StudentSpec:
+    """What distill asks of a fresh student beyond the shared layer shape (None = the family's default).
+
+    shape (the other argument of Family.student): vocab_size, hidden_size, intermediate_size,
+    num_attention_heads, num_key_value_heads, head_dim, rms_norm_eps, max_position_embeddings, rope.
+    """
+
+    layers: int | None = None
+    draft_vocab: int | None = None
+    taps: tuple[int, ...] | None = None
+    block_size: int = 8
+    mask_token_id: int | None = None
+    markov_rank: int | None = None
+
+
+StudentFn = Callable[[Mapping[str, Any], StudentSpec, Any, Any], "DrafterConfig"]  # (shape, spec, target cfg, teacher cfg)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One drafter family: how it is stored (config, module, reader, writer) and what it is (the traits)."""
+
+    name: str
+    config_cls: type["DrafterConfig"]
+    model_cls: type["Drafter"]
+    reader: Callable[[Mapping[str, Any], str], "DrafterConfig"]  # public config.json -> config
+    writer: Callable[[Any], dict[str, Any]]  # config -> public config.json (without the specpress block)
+    session: str
+    policies: tuple[str, ...]
+    default_policy: str
+    teacher_forced: TeacherForced
+    loss: str
+    distill: DistillDefaults
+    prunable: tuple[str, ...]
+    draft_vocab: str
+    student: StudentFn
+    layer_stack: str | None = None  # module path of its layer stack (when "layers" is prunable)
+    pinned_layers: tuple[int, ...] = ()  # layers of the stack pruning must keep
+    note: str = ""  # why a stage is not prunable, shown with the error
+
+    def __post_init__(self) -> None:
+        checks = (("session", (self.session,), SESSIONS), ("policies", self.policies, POLICY_KINDS),
+                  ("loss", (self.loss,), LOSSES), ("prunable", self.prunable, PRUNE_STAGES),
+                  ("draft_vocab", (self.draft_vocab,), DRAFT_VOCABS))
+        for what, values, known in checks:
+            bad = [v for v in values if v not in known]
+            if bad or not values:
+                raise ValueError(f"family {self.name!r}: {what} {list(values)} must be among {', '.join(known)}")
+        kind = self.default_policy.partition(":")[0]
+        if kind not in self.policies:
+            raise ValueError(f"family {self.name!r}: default_policy {self.default_policy!r} is not one of its "
+                             f"policy kinds {list(self.policies)}")
+        if ("layers" in self.prunable) != (self.layer_stack is not None):
+            raise ValueError(f"family {self.name!r}: give layer_stack exactly when 'layers' is prunable")
+        if ("vocab" in self.prunable) != (self.draft_vocab == "reduced"):
+            raise ValueError(f"family {self.name!r}: draft-vocabulary pruning needs draft_vocab 'reduced'")
+        for what in ("teacher_forced", "student"):
+            if not callable(getattr(self, what)):
+                raise ValueError(f"family {self.name!r}: {what} must be a function")
+
+    def takes(self, option: str) -> bool:
+        """Whether distill's family-only `option` (DISTILL_OPTIONS) applies to this family."""
+        return option in self.distill.options
+
+
+STORAGE = ("name", "config_cls", "model_cls", "reader", "writer")
+TRAITS = tuple(f.name for f in fields(Family) if f.name not in STORAGE)
+REQUIRED_TRAITS = ("session", "policies", "default_policy", "teacher_forced", "loss", "distill", "prunable",
+                   "draft_vocab", "student")

@@ -1,0 +1,215 @@
+"""The family descriptor: registration rules, every built-in family's traits, a toy family registered here
+running through every consumer of the descriptor, and the teacher-forced forward against the forwards it
+replaced."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, ClassVar, Mapping
+
+import numpy as np
+import pytest
+import torch
+
+from drafters_common import CONFIGS, IDS, make, tiny_target
+from specpress.compress.config import DistillConfig
+from specpress.compress.importance import calibration_signals, fit, layer_stack, make_probes
+from specpress.compress.losses import LOSSES, LossContext, chain_loss, get_loss
+from specpress.compress.quantize.calibrate import drafter_forward
+from specpress.compress.students import student_config
+from specpress.compress.teacher import target_signals
+from specpress.errors import ConfigError, UsageError
+from specpress.models import forced
+from specpress.models.drafter import (BUILTIN_FAMILIES, build_drafter, families_where, family_names, get_family,
+                                      register_family, unregister_family)
+from specpress.models.eagle import EagleConfig, EagleDrafter
+from specpress.models.family import REQUIRED_TRAITS, DistillDefaults, StudentSpec
+from specpress.models.forced import input_features
+from specpress.models.target import TargetConfig, TargetModel
+from specpress.runtime.backends.torch import as_drafter_runner
+from specpress.runtime.drafting import FeatureSession, check_policy, make_session
+from specpress.runtime.policy import parse_policy
+
+
+@pytest.fixture(scope="module")
+def target() -> TargetModel:
+    return tiny_target()
+
+
+# ------------------------------------------------------------------------------------ a toy family
+
+
+class ToyConfig(EagleConfig):
+    family: ClassVar[str] = "toy"
+
+
+class ToyDrafter(EagleDrafter):
+    family: ClassVar[str] = "toy"
+
+
+def toy_student(shape: Mapping[str, Any], spec: StudentSpec, t: TargetConfig, teacher: Any) -> ToyConfig:
+    return ToyConfig(**shape, num_hidden_layers=spec.layers or 1)
+
+
+TOY_TRAITS = dict(session="feature", policies=("chain",), default_policy="chain:2", teacher_forced=forced.chain,
+                  loss="chain", distill=DistillDefaults(lr=5e-4, grad_clip=0.25, ttt_steps=2),
+                  prunable=("heads", "ffn"), draft_vocab="target", student=toy_student, note="a toy")
+
+
+def _register_toy(**traits: Any):
+    return register_family("toy", ToyConfig, ToyDrafter, lambda cfg, src: ToyConfig(), lambda c: {},
+                           **{**TOY_TRAITS, **traits})
+
+
+@pytest.fixture
+def toy():
+    fam = _register_toy()
+    yield fam
+    unregister_family("toy")
+
+
+def test_registration_fails_loudly(toy):
+    with pytest.raises(ValueError, match="'toy' is already registered"):
+        _register_toy()
+    unregister_family("toy")
+    with pytest.raises(ValueError, match=r"missing trait\(s\) \['session'\].*declares"):
+        register_family("toy", ToyConfig, ToyDrafter, lambda c, s: ToyConfig(), lambda c: {},
+                        **{k: v for k, v in TOY_TRAITS.items() if k != "session"})
+    with pytest.raises(ValueError, match=r"unknown trait\(s\) \['colour'\]"):
+        _register_toy(colour="red")
+    for bad, match in (({"session": "beam"}, "session"), ({"default_policy": "block:8"}, "default_policy"),
+                       ({"prunable": ("layers",)}, "layer_stack"), ({"prunable": ("vocab",)}, "draft_vocab"),
+                       ({"loss": "mse"}, "loss"), ({"student": None}, "student")):
+        with pytest.raises(ValueError, match=match):
+            _register_toy(**bad)
+    assert "toy" not in family_names()  # nothing half-registered
+    with pytest.raises(ValueError, match="built-in"):
+        unregister_family("eagle")
+
+
+def test_unknown_family_lists_the_known_ones():
+    with pytest.raises(ConfigError, match="unknown drafter family 'medusa'; known families: dflash, eagle"):
+        get_family("medusa")
+    with pytest.raises(ConfigError, match="known families"):
+        DistillConfig(family="medusa", steps=1)
+
+
+@pytest.mark.parametrize("name", BUILTIN_FAMILIES)
+def test_every_builtin_family_supplies_every_trait(name, target):
+    fam = get_family(name)
+    for trait in REQUIRED_TRAITS:
+        assert getattr(fam, trait) not in (None, (), ""), trait
+    assert fam.distill.published  # where its distill defaults come from
+    check_policy(name, parse_policy(fam.default_policy))  # the runtime runs its default policy
+    assert fam.loss in LOSSES and get_loss(name) is LOSSES[fam.loss]
+    distill_fields = {f.name for f in fields(DistillConfig)}
+    assert set(fam.distill.options) <= distill_fields
+    c = DistillConfig(family=name, steps=1)
+    assert (c.lr, c.optimizer, c.resolved_grad_clip()) == (fam.distill.lr, fam.distill.optimizer, fam.distill.grad_clip)
+    d = make(name, target)
+    if fam.layer_stack is not None:
+        assert len(layer_stack(d)[1]) == CONFIGS[name].num_hidden_layers
+    else:
+        with pytest.raises(UsageError, match="single layer"):
+            layer_stack(d)
+    student = student_config(DistillConfig(family=name, steps=1, draft_vocab=24 if name == "eagle3" else None),
+                             target.config)
+    assert student.family == name
+    assert type(make_session(as_drafter_runner(d), 64)).__name__ == {"feature": "FeatureSession", "lm": "LMSession",
+                                                 "block": "BlockSession"}[fam.session]
+
+
+def test_family_only_options_name_the_families_that_take_them():
+    assert families_where(lambda f: f.takes("taps")) == ["eagle3", "dflash"]
+    with pytest.raises(ConfigError, match="'markov_rank' applies to dflash drafters, not eagle"):
+        DistillConfig(family="eagle", steps=1, markov_rank=4)
+
+
+def test_a_toy_family_runs_through_every_consumer(toy, target):
+    assert get_family("toy") is toy and "toy" in family_names()
+    c = DistillConfig(family="toy", steps=1, batch=2, seq_len=12)
+    assert (c.lr, c.optimizer, c.resolved_grad_clip(), c.resolved_ttt_steps()) == (5e-4, "adamw", 0.25, 2)
+    with pytest.raises(ConfigError, match="'taps' applies to eagle3 and dflash drafters, not toy"):
+        DistillConfig(family="toy", steps=1, taps=(2,))
+    check_policy("toy", parse_policy("chain:3"))
+    with pytest.raises(UsageError, match="cannot run with a toy drafter; use one of chain:K"):
+        check_policy("toy", parse_policy("tree:[[0],[1]]"))
+    cfg = student_config(c, target.config)
+    assert isinstance(cfg, ToyConfig)
+    torch.manual_seed(0)
+    d = build_drafter(cfg, target)
+    assert isinstance(make_session(as_drafter_runner(d), 64), FeatureSession)
+    assert get_loss("toy") is chain_loss
+    ids = torch.randint(1, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(3))
+    batch = target_signals(target, ids, d.taps)
+    out = chain_loss(LossContext(d, batch, c, torch.Generator().manual_seed(0)))
+    assert out.hits.shape == (2,) and torch.isfinite(out.loss)  # two unrolled steps: the toy's ttt_steps
+    probes = make_probes(d, calibration_signals(target, [ids], d.taps))
+    assert set(fit(d, probes)) == {"kl", "agreement"}
+    drafter_forward(d, ids, batch.hidden, batch.taps)
+    with pytest.raises(UsageError, match=r"toy drafters have a single layer \(a toy\)"):
+        layer_stack(d)
+
+
+# ------------------------------------------------------------------------------------ teacher-forced forward
+
+
+def test_chain_forward_is_the_plain_forward_it_replaced(target):
+    """Calibration used to run d(features[:, :-1], ids[:, 1:]) without a cache: the one chained forward
+    over T - 1 positions gives exactly those logits."""
+    ids = IDS.repeat(2, 1)
+    s = target_signals(target, ids, ())
+    for name in ("eagle", "eagle3", "mtp"):
+        d = make(name, target)
+        s = target_signals(target, ids, tuple(d.taps))
+        feats = input_features(d, s.hidden, s.taps)
+        with torch.no_grad():
+            old, _ = d(feats[:, :-1], ids[:, 1:])
+            new = forced.chain(d, ids, feats, steps=1, span=ids.shape[1] - 1).steps[0][0]
+        assert torch.equal(old, new), name
+
+
+def test_block_forward_is_the_plain_forward_it_replaced(target):
+    d = make("dflash", target)
+    ids = IDS.repeat(2, 1)
+    s = target_signals(target, ids, tuple(d.taps))
+    bk = d.config.block_size
+    anchors = forced.spaced_anchors(2, ids.shape[1], bk, ids.device)
+    blocks, pos, mask = forced.block_inputs(d, ids, anchors, bk)
+    with torch.no_grad():
+        out = d(d.fuse_taps(s.taps), blocks, positions=pos, mask=mask)
+        old = out.view(2, -1, bk, out.shape[-1])[:, :, 1:]
+        new = forced.block(d, ids, d.fuse_taps(s.taps)).draft_logits(d)
+    assert torch.equal(old, new)
+
+
+# ------------------------------------------------------------------------------------ layers
+
+
+def test_models_import_nothing_above_them():
+    """models/ is the bottom layer: it imports nothing from compress/, runtime/, sweep/, export/ or the CLI."""
+    above = ("specpress.compress", "specpress.runtime", "specpress.sweep", "specpress.export", "specpress.commands",
+             "specpress.cli")
+    root = Path(__file__).parents[2] / "specpress" / "models"
+    found = []
+    for f in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{f.relative_to(root)}: {n}" for n in names if n.startswith(above)]
+    assert found == []
+    assert sum(1 for _ in root.rglob("*.py")) > 10  # the scan saw the package
+
+
+def test_students_follow_the_descriptor_for_vocabulary(target):
+    """A reduced draft vocabulary is drawn from the data; an own vocabulary may change the hidden size."""
+    from specpress.compress.students import init_student
+
+    stream = np.tile(np.arange(1, 40), 20)
+    d = init_student(DistillConfig(family="eagle3", steps=1, draft_vocab=24), target, stream)
+    assert int(d.t2d.sum()) == 24
+    with pytest.raises(UsageError, match="share the target's embeddings"):
+        student_config(DistillConfig(family="dflash", steps=1, hidden=16), target.config)
+    assert student_config(DistillConfig(family="lm", steps=1, hidden=16, heads=2), target.config).hidden_size == 16
