@@ -140,6 +140,17 @@ def load_manifest(directory: str | Path) -> ExportManifest:
     if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
         raise CheckpointError(f"{path}: unknown export format_version {version!r}; this specpress reads 1.."
                               f"{FORMAT_VERSION} (upgrade specpress, or re-export with this one)")
+    return manifest_from_dict(raw, str(path))
+
+
+def manifest_from_dict(raw: Mapping[str, Any], source: str = MANIFEST) -> ExportManifest:
+    """An ExportManifest from its JSON object (strict, as load_manifest)."""
+    path = source
+    version = raw.get("format_version") if isinstance(raw, Mapping) else None
+    if not isinstance(raw, Mapping) or raw.get("format") != FORMAT or not isinstance(version, int) \
+            or not 1 <= version <= FORMAT_VERSION:
+        raise CheckpointError(f"{source}: not a {FORMAT} manifest of format_version 1..{FORMAT_VERSION}; "
+                              f"re-export with `specpress export onnx`")
     d = _strict(ExportManifest, raw, str(path))
     graphs = []
     for i, gd in enumerate(d["graphs"]):

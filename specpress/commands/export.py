@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from specpress.commands import export_hf
+from specpress.commands import export_hf, export_trt
 
 
 @click.group()
@@ -67,3 +67,4 @@ def onnx(drafter_dir: Path, target_dir: Path, out: Path, attention: str, opset: 
 
 
 export_hf.register(export)
+export_trt.register(export)

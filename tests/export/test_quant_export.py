@@ -35,7 +35,7 @@ def quantized_eagle(target, scheme, group, symmetric):
     from drafters_common import make, randomize
 
     from specpress.compress.quantize.api import quantize
-    from specpress.compress.quantize.configs import config_for
+    from specpress.models.quantized.configs import config_for
     from specpress.models.drafter import build_drafter
 
     base = make("eagle", target)  # intermediate 64: every Linear's K is a multiple of 16 and 32
@@ -104,7 +104,7 @@ def test_nf4_has_no_qdq_form(tmp_path, target):
 def test_bitsandbytes_int8_rows_become_matmulnbits(tmp_path, target):
     pytest.importorskip("bitsandbytes")
     from specpress.compress.quantize.api import quantize
-    from specpress.compress.quantize.configs import config_for
+    from specpress.models.quantized.configs import config_for
 
     d = quantize(_float_eagle(target), config_for("int8", "bnb"))
     rep = export_onnx(d, tmp_path / "q")

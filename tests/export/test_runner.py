@@ -147,3 +147,31 @@ def test_another_target_warns_or_fails_strict(exported, target):
     said.clear()
     load_runner(path, target, "cpu", strict=True, warn=said.append)
     assert not said
+
+
+@torch.no_grad()
+def test_build_runner_drives_any_session_with_run(exported, target):
+    """The tensorrt backend's path: build_runner over sessions that take and give torch tensors."""
+    import json
+
+    import onnxruntime as ort
+
+    from specpress.runtime.backends.onnxruntime import build_runner
+
+    class TorchIO:  # an onnxruntime session behind EngineSession's calling convention (torch in, torch out)
+        def __init__(self, path):
+            self.s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+        def run(self, names, feeds):
+            return [torch.from_numpy(a) for a in self.s.run(names, {n: t.numpy() for n, t in feeds.items()})]
+
+    d, path, _ = exported("mtp", "plugin")
+    raw = json.loads((path / "manifest.json").read_text())
+    runner = build_runner(raw, {g["name"]: TorchIO(path / g["file"]) for g in raw["graphs"]}, target, "cpu",
+                          backend="tensorrt", provider="test")
+    assert runner.backend == "tensorrt" and runner.provider == "test"
+    ids = torch.randint(0, d.config.vocab_size, (1, 5), generator=torch.Generator().manual_seed(9))
+    hidden = target(ids).hidden
+    lt, _ = d(hidden, ids, cache=d.new_cache(8))
+    lo, _ = runner.feature_step(hidden, ids, runner.new_cache(8), None, None)
+    close(lo, lt)

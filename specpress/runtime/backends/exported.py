@@ -9,13 +9,13 @@ crop / compact behave exactly like the torch backend's. No torch module of the d
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
 from specpress.errors import CheckpointError, UsageError
-from specpress.manifest import ExportManifest
+from specpress.manifest import ExportManifest, manifest_from_dict
 from specpress.models.kv import KVCache
 from specpress.models.layers import causal_mask
 from specpress.runtime.backends.base import DrafterRunner
@@ -24,6 +24,57 @@ from specpress.runtime.tree import pack_mask
 # feeds {input name: tensor} -> {output name: tensor}; tensors on the runner's device
 GraphCall = Callable[[Mapping[str, Tensor]], dict[str, Tensor]]
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
+
+
+class SessionCall:
+    """A session with `run(output_names, feeds) -> [outputs]` (an onnxruntime InferenceSession, a TensorRT
+    EngineSession) as a GraphCall: torch tensors in (numpy when `numpy_io`), torch tensors on `device` out."""
+
+    def __init__(self, session: Any, outputs: Sequence[str], device: torch.device, numpy_io: bool = False) -> None:
+        self.session, self.outputs, self.device, self.numpy_io = session, list(outputs), device, numpy_io
+
+    def __call__(self, feeds: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        if self.numpy_io:
+            arrays: dict[str, Any] = {n: t.detach().cpu().contiguous().numpy() for n, t in feeds.items()}
+        else:
+            arrays = {n: t.contiguous() for n, t in feeds.items()}
+        outs = self.session.run(self.outputs, arrays)
+        return {n: torch.as_tensor(a).to(self.device) for n, a in zip(self.outputs, outs)}
+
+
+def check_target(manifest_target: Mapping[str, Any] | None, target: Any, path: Any, strict: bool,
+                 warn: Callable[[str], None]) -> None:
+    """The shared tensors in the export came from one target: another one warns (drafts will be poor),
+    or fails with `strict` (as the torch backend treats a drafter built for another target)."""
+    if not manifest_target or target is None:
+        return
+    from specpress.models.drafter import target_fingerprint
+
+    mine = target_fingerprint(target.config, target)
+    bad = [k for k in ("config_sha256", "weights_sha256") if k in manifest_target and k in mine
+           and manifest_target[k] != mine[k]]
+    if bad:
+        msg = (f"{path} was exported against another target ({', '.join(bad)} differ): its embeddings/head are "
+               f"that target's; export the drafter again with --target set to this one")
+        if strict:
+            raise CheckpointError(msg)
+        warn(f"warning: {msg}")
+
+
+def build_runner(manifest: ExportManifest | Mapping[str, Any], sessions: Mapping[str, Any], target: Any,
+                 device: torch.device | str, *, backend: str, provider: str, strict: bool = False,
+                 warn: Callable[[str], None] = print, numpy_io: bool = False, **_: Any) -> "ExportedRunner":
+    """An ExportedRunner over `sessions` ({graph name: object with run(output_names, feeds)}), one per graph
+    of `manifest` (an ExportManifest or its JSON object). The onnxruntime and tensorrt backends both use it."""
+    m = manifest if isinstance(manifest, ExportManifest) else manifest_from_dict(manifest)
+    check_target(m.target, target, f"this {m.family} export", strict, warn)
+    dev = torch.device(device)
+    missing = [g.name for g in m.graphs if g.name not in sessions]
+    if missing:
+        raise CheckpointError(f"graphs {missing} of the {m.family} export have no session; rebuild the backend's "
+                              f"files from a complete `specpress export onnx` directory")
+    calls = {g.name: SessionCall(sessions[g.name], [o.name for o in g.outputs], dev, numpy_io) for g in m.graphs}
+    return ExportedRunner(m, calls, dev, backend, provider)
 
 
 def plugin_mask(mask: Tensor, committed: int | None = None) -> tuple[Tensor, Tensor]:

@@ -15,63 +15,32 @@ export keeps its bytes on disk and runs at fp32 speed and memory. MatMulNBits / 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
-import numpy as np
-import onnxruntime as ort
 import torch
-from torch import Tensor
 
-from specpress.errors import CheckpointError
+from specpress.errors import CheckpointError, UsageError
 from specpress.manifest import load_manifest
-from specpress.runtime.backends.exported import ExportedRunner
+from specpress.runtime.backends.exported import ExportedRunner, build_runner
 
-NP_OF = {torch.float32: np.float32, torch.float16: np.float16}
+__all__ = ["build_runner", "load_runner"]  # build_runner: the tensorrt backend drives its engines through it
 
 
-class SessionCall:
-    """One graph as a GraphCall: torch tensors in, torch tensors (on `device`) out."""
-
-    def __init__(self, session: ort.InferenceSession, device: torch.device) -> None:
-        self.session = session
-        self.device = device
-        self.inputs = [i.name for i in session.get_inputs()]
-        self.outputs = [o.name for o in session.get_outputs()]
-
-    def __call__(self, feeds: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        missing = [n for n in self.inputs if n not in feeds]
-        if missing:
-            raise ValueError(f"graph inputs {missing} were not given (got {sorted(feeds)})")
-        arrays = {n: feeds[n].detach().cpu().contiguous().numpy() for n in self.inputs}
-        outs = self.session.run(self.outputs, arrays)
-        return {n: torch.from_numpy(a).to(self.device) for n, a in zip(self.outputs, outs)}
+def _ort() -> Any:
+    """onnxruntime, imported on use: this module also serves the tensorrt backend (build_runner)."""
+    try:
+        import onnxruntime
+    except ImportError as exc:
+        raise UsageError(f"the onnxruntime backend needs onnxruntime ({exc}); pip install 'specpress[ort]'") from None
+    return onnxruntime
 
 
 def pick_providers(device: torch.device, providers: Sequence[str] | None) -> list[str]:
     if providers:
         return list(providers)
-    if device.type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
+    if device.type == "cuda" and "CUDAExecutionProvider" in _ort().get_available_providers():
         return ["CUDAExecutionProvider", "CPUExecutionProvider"]
     return ["CPUExecutionProvider"]
-
-
-def check_target(manifest_target: Mapping[str, Any] | None, target: Any, path: Path, strict: bool,
-                 warn: Callable[[str], None]) -> None:
-    """The shared tensors in the export came from one target: another one warns (drafts will be poor),
-    or fails with `strict` (as the torch backend treats a drafter built for another target)."""
-    if not manifest_target or target is None:
-        return
-    from specpress.models.drafter import target_fingerprint
-
-    mine = target_fingerprint(target.config, target)
-    bad = [k for k in ("config_sha256", "weights_sha256") if k in manifest_target and k in mine
-           and manifest_target[k] != mine[k]]
-    if bad:
-        msg = (f"{path} was exported against another target ({', '.join(bad)} differ): its embeddings/head are "
-               f"that target's; export the drafter again with --target set to this one")
-        if strict:
-            raise CheckpointError(msg)
-        warn(f"warning: {msg}")
 
 
 def load_runner(path: str | Path, target: Any, device: torch.device | str = "cpu", *,
@@ -80,8 +49,8 @@ def load_runner(path: str | Path, target: Any, device: torch.device | str = "cpu
     """An ExportedRunner whose graphs run in onnxruntime sessions (see the module docstring)."""
     path = Path(path).expanduser()
     manifest = load_manifest(path)
-    check_target(manifest.target, target, path, strict, warn)
     device = torch.device(device)
+    ort = _ort()
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads or torch.get_num_threads()
     opts.inter_op_num_threads = 1
@@ -91,12 +60,12 @@ def load_runner(path: str | Path, target: Any, device: torch.device | str = "cpu
     if fold_dequantize:
         opts.add_session_config_entry("session.disable_quant_qdq", "1")
     chosen = pick_providers(device, providers)
-    calls, ran = {}, set()
+    sessions = {}
     for g in manifest.graphs:
         file = path / g.file
         if not file.is_file():
             raise CheckpointError(f"{file} is missing from the export (listed in manifest.json); export again")
-        sess = ort.InferenceSession(str(file), opts, providers=chosen)
-        ran.add(sess.get_providers()[0])
-        calls[g.name] = SessionCall(sess, device)
-    return ExportedRunner(manifest, calls, device, "onnxruntime", ",".join(sorted(ran)))
+        sessions[g.name] = ort.InferenceSession(str(file), opts, providers=chosen)
+    ran = ",".join(sorted({s.get_providers()[0] for s in sessions.values()}))
+    return build_runner(manifest, sessions, target, device, backend="onnxruntime", provider=ran, strict=strict,
+                        warn=warn, numpy_io=True)
