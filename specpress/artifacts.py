@@ -1,49 +1,249 @@
-"""Artifact directories are written atomically: a temp dir beside the target, then a rename.
+"""Outputs: claimed before any work starts, held by one writer, written atomically, readable by all.
 
-An existing artifact is never clobbered unless the caller says `force`; a failure leaves it untouched.
+`claim_output` is the one check every command's --out (and bench --json) goes through, before loading
+or training anything: the output must not be, contain or lie inside an input (refused even with
+--force: a --force there would destroy the input); an existing output needs --force; its directory
+must be writable; a `<out>.partial` left by an interrupted run needs --resume or --force. The claim
+holds a lock (`.<name>.lock` beside the output, with the holder's pid) for the whole run, so a second
+writer of the same output fails at once naming the first.
+
+`atomic_dir` writes an artifact directory: a temp dir beside the target, then a rename; a failure
+leaves the old artifact untouched. Files made through temp files get ordinary permissions (0644
+under the usual umask), not the temp file's owner-only mode.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
+import sys
 import tempfile
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal, Mapping
 
 from specpress.errors import UsageError
+
+Kind = Literal["dir", "file"]
+
+
+def umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def make_readable(path: Path) -> None:
+    """Give `path` (and, for a directory, everything under it) the mode a plain open()/mkdir() would."""
+    mask = umask()
+    paths = [path, *path.rglob("*")] if path.is_dir() else [path]
+    for p in paths:
+        if not p.is_symlink():
+            p.chmod((0o777 if p.is_dir() else 0o666) & ~mask)
+
+
+# ---------------------------------------------------------------------------------------------- locks
+
+_HELD: dict[Path, list[Any]] = {}  # lock file -> [open file, depth]: reentrant within this process
+
+
+def lock_path(out: Path) -> Path:
+    return out.parent / f".{out.name}.lock"
+
+
+def _holder(f: Path) -> str:
+    try:
+        text = f.read_text().strip()
+    except OSError:
+        return "unknown"
+    return text or "unknown"
+
+
+@contextmanager
+def hold_lock(out: Path | str) -> Iterator[None]:
+    """Hold the writer's lock on `out` (reentrant here); another process holding it -> UsageError at once."""
+    out = Path(out).expanduser().absolute()
+    lf = lock_path(out)
+    if lf in _HELD:
+        _HELD[lf][1] += 1
+        try:
+            yield
+        finally:
+            _HELD[lf][1] -= 1
+        return
+    while True:
+        try:
+            fh = open(lf, "a+")
+        except OSError as exc:
+            raise UsageError(f"cannot write beside {out} ({exc.strerror}: {lf}); choose an --out in a writable "
+                             f"directory") from None
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.close()
+            raise UsageError(f"{out} is being written by another specpress process ({_holder(lf)}); wait for "
+                             f"it to finish or choose another --out") from None
+        try:  # the holder may have removed the file between our open and our lock: lock the current one
+            same = os.fstat(fh.fileno()).st_ino == os.stat(lf).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        fh.close()
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"pid {os.getpid()}: {' '.join(sys.argv)[:300]}\n")
+    fh.flush()
+    _HELD[lf] = [fh, 1]
+    try:
+        yield
+    finally:
+        del _HELD[lf]
+        try:
+            lf.unlink()
+        except OSError:
+            pass
+        fh.close()  # releases the lock after the file is gone: a waiter re-checks the inode
+
+
+# ---------------------------------------------------------------------------------------------- claims
+
+
+@dataclass
+class OutputClaim:
+    out: Path
+    partial: Path | None = None
+    notes: list[str] = field(default_factory=list)  # things the user should know (discarded partial, …)
+
+
+def partial_path(out: Path) -> Path:
+    """Where an interrupted run of `out` keeps its state (a directory or a file, by command)."""
+    return out.with_name(out.name + ".partial")
+
+
+def _relation(out: Path, inp: Path) -> str | None:
+    if out == inp:
+        return "is"
+    if inp in out.parents:
+        return "lies inside"
+    if out in inp.parents:
+        return "contains"
+    return None
+
+
+def check_new(out: Path | str, force: bool, flag: str = "--out") -> None:
+    """The one existence check: an existing output is replaced only when the user says --force."""
+    out = Path(out).expanduser()
+    if out.exists() and not force:
+        raise UsageError(f"{out} already exists; choose another {flag} or pass --force to replace it")
+
+
+def check_inputs(out: Path, inputs: Mapping[str, Any], flag: str = "--out") -> None:
+    """Refuse an output that is, lies inside, or contains an input (whatever --force says)."""
+    ro = out.expanduser().resolve()
+    for name, inp in inputs.items():
+        if inp is None or str(inp).startswith("zoo:"):
+            continue
+        ri = Path(inp).expanduser().resolve()
+        rel = _relation(ro, ri)
+        if rel is not None:
+            raise UsageError(f"{flag} {out} {rel} the input {name} {inp}: writing it would destroy the input "
+                             f"(refused even with --force); choose another {flag}")
+
+
+def check_writable(out: Path, flag: str = "--out") -> None:
+    """The output's directory exists (or can be made) and takes new files: found now, not after the work."""
+    out = Path(out).expanduser().absolute()
+    anc = out.parent
+    while not anc.exists():
+        anc = anc.parent
+    if not anc.is_dir():
+        raise UsageError(f"{flag} {out}: {anc} is a file, not a directory; choose another {flag}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=out.parent, prefix=f".{out.name}.probe-")
+        probe.close()
+    except OSError as exc:
+        raise UsageError(f"{flag} {out}: cannot write in {out.parent} ({exc.strerror}); choose a writable "
+                         f"location") from None
+
+
+def check_output_file(path: Path | str, flag: str, inputs: Mapping[str, Any] | None = None) -> None:
+    """A file the command writes at the end (bench --json): not an input, not a directory, writable; checked
+    before the work so a bad path does not cost the result."""
+    path = Path(path).expanduser()
+    for name, inp in (inputs or {}).items():  # a file beside or inside an input harms nothing; over one, it does
+        if inp is not None and path.resolve() == Path(inp).expanduser().resolve():
+            raise UsageError(f"{flag} {path} is the input {name} {inp}: writing it would destroy the input; "
+                             f"choose another {flag}")
+    if path.is_dir():
+        raise UsageError(f"{flag} {path} is a directory; give a file path")
+    check_writable(path, flag)
+
+
+@contextmanager
+def claim_output(out: Path | str, *, force: bool = False, inputs: Mapping[str, Any] | None = None,
+                 kind: Kind = "dir", partial: bool = False, resume: bool = False,
+                 flag: str = "--out") -> Iterator[OutputClaim]:
+    """Check `out` as the module docstring says, then hold its lock while the caller works.
+
+    partial: the command keeps `<out>.partial` for --resume; resume: the user asked to continue one.
+    """
+    out = Path(out).expanduser()
+    check_inputs(out, inputs or {}, flag)
+    if out.exists() and (out.is_dir() != (kind == "dir")):
+        raise UsageError(f"{flag} {out} exists and is {'a directory' if out.is_dir() else 'a file'}; "
+                         f"a {kind} is written there; choose another {flag}")
+    check_new(out, force, flag)
+    check_writable(out, flag)
+    claim = OutputClaim(out, partial_path(out) if partial else None)
+    with hold_lock(out):
+        part = claim.partial
+        if part is not None and part.exists() and not resume:
+            if not force:
+                raise UsageError(f"an interrupted run left {part}; continue it with --resume, or pass --force to "
+                                 f"discard it and start over")
+            claim.notes.append(f"discarding the interrupted run's {part} (--force without --resume)")
+        if part is not None and resume and not part.exists():
+            claim.notes.append(f"--resume: no interrupted run at {part}; starting from the beginning")
+        yield claim
+
+
+# ---------------------------------------------------------------------------------------------- writing
 
 
 @contextmanager
 def atomic_dir(out: Path | str, *, force: bool = False) -> Iterator[Path]:
     """Yield a fresh temp dir; on success it replaces `out`, on error it is removed."""
     out = Path(out).expanduser()
-    if out.exists() and not force:
-        raise UsageError(f"{out} already exists; choose another --out or pass --force to replace it")
+    check_new(out, force)
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out} exists and is not a directory")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it owner-only; an artifact is an ordinary directory
-    try:
-        yield tmp
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with hold_lock(out):
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        try:
+            yield tmp
+            make_readable(tmp)  # mkdtemp and some writers (safetensors) make owner-only files
+            if out.exists():
+                old = out.with_name(f".{out.name}.old-{os.getpid()}")
+                out.rename(old)
+                tmp.rename(out)
+                shutil.rmtree(old)
+            else:
+                tmp.rename(out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
 
 
 def write_json(path: Path, obj: Any) -> None:
-    """Write JSON atomically (temp file + rename)."""
+    """Write JSON atomically (temp file + rename), readable like any other file."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    make_readable(tmp)
     tmp.replace(path)

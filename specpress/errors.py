@@ -28,3 +28,13 @@ class UsageError(SpecpressError):
     """A request that cannot be carried out as asked (e.g. a prompt longer than the context)."""
 
     exit_code = 2
+
+
+class Interrupted(SpecpressError):
+    """The user stopped a run (Ctrl-C); the message says what was saved and how to continue."""
+
+    exit_code = 130
+
+
+class SweepFailed(SpecpressError):
+    """A sweep finished but some of its points failed (and failures were not tolerated)."""

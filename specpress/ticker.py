@@ -1,11 +1,26 @@
-"""Progress lines for logs: rich's live bars draw nothing until they finish when stderr is not a terminal
-(`... > build.log 2>&1`), so long jobs also print one plain line every so often there."""
+"""Progress display: the columns every specpress progress bar shows (`bar_columns`), and plain lines for logs
+(rich's live bars draw nothing until they finish when stderr is not a terminal, `... > build.log 2>&1`, so
+long jobs also print one plain line every so often there)."""
 
 from __future__ import annotations
 
 import time
 
+from typing import Any
+
 from rich.console import Console
+
+
+def bar_columns(*fields: str, eta: bool = False, bar_width: int | None = 40) -> tuple[Any, ...]:
+    """label, bar, done/total, then `fields` (TextColumn templates such as "loss {task.fields[loss]}"),
+    elapsed, and with `eta` the estimated time left."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    cols: list[Any] = [TextColumn("{task.description}"), BarColumn(bar_width=bar_width), MofNCompleteColumn(),
+                       *(TextColumn(f) for f in fields), TimeElapsedColumn()]
+    if eta:
+        cols += [TextColumn("eta"), TimeRemainingColumn()]
+    return tuple(cols)
 
 
 class LogTicker:

@@ -177,14 +177,19 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
           --policy dynamic:depth=4,topk=2,budget=8 --prompts prompts.jsonl --max-new-tokens 64 --json e3c.json
     """
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress
 
-    from specpress.artifacts import write_json
+    from specpress.artifacts import check_output_file, write_json
+    from specpress.machine import LoadMeter, load_warning
     from specpress.runtime.bench import bench_plain, bench_speculative, default_policy, load_bench_inputs
     from specpress.runtime.compile import compile_errors
     from specpress.runtime.policy import parse_policy
+    from specpress.ticker import bar_columns
 
     check_compile(compile_drafter, drafter_dir, backend)
+    if json_out:  # before decoding: a bad path must not cost the measurement
+        check_output_file(json_out, "--json", {"--target": target_dir, "--prompts": prompts_file,
+                                               "--drafter": drafter_dir})
     console = Console(stderr=True)
     target, prompts = load_bench_inputs(target_dir, prompts_file, dtype)
     config = {"target": str(target_dir), "prompts_file": str(prompts_file), "dtype": dtype,
@@ -198,8 +203,8 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
         config["policy"] = str(pol)
         config["provider"] = drafter.provider  # what actually executed the drafter
         n_bytes = drafter_bytes(backend, drafter_dir)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as progress, compile_errors(compile_drafter):
+    meter = LoadMeter()  # other processes' share of our cores while timing (a warning when they compete)
+    with Progress(*bar_columns(), console=console, transient=True) as progress, compile_errors(compile_drafter):
         task = progress.add_task("decoding" if drafter is None else f"decoding ({pol}) + baseline",
                                  total=len(prompts))
         kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, config=config,
@@ -209,6 +214,9 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
         else:
             result = bench_speculative(target, drafter, prompts, max_new_tokens, pol, drafter_bytes=n_bytes,
                                        warmup_prompts=COMPILE_WARMUP_PROMPTS if compile_drafter else 0, **kw)
+    result["machine"] = meter.stop()
+    if warning := load_warning(result["machine"]):
+        console.print(warning, style="yellow", highlight=False)
     n_tok = sum(len(o) for o in result["outputs"])
     if drafter is None:
         console.print(f"{len(prompts)} prompts, {n_tok} tokens, {result['tokens_per_s']:.1f} tok/s "

@@ -138,6 +138,8 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
       specpress distill --target ~/.cache/specpress/zoo/small --family lm --data ./my-code/ \\
           --out drafters/lm --steps 2000 --layers 2
     """
+    from specpress.artifacts import claim_output
+    from specpress.commands.guards import check_not_quantized, check_seq_len, distill_saved, interrupted
     from specpress.compress.config import DistillConfig
     from specpress.compress.distill import distill_from_dirs
     from specpress.errors import UsageError
@@ -151,8 +153,21 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
                            mask_token_id=mask_token_id, labels=labels, tv_weight=tv_weight,
                            checkpoint_minutes=checkpoint_minutes,
                            bf16=bf16, compile=compile_teacher)
-    report = distill_from_dirs(target_dir, config, data_path, out, from_dir=from_dir, init_dir=init_dir,
-                               resume=resume, force=force, cache_dir=cache_dir, progress=True)
+    inputs = {"--target": target_dir, "--data": data_path, "--from": from_dir, "--init": init_dir,
+              "--cache-teacher": cache_dir}
+    with claim_output(out, force=force, inputs=inputs, partial=True, resume=resume) as claim:
+        for note in claim.notes:
+            click.echo(f"note: {note}", err=True)
+        check_seq_len(target_dir, seq_len, batch)
+        for flag, d in (("--init", init_dir), ("--from", from_dir)):
+            if d is not None:
+                check_not_quantized(d, flag)
+        try:
+            report = distill_from_dirs(target_dir, config, data_path, out, from_dir=from_dir, init_dir=init_dir,
+                                       resume=resume, force=force, cache_dir=cache_dir, progress=True)
+        except KeyboardInterrupt:
+            assert claim.partial is not None
+            raise interrupted(claim.partial, distill_saved(claim.partial)) from None
     acc = " ".join(f"{a:.3f}" for a in report.agreement)
     click.echo(f"{family} drafter written to {report.out}")
     click.echo(f"  steps {report.steps}/{report.planned_steps} ({report.stopped_by})  loss {report.final_loss:.4f}  "

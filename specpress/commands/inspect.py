@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -57,5 +59,44 @@ def inspect_cmd(path: Path, as_json: bool) -> None:
     steps = info.get("provenance") or []
     click.echo(f"{'provenance':<{width}}  {'(none)' if not steps else ''}")
     for i, step in enumerate(steps, 1):
-        name = step.get("step", step.get("name", "?")) if isinstance(step, dict) else step
-        click.echo(f"  {i}. {name}  {json.dumps(step, default=str)[:200] if isinstance(step, dict) else ''}")
+        text = describe_step(step) if isinstance(step, dict) else str(step)
+        click.echo(textwrap.fill(text, width=110, initial_indent=f"  {i}. ", subsequent_indent="     ",
+                                 break_on_hyphens=False, break_long_words=False))
+    if steps:
+        click.echo("  (every field: specpress inspect PATH --json)")
+
+
+def _acc(values: Any) -> str:
+    return " ".join(f"{float(a):.3f}" for a in values or [])
+
+
+def describe_step(step: dict[str, Any]) -> str:
+    """One readable line per provenance step: what was done, with what, and what it cost or gained."""
+    kind = str(step.get("step", step.get("name", "?")))
+    cfg = step.get("config") or {}
+    if kind == "distill":
+        data = step.get("data") or {}
+        parts = [f"distill {cfg.get('family', '')}: {step.get('steps')} steps, loss {step.get('final_loss', 0):.4f}",
+                 f"acc@k {_acc(step.get('agreement'))} ({'held-out' if step.get('heldout') else 'training data'})"]
+        if data.get("source"):
+            parts.append(f"data {data['source']} ({int(data.get('tokens', 0)):,} tokens)")
+        for key, label in (("target", "target"), ("init", "fine-tuned from"), ("from", "shrunk from")):
+            if data.get(key):
+                parts.append(f"{label} {data[key]}")
+        return "; ".join(parts)
+    if kind == "prune":
+        before, after = step.get("shape_before") or {}, step.get("shape_after") or {}
+        changed = ", ".join(f"{k} {before.get(k)} -> {v}" for k, v in after.items() if before.get(k) != v)
+        return (f"prune: {changed or 'no shape change'}; params {int(step.get('params_before', 0)):,} -> "
+                f"{int(step.get('params_after', 0)):,}")
+    if kind == "quantize":
+        g = cfg.get("group_size", cfg.get("blocksize"))
+        what = f"quantize {step.get('scheme')} {step.get('method')}" + (f" g{g}" if g else "")
+        parts = [f"{what}: {len(step.get('quantized') or [])} Linears, bytes {int(step.get('bytes_before', 0)):,} -> "
+                 f"{int(step.get('bytes_after', 0)):,}" + (" (written dequantized)" if step.get("dequantized") else "")]
+        agr = step.get("agreement") or {}
+        if agr.get("before") and agr.get("after"):
+            parts.append(f"acc@k {_acc(agr['before'])} -> {_acc(agr['after'])}")
+        return "; ".join(parts)
+    scalars = [f"{k} {v}" for k, v in step.items() if k not in ("step", "name") and isinstance(v, (str, int, float))]
+    return f"{kind}: {', '.join(scalars)}" if scalars else kind

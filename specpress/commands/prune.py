@@ -63,7 +63,9 @@ def prune(drafter_dir: Path, out: Path, ffn: float | None, heads: float | None, 
     """
     import torch
 
-    from specpress.compress.data import encode_stream, read_texts
+    from specpress.artifacts import claim_output
+    from specpress.commands.guards import check_seq_len
+    from specpress.compress.data import data_stream
     from specpress.compress.prune import PruneConfig, check_request, prune as prune_drafter
     from specpress.errors import UsageError
     from specpress.models.drafter import build_drafter
@@ -76,24 +78,25 @@ def prune(drafter_dir: Path, out: Path, ffn: float | None, heads: float | None, 
                          calib_batches=calib_batches, seed=seed, recover_steps=recover_steps, recover_lr=recover_lr,
                          **({} if vocab_tokens is None else {"vocab_tokens": vocab_tokens}))
     out = out.expanduser()
-    if out.exists() and not force:
-        raise UsageError(f"{out} already exists; choose another --out or pass --force to replace it")
     if data_path is not None and target_dir is None:
         raise UsageError("--data needs --target DIR: its tokenizer encodes the data")
-    with torch.device("meta"):  # every shape / flag error first, from config.json alone
-        check_request(build_drafter(read_drafter_config(drafter_dir)[1]), config, has_target=target_dir is not None,
-                      has_calib=data_path is not None)
-    target = load_target(target_dir) if target_dir is not None else None
-    stream, extra = None, {}
-    if data_path is not None:
-        assert target is not None and target_dir is not None
-        if not target.config.eos_ids:
-            raise UsageError(f"{target_dir}/config.json has no eos_token_id, needed to join documents; add one")
-        stream = encode_stream(read_texts(data_path), load_tokenizer(target_dir), target.config.eos_ids[0])
-        extra = {"source": str(data_path), "target": str(target_dir)}
-    pruned = prune_drafter(load_drafter(drafter_dir, target), config, target=target, calib=stream,
-                           provenance_extra=extra, progress=True)
-    save_drafter(pruned, out, force=force)
+    inputs = {"--drafter": drafter_dir, "--target": target_dir, "--data": data_path}
+    with claim_output(out, force=force, inputs=inputs):
+        with torch.device("meta"):  # every shape / flag error first, from config.json alone
+            check_request(build_drafter(read_drafter_config(drafter_dir)[1]), config,
+                          has_target=target_dir is not None, has_calib=data_path is not None)
+        if target_dir is not None:
+            check_seq_len(target_dir, seq_len, batch, training=recover_steps > 0)
+        target = load_target(target_dir) if target_dir is not None else None
+        stream, extra = None, {}
+        if data_path is not None:
+            assert target is not None and target_dir is not None
+            stream = data_stream(data_path, load_tokenizer(target_dir), target.config.eos_ids,
+                                 target.config.vocab_size, target_dir)
+            extra = {"source": str(data_path), "target": str(target_dir)}
+        pruned = prune_drafter(load_drafter(drafter_dir, target), config, target=target, calib=stream,
+                               provenance_extra=extra, progress=True)
+        save_drafter(pruned, out, force=force)
     step = next(s for s in reversed(pruned.provenance) if s.get("step") == "prune")
     before, after = step["shape_before"], step["shape_after"]
     changed = ", ".join(f"{k} {before[k]} -> {after[k]}" for k in after if before.get(k) != after[k])

@@ -84,14 +84,21 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
       specpress quantize --drafter drafters/eagle3 --out drafters/eagle3-fp8 --scheme fp8
       specpress quantize --drafter drafters/eagle3 --out drafters/eagle3-int4-fp --scheme int4 --dequantize
     """
+    from specpress.artifacts import claim_output
+    from specpress.commands.guards import check_seq_len
     from specpress.models.quantized.configs import config_for
     from specpress.compress.quantize.pipeline import quantize_from_dirs
 
     config = config_for(scheme, method, group_size=group_size, symmetric=symmetric, include=_names(include),
                         exclude=_names(exclude))
-    rep = quantize_from_dirs(drafter_dir, config, out, target_dir=target_dir, data_path=data_path,
-                             dequantize_out=dequantize_out, force=force, calib_batches=calib_batches, batch=batch,
-                             seq_len=seq_len, seed=seed, eval_batches=eval_batches, float_dtype=float_dtype)
+    with claim_output(out, force=force, inputs={"--drafter": drafter_dir, "--target": target_dir,
+                                                "--data": data_path}):
+        if target_dir is not None:
+            check_seq_len(target_dir, seq_len, batch, training=False)
+        rep = quantize_from_dirs(drafter_dir, config, out, target_dir=target_dir, data_path=data_path,
+                                 dequantize_out=dequantize_out, force=force, calib_batches=calib_batches,
+                                 batch=batch, seq_len=seq_len, seed=seed, eval_batches=eval_batches,
+                                 float_dtype=float_dtype)
     s = rep.step
     g = s["config"].get("group_size", s["config"].get("blocksize"))
     what = f"{s['scheme']} {s['method']}" + (f" g{g}" if g else "")

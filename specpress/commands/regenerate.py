@@ -55,37 +55,43 @@ def regenerate(target_dir: Path, data_path: Path, out: Path, sequences: int, pro
           --data data/regen-small.jsonl --out drafters/dflash --minutes 10
     """
     from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
+    from rich.progress import Progress
 
-    from specpress.compress.data import encode_stream, read_texts
+    from specpress.artifacts import claim_output
+    from specpress.commands.guards import check_seq_len, interrupted, regen_saved
+    from specpress.compress.data import data_stream
     from specpress.compress.regen import RegenConfig, regenerate as run
-    from specpress.errors import UsageError
     from specpress.models.target import load_target
     from specpress.models.tokenizer import load_tokenizer
-    from specpress.ticker import LogTicker
+    from specpress.ticker import LogTicker, bar_columns
 
     cfg = RegenConfig(sequences=sequences, prompt_tokens=prompt_tokens, new_tokens=new_tokens, batch=batch,
                       temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    if out.expanduser().exists() and not force:  # before loading anything
-        raise UsageError(f"{out} already exists; choose another --out or pass --force to replace it")
-    target = load_target(target_dir)
-    if not target.config.eos_ids:
-        raise UsageError(f"{target_dir}/config.json has no eos_token_id, needed to join documents; add one")
-    tok = load_tokenizer(target_dir)
-    stream = encode_stream(read_texts(data_path), tok, target.config.eos_ids[0])
-    console = Console(stderr=True)
-    ticker = LogTicker(console, "regenerate", sequences)
-    with Progress(TextColumn("regenerate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("eta"), TimeRemainingColumn(), console=console) as bar:
-        task = bar.add_task("regenerate", total=sequences)
+    with claim_output(out, force=force, inputs={"--target": target_dir, "--data": data_path}, kind="file",
+                      partial=True, resume=resume) as claim:  # before loading anything
+        for note in claim.notes:
+            click.echo(f"note: {note}", err=True)
+        check_seq_len(target_dir, prompt_tokens + new_tokens, batch, training=False,
+                      what=f"--prompt-tokens {prompt_tokens} + --new-tokens {new_tokens}")
+        target = load_target(target_dir)
+        tok = load_tokenizer(target_dir)
+        stream = data_stream(data_path, tok, target.config.eos_ids, target.config.vocab_size, target_dir)
+        console = Console(stderr=True)
+        ticker = LogTicker(console, "regenerate", sequences)
+        with Progress(*bar_columns(eta=True), console=console) as bar:
+            task = bar.add_task("regenerate", total=sequences)
 
-        def on_batch(done: int, total: int) -> None:
-            bar.update(task, completed=done)
-            ticker.tick(done, "sequences")
+            def on_batch(done: int, total: int) -> None:
+                bar.update(task, completed=done)
+                ticker.tick(done, "sequences")
 
-        card = run(target, tok, stream, cfg, out, resume=resume, force=force, source=str(data_path),
-                   on_batch=on_batch)
+            try:
+                assert claim.partial is not None  # --resume without one: said in claim.notes, starts fresh
+                card = run(target, tok, stream, cfg, out, resume=resume and claim.partial.exists(), force=force,
+                           source=str(data_path), on_batch=on_batch)
+            except KeyboardInterrupt:
+                assert claim.partial is not None
+                raise interrupted(claim.partial, regen_saved(claim.partial)) from None
     click.echo(f"wrote {out}: {card['sequences']} sequences, {card['generated_tokens']} generated tokens "
                f"({card['tokens_per_s']:.0f} tokens/s), {card['stopped_at_eos']} stopped at EOS, "
                f"{card['round_trip_exact']}/{card['sequences']} re-encode exactly")

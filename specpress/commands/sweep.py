@@ -19,10 +19,13 @@ import click
 @click.option("--find-smallest", is_flag=True,
               help="Search the grid for the smallest drafter keeping tau (see --max-tau-loss) instead of running "
                    "every point.")
+@click.option("--tolerate-failures", is_flag=True,
+              help="Exit 0 even when some points fail (they are recorded either way); the recipe key "
+                   "`tolerate_failures: true` says the same.")
 @click.option("--max-tau-loss", default=None,
               help="With --find-smallest: the tau loss allowed, as 3% or 0.03 (retention >= 1 - loss)  [default: 3%]")
 def sweep(recipe: str, out: Path, resume: bool, force: bool, jobs: int, find_smallest: bool,
-          max_tau_loss: str | None) -> None:
+          tolerate_failures: bool, max_tau_loss: str | None) -> None:
     """Run a recipe: compress the base drafter every way its grid says and measure each on the same prompts.
 
     RECIPE is a YAML file (recipes/*.yaml) or the name of a bundled one (quickstart). Each grid point's
@@ -49,19 +52,34 @@ def sweep(recipe: str, out: Path, resume: bool, force: bool, jobs: int, find_sma
       specpress sweep recipes/quickstart.yaml --out runs/quickstart --resume --jobs 2
       specpress sweep recipes/eagle3.yaml --out runs/e3-search --find-smallest --max-tau-loss 3%
     """
+    from specpress.artifacts import check_inputs, check_writable, hold_lock
     from specpress.errors import UsageError
-    from specpress.sweep.driver import Sweep, parse_loss
+    from specpress.sweep.driver import Sweep, failure_summary, parse_loss
     from specpress.sweep.recipe import load_recipe
 
     if max_tau_loss is not None and not find_smallest:
         raise UsageError("--max-tau-loss only applies with --find-smallest")
     loss = parse_loss(max_tau_loss or "3%")
-    s = Sweep(load_recipe(recipe), out, resume=resume, force=force)
-    s.open()
-    if find_smallest:
-        if jobs > 1:
-            s.log("--find-smallest evaluates one point at a time (each choice depends on the last); --jobs ignored")
-        s.find_smallest(loss)
-    else:
-        s.run_all(jobs=jobs)
-    s.finalize()
+    r = load_recipe(recipe)
+    check_inputs(out, {"target": r.target.path, "drafter": r.drafter.path, "prompts": r.prompts.path,
+                       "calibration": r.calibration.path, "agreement_data": r.agreement_data.path,
+                       "recipe": r.source})
+    check_writable(out / "results.jsonl")
+    with hold_lock(out):  # a second sweep into the same --out fails at once
+        s = Sweep(r, out, resume=resume, force=force)
+        s.open()
+        if find_smallest:
+            if jobs > 1:
+                s.log("--find-smallest evaluates one point at a time (each choice depends on the last); --jobs ignored")
+            s.find_smallest(loss)
+        else:
+            s.run_all(jobs=jobs)
+        records = s.finalize()
+    failed = failure_summary(records)
+    if failed and (tolerate_failures or r.tolerate_failures):
+        s.log(f"{failed} (tolerated: {'--tolerate-failures' if tolerate_failures else 'tolerate_failures: true'})")
+    elif failed:
+        from specpress.errors import SweepFailed
+
+        raise SweepFailed(f"{failed}; every other result is in {out}. Fix the points, or pass --tolerate-failures "
+                          f"(recipe: tolerate_failures: true) to accept failed points")

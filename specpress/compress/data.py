@@ -14,7 +14,7 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
-from specpress.errors import DataError
+from specpress.errors import DataError, UsageError
 
 TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst", ".c", ".h", ".js", ".ts", ".java", ".go", ".rs", ".json", ".toml",
                  ".yaml", ".yml", ".cfg", ".sh")
@@ -93,3 +93,29 @@ class WindowSampler:
         rng = np.random.default_rng([self.seed, step])
         starts = rng.integers(0, len(self.stream) - self.seq_len, size=self.batch)
         return torch.from_numpy(np.stack([self.stream[s:s + self.seq_len] for s in starts]).astype(np.int64))
+
+
+def check_ids(stream: np.ndarray, vocab_size: int, source: str | Path) -> None:
+    """Every id of `stream` must index the target's vocabulary (caught here, not as an IndexError later)."""
+    if len(stream) and (int(stream.max()) >= vocab_size or int(stream.min()) < 0):
+        bad = int(stream.max()) if int(stream.max()) >= vocab_size else int(stream.min())
+        raise DataError(f"{source}: token id {bad} is outside the target's vocabulary (0..{vocab_size - 1}); "
+                        f"was the data tokenized for another model?")
+
+
+def data_stream(data: str | Path, tokenizer: Any | None, eos_ids: Iterable[int], vocab_size: int,
+                target: str | Path) -> np.ndarray:
+    """--data -> the target's token stream: documents encoded by its tokenizer, joined by its first EOS.
+
+    The one path every command takes (distill, prune, quantize, regenerate, sweep), so each refuses the
+    same inputs with the same words.  Returns: [N] int32.
+    """
+    if tokenizer is None:
+        raise DataError(f"--data {data} is text, but the target {target} has no tokenizer.json to encode it; copy "
+                        f"the model's tokenizer.json into {target}")
+    eos = list(eos_ids)
+    if not eos:
+        raise UsageError(f"{target}/config.json has no eos_token_id, needed to join documents; add one")
+    stream = encode_stream(read_texts(data), tokenizer, eos[0])
+    check_ids(stream, vocab_size, data)
+    return stream

@@ -50,6 +50,7 @@ from specpress.compress.teacher import Teacher, needed_taps
 from specpress.compress.training import (STATE_FILE, all_reduce_mean, data_fingerprint, from_rank0, load_state,
                                          lr_at, lr_at_progress, module_fingerprint, partial_dir, save_state,
                                          step_generator, world_info)
+from specpress.artifacts import check_new
 from specpress.errors import DataError, UsageError
 from specpress.models.drafter import Drafter, target_fingerprint
 from specpress.models.drafter_io import save_drafter
@@ -93,8 +94,8 @@ def distill(target: TargetModel, config: DistillConfig, data: WindowSampler, out
 
     t0_total = time.monotonic()
     out = Path(out).expanduser() if out is not None else None
-    if out is not None and out.exists() and not force:
-        raise UsageError(f"{out} already exists; choose another --out or pass --force to replace it")
+    if out is not None:
+        check_new(out, force)
     if (data.seq_len, data.batch, data.seed) != (config.seq_len, config.batch, config.seed):
         raise UsageError(f"the sampler draws [{data.batch}, {data.seq_len}] windows with seed {data.seed}, but the "
                          f"config asks for batch {config.batch}, seq_len {config.seq_len}, seed {config.seed}; build "
@@ -277,19 +278,15 @@ def distill_from_dirs(target_dir: str | Path, config: DistillConfig, data_path: 
                       cache_dir: str | Path | None = None, progress: bool = False) -> DistillReport:
     """The CLI's path: load the target and its tokenizer, tokenize the data (documents joined by the
     target's EOS; the last 5% held out for the final agreement), load --from / --init drafters, distill."""
-    from specpress.compress.data import encode_stream, read_texts
+    from specpress.compress.data import data_stream
     from specpress.models.drafter_io import load_drafter
     from specpress.models.target import load_target
     from specpress.models.tokenizer import load_tokenizer
 
-    if Path(out).expanduser().exists() and not force:  # before any loading or tokenizing
-        raise UsageError(f"{out} already exists; choose another --out or pass --force to replace it")
+    check_new(out, force)  # before any loading or tokenizing
     target = load_target(target_dir)
-    tok = load_tokenizer(target_dir)
-    eos = target.config.eos_ids
-    if not eos:
-        raise UsageError(f"{target_dir}/config.json has no eos_token_id, needed to join documents; add one")
-    stream = encode_stream(read_texts(data_path), tok, eos[0])
+    stream = data_stream(data_path, load_tokenizer(target_dir), target.config.eos_ids, target.config.vocab_size,
+                         target_dir)
     if len(stream) < config.seq_len + 1:
         raise DataError(f"{data_path} holds {len(stream)} tokens, fewer than one window of {config.seq_len + 1}; "
                         f"give more data or a smaller --seq-len")

@@ -28,14 +28,11 @@ class TrainProgress:
     def __enter__(self) -> "TrainProgress":
         if self.enabled:
             from rich.console import Console
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                       TimeRemainingColumn)
+            from rich.progress import Progress
 
-            from specpress.ticker import LogTicker
+            from specpress.ticker import LogTicker, bar_columns
 
-            cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("loss {task.fields[loss]}"), TextColumn("acc@k {task.fields[acc]}"),
-                    TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
+            cols = bar_columns("loss {task.fields[loss]}", "acc@k {task.fields[acc]}", eta=True)
             console = Console(stderr=True)
             self._ticker = LogTicker(console, self.label, self.total)
             self._bar = Progress(*cols, console=console)
@@ -76,11 +73,10 @@ def count_bar(enabled: bool, label: str, total: int) -> Iterator[Callable[[], No
         yield lambda: None
         return
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
-        TimeRemainingColumn
+    from rich.progress import Progress
 
-    cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TimeRemainingColumn())
-    with Progress(*cols, console=Console(stderr=True), transient=True) as bar:
+    from specpress.ticker import bar_columns
+
+    with Progress(*bar_columns(eta=True), console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(label, total=total)
         yield lambda: bar.advance(task)

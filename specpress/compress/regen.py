@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from specpress.artifacts import write_json
+from specpress.artifacts import check_new, write_json
 from specpress.compress.training import data_fingerprint, module_fingerprint
 from specpress.errors import ConfigError, DataError, UsageError
 from specpress.models.target import TargetModel
@@ -130,8 +130,7 @@ def regenerate(target: TargetModel, tokenizer: Any, stream: np.ndarray, cfg: Reg
     on_batch(done, total) is called after each written batch (progress display).
     """
     out = Path(out).expanduser()
-    if out.exists() and not force:
-        raise UsageError(f"{out} already exists; choose another --out or pass --force to replace it")
+    check_new(out, force)
     eos = target.config.eos_ids
     key = {**asdict(cfg), "target": module_fingerprint(target), "stream": data_fingerprint(stream)["sha256"],
            "vocab_size": target.config.vocab_size}

@@ -180,12 +180,19 @@ def target_fingerprint(cfg: TargetConfig, model: "TargetModel | None" = None) ->
     out = {"architecture": cfg.architecture, "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
            "num_hidden_layers": cfg.num_hidden_layers, "config_sha256": hashlib.sha256(blob).hexdigest()[:16]}
     if model is not None:
-        h = hashlib.sha256()
-        for t in (model.model.norm.weight, model.lm_head.weight):
-            # rounded to bf16 first, so a target loaded in fp32 or bf16 gives the same fingerprint
-            h.update(t.detach().to(torch.bfloat16).float().cpu().contiguous().numpy().tobytes())
-        out["weights_sha256"] = h.hexdigest()[:16]
+        # load_target records the digest of the weights as stored, before any --dtype cast: fp16 re-rounded
+        # to bf16 differs from the stored weights rounded to bf16, which refused the right target
+        out["weights_sha256"] = getattr(model, "stored_weights_sha256", None) or head_digest(
+            model.model.norm.weight, model.lm_head.weight)
     return out
+
+
+def head_digest(norm: Tensor, head: Tensor) -> str:
+    """Hash of a target's final norm and head weights, rounded to bf16 (fp32 and bf16 copies agree)."""
+    h = hashlib.sha256()
+    for t in (norm, head):
+        h.update(t.detach().to(torch.bfloat16).float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 # ----------------------------------------------------------------------------------------------

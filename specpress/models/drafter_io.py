@@ -46,9 +46,13 @@ def detect_family(cfg: Mapping[str, Any], weight_names: Collection[str] | None =
     block = cfg.get("specpress")
     if isinstance(block, Mapping) and block.get("family"):
         return str(block["family"])
+    from specpress.models.target import ARCHITECTURES
+
     archs = cfg.get("architectures") or []
     arch = archs[0] if archs else ""
-    if arch in EAGLE3_ARCHITECTURES or "draft_vocab_size" in cfg:
+    # draft_vocab_size marks an EAGLE-3 head only on a Llama-style (or unnamed) architecture: an unknown name
+    # with it is some other model, refused below rather than loaded as eagle3
+    if arch in EAGLE3_ARCHITECTURES or ("draft_vocab_size" in cfg and (not arch or arch in ARCHITECTURES)):
         return "eagle3"
     if arch == "DFlashDraftModel" or "dflash_config" in cfg:
         return "dflash"
@@ -59,12 +63,11 @@ def detect_family(cfg: Mapping[str, Any], weight_names: Collection[str] | None =
             return "eagle"
     elif "bias" in cfg:
         return "eagle"
-    from specpress.models.target import ARCHITECTURES
-
     if arch in ARCHITECTURES or cfg.get("model_type") in {v[0] for v in ARCHITECTURES.values()}:
         return "lm"
-    raise ConfigError(f"{source}: cannot tell which drafter family this is (architectures {archs}); "
-                      f"known families: eagle, eagle3, mtp, dflash, lm")
+    known = sorted({*EAGLE3_ARCHITECTURES, "DFlashDraftModel", *ARCHITECTURES})
+    raise ConfigError(f"{source}: cannot tell which drafter family this is: none claims architectures {archs}; "
+                      f"known families: eagle, eagle3, mtp, dflash, lm (architectures {', '.join(known)})")
 
 
 def save_drafter(model: Drafter, out: str | Path, *, provenance: Sequence[Mapping[str, Any]] | None = None,

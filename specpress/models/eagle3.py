@@ -8,6 +8,9 @@ reduced draft vocabulary; target id = draft id + d2t[draft id]; t2d = bool[V] dr
 Public layout: `fc.weight`, `midlayer.*`, `norm.weight`, `lm_head.weight`, `d2t`, `t2d`
 (+ optional `embed_tokens.weight`, shared with the target and dropped on load).
 
+`target_hidden_size` is written only when it differs from hidden_size (see write_config): EAGLE's
+reference loader reads it as "this checkpoint stores its own embed_tokens".
+
 Tap ids in config.json: `eagle_config.eagle_aux_hidden_state_layer_ids` follows SGLang/ModelOpt (id j =
 output of layer j = tap j+1); a top-level `eagle_aux_hidden_state_layer_ids` follows vLLM (id j = the
 residual entering layer j = tap j). Both are written, each in its own convention.
@@ -15,7 +18,7 @@ residual entering layer j = tap j). Both are written, each in its own convention
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Mapping
 
 import torch
@@ -47,6 +50,8 @@ class Eagle3Config(LlamaDrafterConfig):
     target_hidden_size: int | None = None  # default: hidden_size
     # Taps in HF hidden_states indexing; None = default_taps(L) of the target it is attached to.
     target_layer_ids: tuple[int, ...] | None = None
+    # The target's layer count the taps were taken from; None (public checkpoints) = not recorded.
+    num_target_layers: int | None = None
 
     def validate(self) -> None:
         super().validate()
@@ -121,11 +126,21 @@ class Eagle3Drafter(Drafter):
         self._mismatch("hidden_size", c.hidden_size, target.hidden_size)
         self._mismatch("hidden_size (target_hidden_size)", c.target_hidden_size, target.hidden_size)
         self._mismatch("vocab_size", c.vocab_size, target.vocab_size)
+        if c.num_target_layers is not None:  # like MTP / DFlash: taps of another depth mean other features
+            self._mismatch("num_hidden_layers (num_target_layers)", c.num_target_layers, target.num_hidden_layers)
         taps = c.target_layer_ids or default_taps(target.num_hidden_layers)
         bad = [i for i in taps if not 0 <= i <= target.num_hidden_layers]
         if bad:
             raise CheckpointError(f"eagle3 drafter taps {list(taps)} include {bad}, outside the target's "
                                   f"hidden states 0..{target.num_hidden_layers}")
+
+    def attach_target(self, target: Any) -> "Eagle3Drafter":
+        """Attach, then record the taps used and the target's depth in the config (saved with the artifact)."""
+        super().attach_target(target)
+        c, n = self.config, target.config.num_hidden_layers
+        if c.target_layer_ids is None or c.num_target_layers is None:
+            self.config = replace(c, target_layer_ids=c.target_layer_ids or default_taps(n), num_target_layers=n)
+        return self
 
     def cache_dims(self) -> tuple[int, int, int]:
         return 1, self.config.num_key_value_heads, self.config.head_dim
@@ -220,20 +235,27 @@ def read_config(cfg: Mapping[str, Any], source: str) -> Eagle3Config:
                           f"layer j) and eagle_aux_hidden_state_layer_ids {list(top)} (input of layer j) disagree")
     return Eagle3Config(**fields, draft_vocab_size=int(cfg.get("draft_vocab_size") or fields["vocab_size"]),
                         target_hidden_size=cfg.get("target_hidden_size") or fields["hidden_size"],
-                        target_layer_ids=taps_nested or taps_top)
+                        target_layer_ids=taps_nested or taps_top,
+                        num_target_layers=int(cfg["num_target_layers"]) if cfg.get("num_target_layers") else None)
 
 
 def write_config(config: Eagle3Config) -> dict[str, Any]:
     out = config.llama_hf(1)
     out["architectures"] = ["LlamaForCausalLMEagle3"]
     out["draft_vocab_size"] = config.draft_vocab_size
-    out["target_hidden_size"] = config.target_hidden_size
+    if config.target_hidden_size != config.hidden_size:
+        # Only when it differs: EAGLE's own loader (cnets.Model) copies the target's embedding into the
+        # drafter only for configs WITHOUT target_hidden_size; with it, it expects embed_tokens.weight in
+        # the checkpoint, so ours (which shares, not stores, the embedding) would run on random rows.
+        out["target_hidden_size"] = config.target_hidden_size
     eagle: dict[str, Any] = {"use_aux_hidden_state": True, "use_input_layernorm_in_first_layer": True,
                              "use_last_layernorm": True}
     if config.target_layer_ids is not None:
         eagle["eagle_aux_hidden_state_layer_ids"] = [i - 1 for i in config.target_layer_ids]
         out["eagle_aux_hidden_state_layer_ids"] = list(config.target_layer_ids)
     out["eagle_config"] = eagle
+    if config.num_target_layers is not None:
+        out["num_target_layers"] = config.num_target_layers
     return out
 
 

@@ -6,6 +6,7 @@ Loading never executes code: safetensors, or `torch.load(weights_only=True)` for
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,9 @@ from torch import Tensor, nn
 from specpress.errors import CheckpointError
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+MAX_HEADER_BYTES = 100_000_000  # safetensors' own bound on a header
+DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I16": 2, "U16": 2, "F16": 2,
+               "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 
 
 def read_config(path: Path | str) -> dict[str, Any]:
@@ -46,12 +50,8 @@ def read_weights(path: Path | str) -> dict[str, Tensor]:
     if single.is_file():
         return _load_safetensors(single)
     if index.is_file():
-        try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError, AttributeError) as exc:
-            raise CheckpointError(f"{index} is not a valid safetensors index ({exc})") from None
         out: dict[str, Tensor] = {}
-        for shard in shards:
+        for shard in _shards(index):
             out.update(_load_safetensors(path / shard))
         return out
     for legacy in ("pytorch_model.bin", "model.pt"):
@@ -84,11 +84,7 @@ def weight_files(path: Path | str) -> list[Path]:
         return [path / "model.safetensors"]
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError, AttributeError) as exc:
-            raise CheckpointError(f"{index} is not a valid safetensors index ({exc})") from None
-        return [path / s for s in shards]
+        return [path / s for s in _shards(index)]
     return [path / f for f in ("pytorch_model.bin", "model.pt") if (path / f).is_file()][:1]
 
 
@@ -100,27 +96,86 @@ def tensor_index(path: Path | str) -> dict[str, TensorInfo]:
             for k, t in read_weights(path).items():
                 out[k] = TensorInfo(str(t.dtype).removeprefix("torch."), tuple(t.shape), t.numel() * t.element_size())
             return out
-        if not f.is_file():
-            raise CheckpointError(f"{f} is missing (named in the shard index)")
-        try:
-            with f.open("rb") as fh:
-                n = struct.unpack("<Q", fh.read(8))[0]
-                header = json.loads(fh.read(n))
-        except (struct.error, json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
-            raise CheckpointError(f"{f} is not a readable safetensors file ({exc}); re-download or rebuild it") from None
-        for k, v in header.items():
-            if k != "__metadata__":
-                begin, end = v["data_offsets"]
-                out[k] = TensorInfo(v["dtype"], tuple(v["shape"]), int(end) - int(begin))
+        out.update(read_header(f))
     return out
 
 
-def _load_safetensors(f: Path) -> dict[str, Tensor]:
+def _shards(index: Path) -> list[str]:
+    """The shard file names a model.safetensors.index.json names, sorted."""
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        shards = sorted(set(weight_map.values()))
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, AttributeError, TypeError) as exc:
+        raise CheckpointError(f"{index} is not a valid safetensors index ({type(exc).__name__}: {exc}); it must "
+                              f'hold {{"weight_map": {{tensor name: shard file}}}}') from None
+    if not all(isinstance(x, str) and x and "/" not in x for x in shards):
+        raise CheckpointError(f"{index}: weight_map values must be shard file names beside it")
+    return shards
+
+
+def read_header(f: Path) -> dict[str, TensorInfo]:
+    """Every tensor a safetensors file declares, checked against the file before anything is loaded: the
+    header length within the file, the header a JSON object of {dtype, shape, data_offsets} entries, each
+    tensor's offsets inside the data and its size equal to shape x dtype (a truncated file fails here)."""
     if not f.is_file():
         raise CheckpointError(f"{f} is missing (named in the shard index)")
+
+    def bad(why: str) -> CheckpointError:
+        return CheckpointError(f"{f} is not a readable safetensors file: {why}; re-download or rebuild it")
+
+    size = f.stat().st_size
+    if size < 8:
+        raise bad(f"{size} bytes, shorter than its 8-byte header length")
+    with f.open("rb") as fh:
+        n = struct.unpack("<Q", fh.read(8))[0]
+        if n > min(MAX_HEADER_BYTES, size - 8):
+            raise bad(f"its header length field says {n:,} bytes, but the file holds {size - 8:,} after it")
+        raw = fh.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise bad(f"its header is not UTF-8 JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise bad(f"its header is a JSON {type(header).__name__}, not an object")
+    data_bytes = size - 8 - n
+    out: dict[str, TensorInfo] = {}
+    for name, v in header.items():
+        if name == "__metadata__":
+            continue
+        out[name] = _tensor_info(name, v, data_bytes, bad)
+    return out
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _tensor_info(name: str, v: Any, data_bytes: int, bad: Any) -> TensorInfo:
+    if not isinstance(v, dict):
+        raise bad(f"tensor {name!r} is described by a JSON {type(v).__name__}, not an object")
+    dtype, shape, offsets = v.get("dtype"), v.get("shape"), v.get("data_offsets")
+    if not isinstance(dtype, str):
+        raise bad(f"tensor {name!r} has no dtype string")
+    if not isinstance(shape, list) or not all(_is_int(d) for d in shape):
+        raise bad(f"tensor {name!r}: shape must be a list of non-negative integers, found {shape!r}")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(o) for o in offsets) \
+            or offsets[0] > offsets[1]:
+        raise bad(f"tensor {name!r}: data_offsets must be [begin, end] with begin <= end, found {offsets!r}")
+    begin, end = offsets
+    if end > data_bytes:
+        raise bad(f"tensor {name!r} ends at byte {end:,} of the data, which holds {data_bytes:,}: the file is "
+                  f"truncated")
+    if dtype in DTYPE_BYTES and math.prod(shape) * DTYPE_BYTES[dtype] != end - begin:
+        raise bad(f"tensor {name!r}: {dtype} {shape} needs {math.prod(shape) * DTYPE_BYTES[dtype]:,} bytes, "
+                  f"its data_offsets span {end - begin:,}")
+    return TensorInfo(dtype, tuple(shape), end - begin)
+
+
+def _load_safetensors(f: Path) -> dict[str, Tensor]:
+    read_header(f)
     try:
         return load_file(str(f))
-    except (SafetensorError, OSError, ValueError) as exc:
+    except (SafetensorError, OSError, ValueError, RuntimeError, TypeError) as exc:
         raise CheckpointError(f"{f} is not a readable safetensors file ({exc}); re-download or rebuild it") from None
 
 
@@ -155,5 +210,8 @@ def load_into(module: nn.Module, weights: Mapping[str, Tensor], source: Path | s
 
 def save_weights(weights: Mapping[str, Tensor], f: Path, metadata: Mapping[str, str] | None = None) -> None:
     """safetensors with shared storage broken apart (tied weights are saved once by the caller)."""
+    from specpress.artifacts import make_readable
+
     save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(f),
               metadata=dict(metadata or {"format": "pt"}))
+    make_readable(Path(f))  # safetensors creates owner-only (0600) files

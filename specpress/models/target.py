@@ -327,6 +327,7 @@ def load_target(path: str | Path, *, dtype: torch.dtype | str = torch.float32,
     cfg = TargetConfig.from_hf(read_config(path), source=str(path / "config.json"))
     weights = read_weights(path)
     check_finite(weights, path)
+    stored = _stored_digest(weights, cfg)
     dt = parse_dtype(dtype)
     weights = {k: (v.to(dt) if v.is_floating_point() else v) for k, v in weights.items()}
     if cfg.tie_word_embeddings:
@@ -340,7 +341,16 @@ def load_target(path: str | Path, *, dtype: torch.dtype | str = torch.float32,
         raise CheckpointError(f"{path}: missing tensor 'lm_head.weight' (tie_word_embeddings is false)")
     assert cfg.rope is not None and cfg.head_dim is not None
     model.rotary = Rotary(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
+    model.stored_weights_sha256 = stored  # the drafter fingerprint of the weights as stored (drafter.py)
     return model.to(pick_device(None if device is None else str(device))).eval()
+
+
+def _stored_digest(weights: dict[str, Tensor], cfg: TargetConfig) -> str | None:
+    from specpress.models.drafter import head_digest
+
+    head = weights.get("model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight")
+    norm = weights.get("model.norm.weight")
+    return head_digest(norm, head) if head is not None and norm is not None else None
 
 
 def target_state_dict(model: TargetModel) -> dict[str, Tensor]:

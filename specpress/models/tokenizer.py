@@ -12,8 +12,8 @@ def load_tokenizer(model_dir: str | Path):  # -> tokenizers.Tokenizer
 
     f = Path(model_dir).expanduser() / "tokenizer.json"
     if not f.is_file():
-        raise UsageError(f"{model_dir} has no tokenizer.json, so text prompts cannot be encoded; "
-                         f"give prompts as {{\"input_ids\": [...]}} or add the tokenizer")
+        raise UsageError(f"{model_dir} has no tokenizer.json, needed to encode text; copy the model's "
+                         f"tokenizer.json into it")
     try:
         return Tokenizer.from_file(str(f))
     except Exception as exc:  # tokenizers raises a plain Exception subclass for bad files

@@ -84,7 +84,7 @@ def bench_speculative(target: TargetModel, drafter: Any, prompts: list[Prompt], 
     drafter = as_drafter_runner(drafter)
     check_policy(drafter.family, policy)
     for i, p in enumerate(prompts):
-        check_fits(target, len(p.ids), max_new_tokens + draft_slots(policy) + 2, label=f"prompt {i + 1}")
+        check_fits(target, len(p.ids), max_new_tokens, label=f"prompt {i + 1}", slack=draft_slots(policy) + 2)
     params = SamplingParams(temperature, top_k, top_p)
     spec_gen = torch.Generator().manual_seed(seed)
     plain_gen = torch.Generator().manual_seed(seed + 1)

@@ -71,7 +71,7 @@ def speculative_generate(target: TargetModel | TargetRunner, drafter: DrafterRun
     check_policy(drafter.family, policy)
     eos = set(target.config.eos_ids if eos_ids is None else eos_ids)
     margin = policy.num_draft_tokens + 2
-    capacity = check_fits(target, len(prompt), max_new_tokens + margin)
+    capacity = check_fits(target, len(prompt), max_new_tokens, slack=margin)
     cache = target.new_cache(capacity)
     session: DraftSession = make_session(drafter, capacity + draft_slots(policy))
     dev = target.device

@@ -23,12 +23,17 @@ class Generation:
         return self.prefill_ms + sum(self.step_ms)
 
 
-def check_fits(target: TargetModel, prompt_len: int, max_new_tokens: int, label: str = "prompt") -> int:
-    """Cache capacity needed; a clear error when the prompt plus budget exceeds the context."""
-    need = prompt_len + max_new_tokens + 1
+def check_fits(target: TargetModel, prompt_len: int, max_new_tokens: int, label: str = "prompt",
+               slack: int = 0) -> int:
+    """Cache capacity needed; a clear error when the prompt plus budget exceeds the context.
+
+    slack: positions the decoder needs beyond the user's --max-new-tokens (a draft tree's), reported apart.
+    """
+    need = prompt_len + max_new_tokens + slack + 1
     ctx = target.config.max_context
     if prompt_len >= ctx or need > ctx:
-        raise UsageError(f"{label} has {prompt_len} tokens; with --max-new-tokens {max_new_tokens} it needs "
+        extra = f" (+{slack} for the drafts)" if slack else ""
+        raise UsageError(f"{label} has {prompt_len} tokens; with --max-new-tokens {max_new_tokens}{extra} it needs "
                          f"{need} positions but the model's context is {ctx}; shorten it or lower --max-new-tokens")
     return need
 

@@ -26,10 +26,18 @@ def encode(text: str, tokenizer: Any) -> tuple[int, ...]:
 def load_prompts(path: str | Path, tokenizer: Any | None, vocab_size: int) -> list[Prompt]:
     """Read a .jsonl prompt file; errors name the file and line and say what a line must hold."""
     path = Path(path).expanduser()
+    if path.is_dir():
+        raise DataError(f"prompts file {path} is a directory; give a .jsonl file with one prompt per line")
     if not path.is_file():
         raise DataError(f"prompts file {path} does not exist")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[:exc.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+                        f"{exc.start}); save the prompts file as UTF-8") from None
     out: list[Prompt] = []
-    for n, line in enumerate(path.read_text().splitlines(), start=1):
+    for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         where = f"{path}:{n}"
@@ -44,7 +52,8 @@ def load_prompts(path: str | Path, tokenizer: Any | None, vocab_size: int) -> li
             if not isinstance(obj["prompt"], str) or not obj["prompt"]:
                 raise DataError(f'{where}: "prompt" must be a non-empty string')
             if tokenizer is None:
-                raise DataError(f"{where}: text prompt but the target has no tokenizer.json; use input_ids")
+                raise DataError(f'{where}: a text prompt, but the target has no tokenizer.json to encode it; add '
+                                f'the tokenizer, or give token ids as {{"input_ids": [..]}}')
             out.append(Prompt(encode(obj["prompt"], tokenizer), obj["prompt"]))
         else:
             ids = obj["input_ids"]

@@ -64,14 +64,21 @@ def resolve_target(recipe: Recipe, log: Callable[[str], None] = print) -> Path:
     return spec.path
 
 
-def token_stream(source: DataSource, tokenizer: Any | None, eos_id: int | None, cache_dir: Path | None = None,
-                 tokenizer_tag: str = "") -> np.ndarray:
-    """The int32 token stream of a data source (documents joined by EOS), cached under cache_dir."""
+def token_stream(source: DataSource, tokenizer: Any | None, eos_id: int | None, vocab_size: int,
+                 cache_dir: Path | None = None, tokenizer_tag: str = "", target: str | Path = "the target"
+                 ) -> np.ndarray:
+    """The int32 token stream of a data source (documents joined by EOS), cached under cache_dir; every id
+    is checked against the target's vocabulary here, when the sweep opens, not inside each point."""
+    from specpress.compress.data import check_ids
+
     key = _sha({"source": source.to_json(), "tokenizer": tokenizer_tag, "eos": eos_id})
     cached = cache_dir / f"tokens-{key}.npy" if cache_dir is not None else None
     if cached is not None and cached.is_file():
-        return np.load(cached, mmap_mode="r")
-    stream = _read_stream(source, tokenizer, eos_id)
+        stream = np.load(cached, mmap_mode="r")
+        check_ids(stream, vocab_size, source.to_json())
+        return stream
+    stream = _read_stream(source, tokenizer, eos_id, vocab_size, target)
+    check_ids(stream, vocab_size, source.to_json())
     if cached is not None:
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp.npy")
@@ -80,16 +87,28 @@ def token_stream(source: DataSource, tokenizer: Any | None, eos_id: int | None, 
     return stream
 
 
-def _read_stream(source: DataSource, tokenizer: Any | None, eos_id: int | None) -> np.ndarray:
-    from specpress.compress.data import encode_stream, read_texts
+def _read_stream(source: DataSource, tokenizer: Any | None, eos_id: int | None, vocab_size: int,
+                 target: str | Path) -> np.ndarray:
+    from specpress.compress.data import data_stream
 
+    if source.path is not None and not source.path.exists():
+        raise DataError(f"data {source.path} does not exist; fix the recipe's path (relative paths start at the "
+                        f"recipe's directory)")
     if source.path is not None and source.path.suffix == ".jsonl" and source.path.is_file():
-        first = next((ln for ln in source.path.read_text().splitlines() if ln.strip()), "")
+        try:
+            lines = source.path.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError:
+            raise DataError(f"{source.path} is not UTF-8 text; save it as UTF-8 JSON lines") from None
+        first = next((ln for ln in lines if ln.strip()), "")
         if '"input_ids"' in first:
             ids: list[int] = []
-            for n, line in enumerate(source.path.read_text().splitlines(), start=1):
+            for n, line in enumerate(lines, start=1):
                 if line.strip():
-                    row = json.loads(line).get("input_ids")
+                    try:
+                        obj = json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        raise DataError(f"{source.path}:{n}: not valid JSON ({exc.msg})") from None
+                    row = obj.get("input_ids") if isinstance(obj, dict) else None
                     if not isinstance(row, list) or not all(isinstance(i, int) for i in row):
                         raise DataError(f"{source.path}:{n}: \"input_ids\" must be a list of integers")
                     ids += row + ([eos_id] if eos_id is not None else [])
@@ -97,15 +116,8 @@ def _read_stream(source: DataSource, tokenizer: Any | None, eos_id: int | None) 
     if tokenizer is None:
         raise DataError(f"data {source.to_json()} is text but the target has no tokenizer.json; give a .jsonl of "
                         f"{{\"input_ids\": [...]}} lines instead")
-    if eos_id is None:
-        raise UsageError("the target's config.json has no eos_token_id, needed to join documents; add one")
-    if source.zoo_split is not None:
-        from specpress.zoo import load_split_text
-
-        texts = load_split_text(source.zoo_split)  # type: ignore[arg-type]
-    else:
-        texts = read_texts(source.path)  # type: ignore[arg-type]
-    return encode_stream(texts, tokenizer, eos_id)
+    data = f"zoo:{source.zoo_split}" if source.zoo_split is not None else source.path
+    return data_stream(data, tokenizer, () if eos_id is None else (eos_id,), vocab_size, target)  # type: ignore
 
 
 def resolve_drafter(recipe: Recipe, target_dir: Path, log: Callable[[str], None] = print) -> Path:
@@ -118,11 +130,13 @@ def resolve_drafter(recipe: Recipe, target_dir: Path, log: Callable[[str], None]
         return spec.path
     from specpress.compress.data import WindowSampler
     from specpress.compress.distill import distill, split_stream
+    from specpress.machine import check_seq_len
     from specpress.models.drafter import target_fingerprint
     from specpress.models.target import load_target
 
-    target = load_target(target_dir, dtype=recipe.dtype)
     cfg, data = spec.distill.config, spec.distill.data
+    check_seq_len(target_dir, cfg.seq_len, cfg.batch, what=f"drafter: distill: seq_len {cfg.seq_len}")
+    target = load_target(target_dir, dtype=recipe.dtype)
     regen = spec.distill.regenerate
     fingerprint = target_fingerprint(target.config, target)
     identity = {"config": {k: v for k, v in cfg.to_dict().items() if k != "checkpoint_minutes"},
@@ -136,7 +150,8 @@ def resolve_drafter(recipe: Recipe, target_dir: Path, log: Callable[[str], None]
         return out
     tok, tag = _tokenizer(target_dir)
     eos = target.config.eos_ids[0] if target.config.eos_ids else None
-    stream = token_stream(data, tok, eos)
+    vocab = target.config.vocab_size
+    stream = token_stream(data, tok, eos, vocab, target=target_dir)
     if regen is not None:
         from specpress.compress.regen import regenerated_stream
 
@@ -144,7 +159,7 @@ def resolve_drafter(recipe: Recipe, target_dir: Path, log: Callable[[str], None]
         stream = regenerated_stream(target, tok, stream, regen, cache_root() / "regenerated" / f"{name}.jsonl",
                                     source=data.to_json(), log=log)
     if data.zoo_split == "train":
-        held = token_stream(DataSource(zoo_split="val"), tok, eos)
+        held = token_stream(DataSource(zoo_split="val"), tok, eos, vocab, target=target_dir)
         train = stream
     else:
         train, held = split_stream(stream, cfg.seq_len)
@@ -190,8 +205,8 @@ class SweepContext:
     def stream(self, source: DataSource) -> np.ndarray:
         key = source.to_json()
         if key not in self._streams:
-            self._streams[key] = token_stream(source, self.tokenizer, self.eos_id, self.out / "cache",
-                                              self.tokenizer_tag)
+            self._streams[key] = token_stream(source, self.tokenizer, self.eos_id, self.target.config.vocab_size,
+                                              self.out / "cache", self.tokenizer_tag, self.target_dir)
         return self._streams[key]
 
     def stored_dtype(self) -> Any:

@@ -155,7 +155,9 @@ class Sweep:
 
     def run_all(self, jobs: int = 1, points: list[Point] | None = None) -> None:
         """The base first (in this process), then every other point with missing runs."""
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import Progress
+
+        from specpress.ticker import bar_columns
 
         pts = list(points or self.recipe.points)
         todo = [(p, self.missing(p, self.runs())) for p in pts]
@@ -165,8 +167,7 @@ class Sweep:
             self.log(f"resuming: {skipped} point(s) already measured, {len(todo)} to go")
         base = [(p, r) for p, r in todo if p.is_base]
         rest = [(p, r) for p, r in todo if not p.is_base]
-        cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*cols, console=self.console, transient=True) as progress:
+        with Progress(*bar_columns(), console=self.console, transient=True) as progress:
             overall = progress.add_task("sweep points", total=len(todo))
             for p, runs in base:
                 self.evaluate(p, runs, progress)
@@ -240,15 +241,16 @@ class Sweep:
 
     def find_smallest(self, loss: float) -> Any:
         """Search the grid for the smallest point keeping retention >= 1 - loss (search.py); writes search.json."""
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import Progress
+
+        from specpress.ticker import bar_columns
 
         from specpress.artifacts import write_json
         from specpress.sweep.report import fmt_bytes
         from specpress.sweep.search import Candidate, Trial, find_smallest
 
         run = self.runs(primary_only=True)
-        cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*cols, console=self.console, transient=True) as progress:
+        with Progress(*bar_columns(), console=self.console, transient=True) as progress:
             base = self.recipe.points[0]
             if self.missing(base, run):
                 self.evaluate(base, run, progress)
@@ -341,6 +343,15 @@ def sizing_bytes(ctx: Any, point: Point, drafter: Any) -> int:
             continue
         drafter = apply_step(ctx, drafter, step)
     return int(stored_bytes(drafter, ctx.stored_dtype()))
+
+
+def failure_summary(records: list[dict[str, Any]]) -> str:
+    """'' when every run succeeded, else 'N of M runs failed: point (policy): error; …'."""
+    bad = [r for r in records if r.get("status") != "ok"]
+    if not bad:
+        return ""
+    what = "; ".join(f"{r['point']} ({r.get('policy')}, T={r.get('temperature')}): {r.get('error')}" for r in bad[:5])
+    return f"{len(bad)} of {len(records)} runs failed: {what}{' …' if len(bad) > 5 else ''}"
 
 
 def parse_loss(text: str) -> float:

@@ -45,7 +45,7 @@ from specpress.sweep.grid import Point, expand_grid
 RECIPE_VERSION = 1
 TOP_KEYS = ("version", "name", "description", "target", "drafter", "grid", "policies", "prompts", "temperatures",
             "backends", "max_new_tokens", "seed", "dtype", "float_dtype", "calibration", "agreement_batches",
-            "agreement_data")
+            "agreement_data", "tolerate_failures")
 REQUIRED = ("target", "drafter", "grid", "prompts")
 DTYPES = ("fp32", "bf16", "fp16")
 ZOO_SPLITS = {"zoo-train": "train", "zoo-val": "val", "zoo:train": "train", "zoo:val": "val"}  # CLI spelling too
@@ -127,6 +127,7 @@ class Recipe:
     name: str = ""
     description: str = ""
     source: Path | None = None
+    tolerate_failures: bool = False  # a failed point still lets the sweep exit 0 (not in the hash: measures nothing)
 
     def point(self, pid: str) -> Point:
         for p in self.points:
@@ -163,6 +164,12 @@ def _found(v: Any) -> str:
 def _int(v: Any, where: str, lo: int) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < lo:
         raise ConfigError(f"{where} must be an integer >= {lo}, found {_found(v)}")
+    return v
+
+
+def _flag(v: Any, where: str) -> bool:
+    if not isinstance(v, bool):
+        raise ConfigError(f"{where} must be true or false, found {_found(v)}")
     return v
 
 
@@ -315,7 +322,8 @@ def parse_recipe(obj: Any, base_dir: Path, source: Path | None = None) -> Recipe
             agreement_batches=_int(d.get("agreement_batches", 4), "agreement_batches", 0),
             agreement_data=_data(d.get("agreement_data", "zoo-val"), "agreement_data", base_dir),
             skipped=skipped, name=str(d.get("name") or (source.stem if source else "")),
-            description=str(d.get("description") or ""), source=source)
+            description=str(d.get("description") or ""), source=source,
+            tolerate_failures=_flag(d.get("tolerate_failures", False), "tolerate_failures"))
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
 
@@ -331,15 +339,45 @@ def resolve_recipe_path(arg: str | Path) -> Path:
     raise ConfigError(f"recipe {str(arg)!r} is neither a file nor a bundled recipe (bundled: {', '.join(bundled)})")
 
 
+def _strict_loader() -> Any:
+    """yaml.SafeLoader that refuses a key given twice in one mapping (plain YAML keeps the last silently)."""
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        pass
+
+    def mapping(loader: Any, node: Any, deep: bool = False) -> Any:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=deep)
+            if not isinstance(key, (str, int, float, bool, type(None))):
+                continue  # construct_mapping says what is wrong with such a key
+            if key in seen:
+                raise ConfigError(f"line {key_node.start_mark.line + 1}: key {key!r} is given twice in the same "
+                                  f"mapping; keep one")
+            seen.add(key)
+        return loader.construct_mapping(node, deep=deep)
+
+    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return StrictLoader
+
+
 def load_recipe(arg: str | Path) -> Recipe:
     """Read and validate a recipe file (or a bundled recipe's name)."""
     import yaml
 
     path = resolve_recipe_path(arg)
     try:
-        obj = yaml.safe_load(path.read_text())
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+                          f"save the recipe as UTF-8") from None
+    try:
+        obj = yaml.load(text, Loader=_strict_loader())  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({exc})") from None
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     if obj is None:
         raise ConfigError(f"{path}: the file is empty; a recipe needs {', '.join(REQUIRED)}")
     return parse_recipe(obj, path.parent, path)

@@ -6,10 +6,9 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
-    TimeRemainingColumn
+from rich.progress import Progress
 
-from specpress.ticker import LogTicker
+from specpress.ticker import LogTicker, bar_columns
 
 OnStep = Callable[[int, float, float], None]
 
@@ -31,9 +30,8 @@ class Reporter:
         if not self.enabled:
             yield None
             return
-        columns = (TextColumn("{task.description}"), BarColumn(bar_width=20), MofNCompleteColumn(),
-                   TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("{task.fields[tps]:,.0f} tok/s"),
-                   TimeElapsedColumn(), TimeRemainingColumn())
+        columns = bar_columns("loss {task.fields[loss]:.3f}", "{task.fields[tps]:,.0f} tok/s", eta=True,
+                              bar_width=20)
         with Progress(*columns, console=self.console) as bar:
             task = bar.add_task(label, total=total, loss=float("nan"), tps=0.0)
             ema: list[float] = []  # [loss ema, tok/s ema]

@@ -40,7 +40,7 @@ PUBLIC_KEYS = {
 }
 PUBLIC_CONFIG = {
     "eagle": {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1, "bias": True},
-    "eagle3": {"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 24, "target_hidden_size": H},
+    "eagle3": {"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 24},
     "mtp": {"num_hidden_layers": L, "num_nextn_predict_layers": 1},
     "dflash": {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 4,
                "num_target_layers": L, "num_hidden_layers": 2,

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from drafters_common import V, tiny_target
 
 from specpress.cli import cli
-from specpress.errors import UsageError
+from specpress.errors import ConfigError, DataError, UsageError
 from specpress.models.drafter_io import save_drafter
 from specpress.models.lm import LMConfig, LMDrafter
 from specpress.models.target import save_target
@@ -37,6 +37,7 @@ RECIPE = {
         {"prune": {"ffn": 0.5}},
         {"prune": {"vocab": 10}},  # an lm drafter has no draft vocabulary to cut: this point fails
     ],
+    "tolerate_failures": True,  # ... on purpose: the sweep exits 0 and says the failure was tolerated
 }
 FIELDS = ("point", "steps", "provenance", "bytes", "bits_per_param", "tau", "ar", "histogram", "per_prompt_tau",
           "tokens_per_s", "speedup", "lossless_mismatches", "backend", "policy", "temperature", "agreement",
@@ -104,7 +105,60 @@ def test_a_failing_point_is_recorded_and_the_sweep_goes_on(done):
     _, _, out, output = done
     bad = by_point(out)["vocab10"]
     assert bad["status"] == "failed" and "eagle3" in bad["error"] and bad["traceback"]
-    assert "failed" in output
+    assert "1 of 5 runs failed: vocab10" in output and "tolerated: tolerate_failures: true" in output
+
+
+def test_failed_points_make_the_sweep_exit_non_zero(done, tmp_path):
+    from specpress.errors import SweepFailed
+
+    root, _, _, _ = done
+    strict = root / "strict.yaml"
+    strict.write_text(yaml.safe_dump({**RECIPE, "grid": RECIPE["grid"][3:], "tolerate_failures": False}))
+    res = sweep(strict, "--out", tmp_path / "s")
+    assert isinstance(res.exception, SweepFailed) and res.exit_code == 1
+    assert "1 of 2 runs failed: vocab10" in str(res.exception) and "--tolerate-failures" in str(res.exception)
+    res = sweep(strict, "--out", tmp_path / "s", "--resume", "--tolerate-failures")
+    assert res.exit_code == 0, (res.output, res.exception)
+    assert "tolerated: --tolerate-failures" in res.output
+
+
+def test_data_outside_the_vocabulary_is_refused_when_the_sweep_opens(done, tmp_path):
+    root, _, _, _ = done
+    (tmp_path / "big.jsonl").write_text(json.dumps({"input_ids": [1, 2, V + 5] * 60}) + "\n")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({**RECIPE, "target": str(root / "target"), "drafter": str(root / "drafter"),
+                                   "prompts": str(root / "prompts.jsonl"), "calibration": "big.jsonl",
+                                   "agreement_data": "big.jsonl",
+                                   "grid": RECIPE["grid"][:1]}))
+    res = sweep(bad, "--out", tmp_path / "o")
+    assert isinstance(res.exception, DataError), (res.output, res.exception)
+    assert f"token id {V + 5} is outside the target's vocabulary" in str(res.exception)
+    assert not (tmp_path / "o" / "results.jsonl").exists()  # refused before any point ran
+
+
+def test_recipe_files_that_are_not_utf8_or_repeat_a_key_are_refused(tmp_path):
+    f = tmp_path / "r.yaml"
+    f.write_bytes(b"target: \xff\xfe\n")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_recipe(f)
+    f.write_text("target: a\ndrafter: b\ntarget: c\n")
+    with pytest.raises(ConfigError, match="line 3: key 'target' is given twice"):
+        load_recipe(f)
+
+
+def test_a_second_sweep_into_the_same_out_fails_at_once(done, tmp_path):
+    from specpress.artifacts import hold_lock
+
+    _, recipe, _, _ = done
+    with hold_lock(tmp_path / "busy"):
+        code = ("import sys\nfrom specpress.cli import main\nmain(sys.argv[1:])")
+        import subprocess
+        import sys
+
+        proc = subprocess.run([sys.executable, "-c", code, "sweep", str(recipe), "--out", str(tmp_path / "busy")],
+                              capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "being written by another specpress process" in proc.stderr
+    assert f"pid {__import__('os').getpid()}" in proc.stderr
 
 
 def test_pareto_flags_tables_and_plots(done):
@@ -220,3 +274,15 @@ def test_jobs_run_points_in_parallel_processes(done, tmp_path):
     for pid in ("int8", "int4-g8"):  # the same numbers as the serial sweep: greedy decoding is deterministic
         assert recs[pid]["per_prompt_tau"] == by_point(serial)[pid]["per_prompt_tau"]
         assert recs[pid]["bench_config"]["threads"] == max(1, cores() // 2) and recs[pid]["paired"] is not None
+
+
+def test_a_recipe_distill_window_past_the_context_is_refused_before_training(tmp_path, monkeypatch):
+    from specpress.sweep.context import resolve_drafter
+
+    write_setup(tmp_path)
+    monkeypatch.setenv("SPECPRESS_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump({**RECIPE, "drafter": {"distill": {
+        "family": "lm", "steps": 2, "batch": 2, "seq_len": 4096, "layers": 1, "data": "ids.jsonl"}}}))
+    with pytest.raises(UsageError, match="drafter: distill: seq_len 4096 is longer than the target's context"):
+        resolve_drafter(load_recipe(tmp_path / "r.yaml"), tmp_path / "target", log=lambda m: None)
+    assert not (tmp_path / "cache" / "drafters").exists()

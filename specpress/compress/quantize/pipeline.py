@@ -45,7 +45,8 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
     They are rounded to it before the after-agreement is measured, so the cost reported is the stored one;
     with `dequantize_out` the dequantised weights are rounded and measured the same way.
     """
-    from specpress.compress.data import WindowSampler, encode_stream, read_texts
+    from specpress.artifacts import check_new
+    from specpress.compress.data import WindowSampler, data_stream
     from specpress.models.drafter_io import load_drafter, save_drafter
     from specpress.models.inspect import inspect_artifact
 
@@ -57,8 +58,7 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
     if config.needs_calibration and target_dir is None:
         raise UsageError(f"--method {config.method} calibrates on the activations entering each Linear: pass "
                          f"--target DIR and --data PATH")
-    if out.exists() and not force:
-        raise UsageError(f"{out} already exists; choose another --out or pass --force to replace it")
+    check_new(out, force)
     source = inspect_artifact(drafter_dir)
     stored = resolve_float_dtype(float_dtype, DTYPES.get(str(source["dtype"]), torch.float32))
     target = sampler = None
@@ -69,10 +69,8 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
         from specpress.models.tokenizer import load_tokenizer
 
         target = load_target(target_dir)
-        eos = target.config.eos_ids
-        if not eos:
-            raise UsageError(f"{target_dir}/config.json has no eos_token_id, needed to join documents; add one")
-        stream = encode_stream(read_texts(data_path), load_tokenizer(target_dir), eos[0])  # type: ignore[arg-type]
+        stream = data_stream(data_path, load_tokenizer(target_dir), target.config.eos_ids,  # type: ignore[arg-type]
+                             target.config.vocab_size, target_dir)
         if len(stream) < seq_len + 1:
             raise DataError(f"{data_path} holds {len(stream)} tokens, fewer than one window of {seq_len + 1}; give "
                             f"more data or a smaller --seq-len")

@@ -1,0 +1,144 @@
+"""What this machine can take, and how busy it was.
+
+Memory: `check_seq_len` refuses a window longer than the target's context, or a step that cannot fit in
+memory, before the work starts rather than leaving it to the kernel's OOM killer. The memory figure is a
+rough lower bound (logits, attention scores and activations of one step), so a refusal is certain to be
+right while a pass promises nothing.
+
+Load: how busy the machine was while a run was timed: other processes' share of the CPUs the run may use.
+
+Timings taken while another job competes for the same cores are not to be trusted (a τ = 1.00 drafter
+once measured 1.96x). `LoadMeter` reads /proc/stat for the run's CPUs (sched_getaffinity) and
+/proc/self/stat for the run's own CPU time, and reports the difference: what *others* used, not the
+run's own threads. Where /proc is missing (macOS) it reports nothing rather than a guess.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specpress.errors import UsageError
+
+COMPETING_SHARE = 0.2  # others busy on >= 20 % of the run's cores on average: say so
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    wall: float  # seconds (monotonic)
+    busy: float  # CPU-seconds the run's CPUs spent busy, all processes together
+    own: float  # CPU-seconds this process (all its threads) used; reaped children are others
+
+
+def _ticks() -> int:
+    return os.sysconf("SC_CLK_TCK")
+
+
+def run_cpus() -> list[int]:
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
+
+def snapshot(cpus: list[int]) -> Snapshot | None:
+    """Busy and own CPU time now (None where /proc cannot be read)."""
+    try:
+        stat = Path("/proc/stat").read_text().splitlines()
+        own_fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    wanted = {f"cpu{i}" for i in cpus}
+    busy = 0
+    for line in stat:
+        parts = line.split()
+        if parts and parts[0] in wanted:
+            vals = [int(v) for v in parts[1:9]]  # user nice system idle iowait irq softirq steal
+            busy += sum(vals) - vals[3] - vals[4]
+    own = int(own_fields[11]) + int(own_fields[12])  # utime + stime (fields 14, 15): every thread of ours
+    return Snapshot(time.monotonic(), busy / _ticks(), own / _ticks())
+
+
+def other_share(before: Snapshot, after: Snapshot, ncpus: int) -> float:
+    """Mean share (0..1) of the run's `ncpus` CPUs that other processes kept busy between two snapshots."""
+    wall = after.wall - before.wall
+    if wall <= 0:
+        return 0.0
+    others = (after.busy - before.busy) - (after.own - before.own)
+    return min(1.0, max(0.0, others / (wall * ncpus)))
+
+
+class LoadMeter:
+    """Start before the timed work, `stop()` after: the machine's load to record beside the timings."""
+
+    def __init__(self) -> None:
+        self.cpus = run_cpus()
+        self.start = snapshot(self.cpus)
+
+    def stop(self) -> dict[str, Any] | None:
+        end = snapshot(self.cpus)
+        if self.start is None or end is None:
+            return None
+        share = other_share(self.start, end, len(self.cpus))
+        return {"cpus": len(self.cpus), "other_cpu_share": round(share, 3),
+                "own_cpu_s": round(end.own - self.start.own, 2), "wall_s": round(end.wall - self.start.wall, 2),
+                "loadavg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
+
+
+def load_warning(machine: dict[str, Any] | None) -> str | None:
+    """The warning to print when other processes competed for the run's cores (None when they did not)."""
+    if not machine or machine["other_cpu_share"] < COMPETING_SHARE:
+        return None
+    return (f"warning: other processes kept {100 * machine['other_cpu_share']:.0f}% of the {machine['cpus']} CPU(s) "
+            f"this run uses busy (load average {machine['loadavg_1m']}); tokens/s and speedup are not to be "
+            f"trusted: rerun on a quiet machine")
+
+
+# ---------------------------------------------------------------------------------------------- memory
+
+
+def available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (None where there is no such file)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def step_bytes(cfg: Any, batch: int, seq_len: int, training: bool) -> int:
+    """A lower bound on the memory one [batch, seq_len] step of `cfg` (a TargetConfig) holds at its peak."""
+    b, t, f = batch, seq_len, 4  # fp32 bytes
+    logits = b * t * cfg.vocab_size * f * (4 if training else 2)  # target + drafter logits, softmax, grads
+    scores = b * cfg.num_attention_heads * t * t * f * 2  # one layer's attention weights (+ its softmax)
+    acts = b * t * cfg.hidden_size * f * (cfg.num_hidden_layers + 2) * (4 if training else 1)
+    return logits + scores + acts
+
+
+def _fmt(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def check_seq_len(target_dir: Path | str, seq_len: int, batch: int, *, training: bool = True,
+                  what: str | None = None) -> None:
+    """A window of `seq_len` tokens (`what` names the flags that set it) within the target's context, and one
+    [batch, seq_len] step's estimated memory within what is free."""
+    from specpress.models.io import read_config
+    from specpress.models.target import TargetConfig
+
+    what = what or f"--seq-len {seq_len}"
+    cfg = TargetConfig.from_hf(read_config(target_dir), source=str(Path(target_dir) / "config.json"))
+    if seq_len > cfg.max_context:
+        raise UsageError(f"{what} is longer than the target's context ({cfg.max_context} positions, "
+                         f"{target_dir}/config.json): positions past it are ones the target never computes; "
+                         f"use at most {cfg.max_context}")
+    need, free = step_bytes(cfg, batch, seq_len, training), available_bytes()
+    if free is not None and need > free:
+        raise UsageError(f"one step of --batch {batch} x {what} needs at least {_fmt(need)} of memory on this "
+                         f"target; {_fmt(free)} is available: use a smaller window or --batch")
