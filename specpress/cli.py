@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "bench": ("specpress.commands.decode", "bench", "Decode a prompt file and write the metrics JSON."),
     "quantize": ("specpress.commands.quantize", "quantize",
                  "Quantize a drafter's weights (int8/int4, nf4/fp4, fp8): bytes and acc@k before/after."),
+    "export": ("specpress.commands.export", "export", "Export a drafter to ONNX graphs, validated against torch."),
     "sweep": ("specpress.commands.sweep", "sweep",
               "Run a recipe: a grid of compressed drafters, each benched against the base (table, plots, Pareto)."),
 }

@@ -41,11 +41,17 @@ def check_compile(compile_drafter: bool, drafter_dir: Path | None, backend: str 
                                "graph: drop --compile or use --backend torch")
 
 
-def load_drafter_runner(backend: str, drafter_dir: Path, target, *, strict: bool, warn, compile_drafter: bool):
-    """The --drafter directory as the --backend registry entry runs it, on the target's device."""
-    from specpress.runtime.backends import load_runner
+def load_drafter_runner(backend: str, drafter_dir: Path, target, *, strict: bool, warn, compile_drafter: bool,
+                        target_dir: Path | None = None):
+    """The --drafter directory as the --backend registry entry runs it, on the target's device. A drafter
+    artifact given to a backend that reads ONNX is exported first (once, cached; specpress.export.ondemand)."""
+    from specpress.runtime.backends import is_drafter_artifact, load_runner
     from specpress.runtime.backends.torch import TorchTarget
 
+    if BACKENDS[backend].reads == "onnx" and target_dir is not None and is_drafter_artifact(Path(drafter_dir)):
+        from specpress.export.ondemand import exported_dir_for
+
+        drafter_dir, _ = exported_dir_for(drafter_dir, target_dir, progress=warn)
     opts = {"compile": True} if compile_drafter else {}
     return load_runner(backend, drafter_dir, target, TorchTarget(target).device, strict=strict, warn=warn, **opts)
 
@@ -56,6 +62,10 @@ def drafter_bytes(backend: str, drafter_dir: Path) -> int:
         from specpress.models.inspect import inspect_artifact
 
         return int(inspect_artifact(drafter_dir)["bytes"])
+    if BACKENDS[backend].reads == "onnx" and (Path(drafter_dir) / "manifest.json").is_file():
+        from specpress.manifest import load_manifest
+
+        return load_manifest(drafter_dir).drafter_bytes  # the graphs; the target's shared tensors excluded
     return sum(p.stat().st_size for p in Path(drafter_dir).expanduser().rglob("*") if p.is_file())
 
 
@@ -109,7 +119,8 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
                    err=True)
         return
     drafter = load_drafter_runner(backend, drafter_dir, target, strict=strict,
-                                  warn=lambda m: click.echo(m, err=True), compile_drafter=compile_drafter)
+                                  warn=lambda m: click.echo(m, err=True), compile_drafter=compile_drafter,
+                                  target_dir=target_dir)
     pol = parse_policy(policy or default_policy(drafter.family))
     with compile_errors(compile_drafter):
         s = speculative_generate(target, drafter, ids, max_new_tokens, pol,
@@ -187,9 +198,10 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
     drafter = pol = None
     if drafter_dir is not None:
         drafter = load_drafter_runner(backend, drafter_dir, target, strict=strict, warn=lambda m: console.print(m),
-                                      compile_drafter=compile_drafter)
+                                      compile_drafter=compile_drafter, target_dir=target_dir)
         pol = parse_policy(policy or default_policy(drafter.family))
         config["policy"] = str(pol)
+        config["provider"] = drafter.provider  # what actually executed the drafter
         n_bytes = drafter_bytes(backend, drafter_dir)
     meter = LoadMeter()  # other processes' share of our cores while timing (a warning when they compete)
     with Progress(*bar_columns(), console=console, transient=True) as progress, compile_errors(compile_drafter):

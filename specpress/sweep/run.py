@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from specpress.artifacts import write_json
-from specpress.runtime.backends import load_runner
+from specpress.runtime.backends import BACKENDS, load_runner
 from specpress.runtime.backends.torch import TorchDrafterRunner, TorchTarget
 from specpress.runtime.bench import bench_speculative, load_drafter_for
 from specpress.sweep.context import SweepContext, file_digest, open_context
@@ -150,7 +150,12 @@ def measure_point(ctx: SweepContext, point: Point, runs: list[RunSpec], *, log: 
         rec = {**_base_record(point, run, ctx), **shared}
         try:
             if backend not in runners:
-                runners[backend] = load_runner(backend, art, ctx.target, TorchTarget(ctx.target).device)
+                path = art
+                if BACKENDS[backend].reads == "onnx":  # exported once, cached (specpress.export.ondemand)
+                    from specpress.export.ondemand import exported_dir_for
+
+                    path = exported_dir_for(art, ctx.target_dir)[0]
+                runners[backend] = load_runner(backend, path, ctx.target, TorchTarget(ctx.target).device)
             res = bench_speculative(
                 ctx.target, runners[backend], ctx.prompts, ctx.recipe.max_new_tokens, parse_policy(policy),
                 temperature=temperature, seed=ctx.recipe.seed, drafter_bytes=int(info["bytes"]),

@@ -39,6 +39,7 @@ class Backend:
 BACKENDS: dict[str, Backend] = {
     "torch": Backend("torch", "specpress.runtime.backends.torch", "drafter",
                      "torch is a core dependency of specpress: reinstall it with `pip install specpress`"),
+    "onnxruntime": Backend("onnxruntime", "specpress.runtime.backends.onnxruntime", "onnx", "pip install 'specpress[ort]'"),
 }
 
 READS = {"drafter": "a drafter artifact directory", "onnx": "an `specpress export onnx` output directory",

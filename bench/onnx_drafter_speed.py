@@ -1,0 +1,133 @@
+"""Drafting ms per round: the torch drafter vs its onnxruntime export, interleaved, medians and ratio.
+
+A round is what a FeatureSession asks of an EAGLE-3 drafter under dynamic:depth=D,topk=K: one step
+over the A accepted tokens (target taps fused), then D tree levels of K nodes each, fed back with the
+drafter's own hidden, under the tree mask; then the draft slots are cropped. Random weights at a given
+size (no zoo needed; speed depends on shapes only). Both backends run the same calls, alternating.
+
+    python bench/onnx_drafter_speed.py [--hidden 512] [--vocab 8192] [--rounds 60] [--threads 1]
+                                       [--schemes fp32,int8,int4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+
+def build(hidden: int, vocab: int, draft_vocab: int, layers: int):
+    from drafters_common import randomize
+
+    from specpress.models.drafter import build_drafter
+    from specpress.models.eagle3 import Eagle3Config
+    from specpress.models.target import TargetConfig, TargetModel
+
+    shape = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 11 // 4 // 16 * 16,
+                 num_attention_heads=hidden // 64, num_key_value_heads=max(1, hidden // 256),
+                 max_position_embeddings=2048)
+    torch.manual_seed(0)
+    target = randomize(TargetModel(TargetConfig(**shape, num_hidden_layers=layers)), 0)
+    d = build_drafter(Eagle3Config(**shape, draft_vocab_size=draft_vocab))
+    d = randomize(d, 1).attach_target(target)
+    d.set_draft_vocab(torch.arange(draft_vocab))
+    return target, d
+
+
+def quantized(d, scheme: str):
+    from specpress.compress.quantize.api import quantize
+    from specpress.models.quantized.configs import config_for
+
+    return d if scheme == "fp32" else quantize(__import__("copy").deepcopy(d), config_for(scheme))
+
+
+def round_calls(step, make_cache, feats, hidden, gen, depth: int, topk: int, context: int, accepted: int):
+    """One drafting round through `step(feats, ids, cache, positions, mask)`; returns its wall ms."""
+    cache = make_cache()
+    ids = torch.randint(0, 100, (1, context), generator=gen)
+    step(feats[:, :context], ids, cache, None, None)  # committed context (not timed)
+    t0 = time.perf_counter()
+    base = cache.length
+    g_last = None
+    _, g = step(feats[:, :accepted], ids[:, :accepted], cache, torch.arange(base, base + accepted), None)
+    g_last = g[:, -1:]
+    ctx = cache.length
+    parents: list[list[int]] = []
+    for level in range(depth):
+        k = topk
+        mask = torch.zeros(k, cache.length + k, dtype=torch.bool)
+        mask[:, :ctx] = True
+        for row in range(k):
+            mask[row, cache.length + row] = True
+            slot = row
+            for lv in range(level - 1, -1, -1):  # ancestors: a random chain back to the root
+                slot = parents[lv][slot] if lv < len(parents) else 0
+                mask[row, ctx + lv * k + slot] = True
+        parents.append(torch.randint(0, k, (k,), generator=gen).tolist())
+        _, g = step(g_last.expand(1, k, -1), torch.randint(0, 100, (1, k), generator=gen), cache,
+                    torch.full((k,), ctx + level), mask)
+        g_last = g[:, :1]
+    return (time.perf_counter() - t0) * 1000
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--draft-vocab", type=int, default=2048)
+    ap.add_argument("--target-layers", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=60)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--depth", type=int, default=6)
+    ap.add_argument("--topk", type=int, default=8)
+    ap.add_argument("--schemes", default="fp32,int8,int4")
+    ap.add_argument("--attention", default="standard")
+    ap.add_argument("--accuracy-level", type=int, default=0)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    from specpress.export.onnx import ExportOptions, export_onnx
+    from specpress.runtime.backends.onnxruntime import load_runner
+
+    target, base = build(a.hidden, a.vocab, a.draft_vocab, a.target_layers)
+    ctxlen, accepted = 96, 3
+    with torch.no_grad():
+        ids = torch.randint(0, a.vocab, (1, ctxlen + accepted))
+        out = target(ids, taps=base.taps)
+    print(f"eagle3 drafter hidden {a.hidden}, vocab {a.vocab} (draft {a.draft_vocab}); round = {accepted} accepted "
+          f"+ dynamic depth {a.depth} x topk {a.topk}; context {ctxlen}; {a.threads} thread(s); {a.rounds} rounds; "
+          f"attention {a.attention}, MatMulNBits accuracy_level {a.accuracy_level}")
+    print(f"{'scheme':<7} {'torch ms':>9} {'ort ms':>8} {'ort/torch':>9}  export bytes")
+    for scheme in a.schemes.split(","):
+        d = quantized(base, scheme)
+        tmp = Path(tempfile.mkdtemp()) / scheme
+        rep = export_onnx(d, tmp, ExportOptions(attention=a.attention, accuracy_level=a.accuracy_level))
+        runner = load_runner(tmp, target, "cpu", threads=a.threads)
+        feats_t, feats_o = d.fuse_taps(out.taps), runner.fuse_taps(out.taps)
+
+        def torch_step(f, i, cache, positions, mask):
+            with torch.no_grad():
+                return d(f, i, cache=cache, positions=positions, mask=mask)
+
+        times: dict[str, list[float]] = {"torch": [], "ort": []}
+        for r in range(a.rounds + 3):
+            order = [("torch", torch_step, feats_t, lambda: d.new_cache(256)),
+                     ("ort", runner.feature_step, feats_o, lambda: runner.new_cache(256))]
+            for name, step, feats, mk in (order if r % 2 else order[::-1]):
+                ms = round_calls(step, mk, feats, None, torch.Generator().manual_seed(r), a.depth, a.topk,
+                                 ctxlen, accepted)
+                if r >= 3:  # warm-up rounds dropped
+                    times[name].append(ms)
+        mt, mo = statistics.median(times["torch"]), statistics.median(times["ort"])
+        print(f"{scheme:<7} {mt:>9.2f} {mo:>8.2f} {mo / mt:>9.2f}  {sum(rep.graphs.values()):,} "
+              f"(+ shared {rep.shared_bytes:,})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""`specpress export`: deployable forms of a drafter. `export onnx` is a thin layer over specpress.export."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from specpress.commands import export_hf, export_trt
+
+
+@click.group()
+def export() -> None:
+    """Export a drafter for another runtime: ONNX graphs (onnxruntime, TensorRT) or serving formats (hf)."""
+
+
+@export.command("onnx")
+@click.option("--drafter", "drafter_dir", required=True, type=click.Path(path_type=Path),
+              help="Drafter artifact directory (float or quantized).")
+@click.option("--target", "target_dir", required=True, type=click.Path(path_type=Path),
+              help="Its target model dir: the shared embeddings/head are exported from it, beside the graphs.")
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Directory to write.")
+@click.option("--attention", type=click.Choice(["standard", "plugin"]), default="standard", show_default=True,
+              help="standard: ONNX Attention (opset 23); plugin: a specpress::TreeAttention node (TensorRT) "
+                   "with a standard-op fallback function inside the file.")
+@click.option("--opset", type=click.IntRange(min=1), help="ONNX opset  [default: 23]")
+@click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32", show_default=True,
+              help="Float type of the graphs (bf16 is refused: onnxruntime's CPU kernels lack it).")
+@click.option("--quant-format", type=click.Choice(["matmulnbits", "qdq"]), default="matmulnbits",
+              show_default=True, help="Quantized Linears: onnxruntime's MatMulNBits, or DequantizeLinear + MatMul.")
+@click.option("--accuracy-level", type=click.IntRange(0, 4), default=0, show_default=True,
+              help="MatMulNBits activations: 0 = fp32 (drafts what torch drafts), 4 = int8 (faster CPU kernels).")
+@click.option("--force", is_flag=True, help="Replace an existing --out.")
+def onnx(drafter_dir: Path, target_dir: Path, out: Path, attention: str, opset: int | None, dtype: str,
+         quant_format: str, accuracy_level: int, force: bool) -> None:
+    """Export a drafter to ONNX graphs + manifest.json, validated against torch.
+
+    One graph per computation the runtime calls (the drafting step with past K/V in and present K/V
+    out, the tap fusion, DFlash's block pass, each MTP module, the lm forward). Every graph is run in
+    onnxruntime against the torch drafter on random inputs; over tolerance nothing is written.
+
+    \b
+    Example:
+      specpress export onnx --drafter drafters/eagle3 --target ~/.cache/specpress/zoo/small --out onnx/eagle3
+      specpress run --backend onnxruntime --drafter onnx/eagle3 --target ~/.cache/specpress/zoo/small ...
+    """
+    from specpress.export.onnx import ExportOptions, export_from_dirs
+
+    options = ExportOptions(attention=attention, opset=opset, dtype=dtype, quant_format=quant_format,
+                            accuracy_level=accuracy_level, force=force)
+    rep = export_from_dirs(drafter_dir, target_dir, out, options, progress=lambda s: click.echo(f"  {s}", err=True))
+    own = sum(rep.graphs.values())
+    click.echo(f"exported {len(rep.graphs)} graph(s) -> {rep.out}  ({rep.seconds:.1f} s, attention {attention}, "
+               f"{dtype})")
+    for name, size in rep.graphs.items():
+        worst = max(rep.errors[name].items(), key=lambda kv: kv[1]["max_rel"])
+        click.echo(f"  {name:<10} {size:>12,} B   max_rel {worst[1]['max_rel']:.2e}  max_abs "
+                   f"{max(e['max_abs'] for e in rep.errors[name].values()):.2e}  (worst: {worst[0]})")
+    click.echo(f"  drafter graphs {own:,} B; shared target embeddings/head {rep.shared_bytes:,} B (counted apart); "
+               f"tolerance max_rel {rep.tolerance:g}")
+    if rep.quantization:
+        q = rep.quantization
+        click.echo(f"  quantized Linears ({', '.join(q['schemes'])}) as {q['format']}: {len(q['linears'])}")
+        for note in q["linears"]:
+            if "fallback" in note or "refused" in note:
+                click.echo(f"    {note}")
+
+
+export_hf.register(export)
+export_trt.register(export)

@@ -1,0 +1,208 @@
+"""One ONNX graph per computation a DrafterRunner call needs, per family, built from the module's weights.
+
+Graph I/O (B = 1; dims: tokens T, past P, total = P + T (+ C for dflash), context C, block Bk, words W):
+
+- every attention graph: positions int64 [1, T] (dflash: [1, C+Bk]); the mask as the attention form
+  reads it (standard: mask bool [T, total]; plugin: committed int32 [1] + tree_mask int32 [T, W]);
+  past_key.{i} / past_value.{i} [1, Hkv, P, D] in, present_key.{i} / present_value.{i} [1, Hkv, total, D] out.
+- eagle  `step`: hidden [1,T,H], ids [1,T] -> logits [1,T,V], hidden_out [1,T,H]
+- eagle3 `fuse`: taps [1,T,n*Ht] -> features [1,T,H] (fc); `step`: hidden [1,T,H] (fc output or fed-back
+  g), ids -> logits [1,T,Vd], hidden_out [1,T,H]
+- mtp    `step.{k}` per module k (its cache layer k as past_key.0): hidden, ids -> logits, hidden_out
+- dflash `fuse`: taps [1,C,n*H] -> features [1,C,H] (hidden_norm(fc)); `block`: features [1,C,H],
+  block_ids [1,Bk] -> logits [1,Bk,V]; `markov` (with a Markov head): prev_ids [N] -> bias [N,V]
+- lm     `lm`: ids [1,T] -> logits [1,T,V]
+The target's embeddings and head (eagle, eagle3's embeddings, mtp, dflash) are shared initializers.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from onnx import TensorProto
+from torch import nn
+
+from specpress.errors import UsageError
+from specpress.export.blocks import Ctx, decoder_layer, linear, mlp, np_of, rms_norm, rotary, self_attention
+from specpress.export.graph import NP_TYPES
+
+INT64, INT32, BOOL = TensorProto.INT64, TensorProto.INT32, TensorProto.BOOL
+NewCtx = Callable[[str], Ctx]
+
+
+def attention_io(c: Ctx, n_layers: int, kv_heads: int, head_dim: int, queries: str = "tokens") -> list[tuple[str, str]]:
+    """Declare the mask inputs of the form and the past K/V inputs; return [(past_k, past_v)] per layer."""
+    g = c.g
+    if c.attention == "standard":
+        c.mask["mask"] = g.input("mask", BOOL, [queries, "total"])
+    else:
+        c.mask["committed"] = g.input("committed", INT32, [1])
+        c.mask["tree_mask"] = g.input("tree_mask", INT32, [queries, "words"])
+    return [(g.input(f"past_key.{i}", g.ft, [1, kv_heads, "past", head_dim]),
+             g.input(f"past_value.{i}", g.ft, [1, kv_heads, "past", head_dim])) for i in range(n_layers)]
+
+
+def present_io(c: Ctx, presents: list[tuple[str, str]], kv_heads: int, head_dim: int) -> None:
+    for i, (pk, pv) in enumerate(presents):
+        c.g.output(f"present_key.{i}", pk, c.g.ft, [1, kv_heads, "total", head_dim])
+        c.g.output(f"present_value.{i}", pv, c.g.ft, [1, kv_heads, "total", head_dim])
+
+
+def shared_embed(c: Ctx, d: nn.Module) -> str:
+    return c.g.shared_init(np_of(d.shared.embed_tokens.weight, NP_TYPES[c.g.ft]), "embed_tokens")
+
+
+def shared_head(c: Ctx, x: str, d: nn.Module) -> str:
+    """x [1, T, H] -> logits [1, T, V] through the target's lm_head (stored transposed)."""
+    w = c.g.shared_init(np_of(d.shared.lm_head.weight.t(), NP_TYPES[c.g.ft]), "lm_head_t")
+    return c.g.op("MatMul", x, w)
+
+
+def _feature_inputs(c: Ctx, width: int) -> tuple[str, str, str]:
+    g = c.g
+    return (g.input("hidden", g.ft, [1, "tokens", width]), g.input("ids", INT64, [1, "tokens"]),
+            g.input("positions", INT64, [1, "tokens"]))
+
+
+def _feature_outputs(c: Ctx, logits: str, vocab: int, hidden: str, width: int) -> None:
+    c.g.output("logits", logits, c.g.ft, [1, "tokens", vocab])
+    c.g.output("hidden_out", hidden, c.g.ft, [1, "tokens", width])
+
+
+def eagle_graphs(d: nn.Module, new: NewCtx) -> dict[str, Ctx]:
+    cfg = d.config
+    c = new("step")
+    hidden, ids, pos = _feature_inputs(c, cfg.hidden_size)
+    pasts = attention_io(c, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim)
+    x = linear(c, c.g.op("Concat", c.g.op("Gather", shared_embed(c, d), ids), hidden, axis=-1), d.fc, "fc")
+    cos, sin = rotary(c, pos, d.rotary)
+    presents = []
+    for i, layer in enumerate(d.layers):
+        x, pk, pv = decoder_layer(c, x, layer, cos, sin, pasts[i], f"layers.{i}")
+        presents.append((pk, pv))
+    _feature_outputs(c, shared_head(c, x, d), cfg.vocab_size, x, cfg.hidden_size)
+    present_io(c, presents, cfg.num_key_value_heads, cfg.head_dim)
+    return {"step": c}
+
+
+def eagle3_graphs(d: nn.Module, new: NewCtx) -> dict[str, Ctx]:
+    cfg = d.config
+    fuse = new("fuse")
+    taps = fuse.g.input("taps", fuse.g.ft, [1, "tokens", cfg.num_taps * cfg.target_hidden_size])
+    fuse.g.output("features", linear(fuse, taps, d.fc, "fc"), fuse.g.ft, [1, "tokens", cfg.hidden_size])
+    c = new("step")
+    g = c.g
+    hidden, ids, pos = _feature_inputs(c, cfg.hidden_size)
+    pasts = attention_io(c, 1, cfg.num_key_value_heads, cfg.head_dim)
+    m = d.midlayer
+    emb = g.op("Gather", shared_embed(c, d), ids)
+    x = g.op("Concat", rms_norm(c, emb, m.input_layernorm, "midlayer.input_layernorm"),
+             rms_norm(c, hidden, m.hidden_norm, "midlayer.hidden_norm"), axis=-1)
+    cos, sin = rotary(c, pos, d.rotary)
+    a, pk, pv = self_attention(c, x, m.self_attn, cos, sin, pasts[0], "midlayer.self_attn")
+    x = g.op("Add", hidden, a)
+    x = g.op("Add", x, mlp(c, rms_norm(c, x, m.post_attention_layernorm, "midlayer.post_attention_layernorm"),
+                           m.mlp, "midlayer.mlp"))
+    logits = linear(c, rms_norm(c, x, d.norm, "norm"), d.lm_head, "lm_head")
+    _feature_outputs(c, logits, cfg.draft_vocab_size, x, cfg.hidden_size)
+    present_io(c, [(pk, pv)], cfg.num_key_value_heads, cfg.head_dim)
+    return {"fuse": fuse, "step": c}
+
+
+def mtp_graphs(d: nn.Module, new: NewCtx) -> dict[str, Ctx]:
+    cfg = d.config
+    out = {}
+    for k in range(cfg.num_nextn_predict_layers):
+        c = new(f"step.{k}")
+        g = c.g
+        layer = d.module(k)
+        hidden, ids, pos = _feature_inputs(c, cfg.hidden_size)
+        pasts = attention_io(c, 1, cfg.num_key_value_heads, cfg.head_dim)
+        emb = g.op("Gather", shared_embed(c, d), ids)
+        emb = g.op("Where", g.op("Unsqueeze", g.op("Equal", pos, g.const(0)), g.const([-1])), g.fconst(0.0), emb)
+        x = linear(c, g.op("Concat", rms_norm(c, emb, layer.enorm, "enorm"), rms_norm(c, hidden, layer.hnorm, "hnorm"),
+                           axis=-1), layer.eh_proj, "eh_proj")
+        cos, sin = rotary(c, pos, d.rotary)
+        h, pk, pv = decoder_layer(c, x, layer, cos, sin, pasts[0], "block")
+        logits = shared_head(c, rms_norm(c, h, layer.shared_head.norm, "shared_head.norm"), d)
+        _feature_outputs(c, logits, cfg.vocab_size, h, cfg.hidden_size)
+        present_io(c, [(pk, pv)], cfg.num_key_value_heads, cfg.head_dim)
+        out[f"step.{k}"] = c
+    return out
+
+
+def dflash_graphs(d: nn.Module, new: NewCtx) -> dict[str, Ctx]:
+    cfg = d.config
+    h = cfg.hidden_size
+    fuse = new("fuse")
+    taps = fuse.g.input("taps", fuse.g.ft, [1, "context", len(d.taps) * h])
+    fuse.g.output("features", rms_norm(fuse, linear(fuse, taps, d.fc, "fc"), d.hidden_norm, "hidden_norm"),
+                  fuse.g.ft, [1, "context", h])
+    c = new("block")
+    g = c.g
+    ctx = g.input("features", g.ft, [1, "context", h])
+    ids = g.input("block_ids", INT64, [1, "block"])
+    pos = g.input("positions", INT64, [1, "context_block"])
+    pasts = attention_io(c, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, queries="block")
+    x = g.op("Gather", shared_embed(c, d), ids)
+    cos, sin = rotary(c, pos, d.rotary)
+    n_ctx = g.op("Shape", ctx, start=1, end=2)
+    big = g.const([1 << 40])
+    q_cos = tuple(g.op("Slice", t, n_ctx, big, g.const([2])) for t in (cos, sin))
+    presents = []
+    for i, layer in enumerate(d.layers):
+        hn = rms_norm(c, x, layer.input_layernorm, f"layers.{i}.input_layernorm")
+        a, pk, pv = self_attention(c, hn, layer.self_attn, cos, sin, pasts[i], f"layers.{i}.self_attn",
+                                   kv_in=g.op("Concat", ctx, hn, axis=1), q_cos=q_cos)  # type: ignore[arg-type]
+        x = g.op("Add", x, a)
+        x = g.op("Add", x, mlp(c, rms_norm(c, x, layer.post_attention_layernorm,
+                                           f"layers.{i}.post_attention_layernorm"), layer.mlp, f"layers.{i}.mlp"))
+        presents.append((pk, pv))
+    g.output("logits", shared_head(c, rms_norm(c, x, d.norm, "norm"), d), g.ft, [1, "block", cfg.vocab_size])
+    present_io(c, presents, cfg.num_key_value_heads, cfg.head_dim)
+    out = {"fuse": fuse, "block": c}
+    if d.markov_head is not None:
+        mk = new("markov")
+        prev = mk.g.input("prev_ids", INT64, ["n"])
+        emb = mk.g.op("Gather", mk.weight(d.markov_head.markov_w1.weight, "markov_w1"), prev)
+        mk.g.output("bias", linear(mk, emb, d.markov_head.markov_w2, "markov_w2"), mk.g.ft, ["n", cfg.vocab_size])
+        out["markov"] = mk
+    return out
+
+
+def lm_graphs(d: nn.Module, new: NewCtx) -> dict[str, Ctx]:
+    cfg = d.config
+    c = new("lm")
+    g = c.g
+    ids = g.input("ids", INT64, [1, "tokens"])
+    pos = g.input("positions", INT64, [1, "tokens"])
+    pasts = attention_io(c, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim)
+    embed = c.weight(d.model.embed_tokens.weight, "embed_tokens")
+    x = g.op("Gather", embed, ids)
+    cos, sin = rotary(c, pos, d.rotary)
+    presents = []
+    for i, layer in enumerate(d.model.layers):
+        x, pk, pv = decoder_layer(c, x, layer, cos, sin, pasts[i], f"model.layers.{i}")
+        presents.append((pk, pv))
+    x = rms_norm(c, x, d.model.norm, "model.norm")
+    if cfg.tie_word_embeddings:
+        logits = g.op("MatMul", x, g.op("Transpose", embed, perm=[1, 0]))
+    else:
+        logits = linear(c, x, d.lm_head, "lm_head")
+    g.output("logits", logits, g.ft, [1, "tokens", cfg.vocab_size])
+    present_io(c, presents, cfg.num_key_value_heads, cfg.head_dim)
+    return {"lm": c}
+
+
+BUILDERS: dict[str, Callable[[nn.Module, NewCtx], dict[str, Ctx]]] = {
+    "eagle": eagle_graphs, "eagle3": eagle3_graphs, "mtp": mtp_graphs, "dflash": dflash_graphs, "lm": lm_graphs}
+
+
+def build_graphs(drafter: nn.Module, new: NewCtx) -> dict[str, Ctx]:
+    """{graph name: its built Ctx} for `drafter`'s family."""
+    try:
+        builder = BUILDERS[drafter.family]
+    except KeyError:
+        raise UsageError(f"no ONNX export for drafter family {drafter.family!r}; exportable: "
+                         f"{', '.join(BUILDERS)}") from None
+    return builder(drafter, new)

@@ -1,0 +1,228 @@
+"""`export onnx`: a drafter -> a directory of ONNX graphs + manifest.json, validated against torch.
+
+    export_onnx(drafter, out, ExportOptions(...)) -> ExportReport
+
+The drafter must be attached to its target (load_drafter(path, target=...)): the target's embeddings
+and head are written once, beside the graphs (`target_shared.bin`, referenced by each graph as external
+data) and counted apart from the drafter's own bytes. The directory appears atomically, and only when
+every graph passed validation (export/validate.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+from onnx.external_data_helper import set_external_data
+
+from specpress import __version__
+from specpress.artifacts import atomic_dir
+from specpress.errors import UsageError
+from specpress.export import ops
+from specpress.export.blocks import Ctx
+from specpress.export.families import build_graphs
+from specpress.export.graph import Graph
+from specpress.export.validate import QUANT_TOLERANCE, TOLERANCE, case, check, compare, reference_copy
+from specpress.manifest import DrafterInfo, ExportManifest, GraphSpec, TensorSpec
+
+SHARED_FILE = "target_shared.bin"
+DTYPES = ("fp32", "fp16")
+QUANT_FORMATS = ("matmulnbits", "qdq")
+ELEM_NAMES = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16", TensorProto.INT64: "int64",
+              TensorProto.INT32: "int32", TensorProto.BOOL: "bool"}
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    attention: str = "standard"  # "standard" (ONNX Attention, opset 23) | "plugin" (specpress::TreeAttention)
+    opset: int | None = None  # default: 23 (the standard form's minimum; the plugin form accepts >= 18)
+    dtype: str = "fp32"  # "fp32" | "fp16"
+    quant_format: str = "matmulnbits"  # quantized Linears: "matmulnbits" (onnxruntime) | "qdq" (TensorRT)
+    accuracy_level: int = 0  # MatMulNBits activations: 0 fp32 (as torch computes), 4 int8 (faster on CPU)
+    force: bool = False  # replace an existing output directory
+
+    def __post_init__(self) -> None:
+        if self.attention not in ops.ATTENTION_FORMS:
+            raise UsageError(f"--attention {self.attention!r} is not a form; choose one of "
+                             f"{', '.join(ops.ATTENTION_FORMS)}")
+        if self.dtype == "bf16":
+            raise UsageError("--dtype bf16: onnxruntime's CPU kernels have no bf16 MatMul/Attention, so a bf16 "
+                             "export could not be validated here; export fp32 or fp16")
+        if self.dtype not in DTYPES:
+            raise UsageError(f"--dtype {self.dtype!r}: choose one of {', '.join(DTYPES)}")
+        if self.quant_format not in QUANT_FORMATS:
+            raise UsageError(f"--quant-format {self.quant_format!r}: choose one of {', '.join(QUANT_FORMATS)}")
+        if self.accuracy_level not in (0, 1, 2, 3, 4):
+            raise UsageError(f"--accuracy-level {self.accuracy_level}: MatMulNBits takes 0 (unset: fp32), 1 (fp32), "
+                             f"2 (fp16), 3 (bf16) or 4 (int8)")
+        need = ops.MIN_OPSET[self.attention]
+        if self.opset is not None and self.opset < need:
+            raise UsageError(f"--opset {self.opset} is too old for the {self.attention} attention form, which "
+                             f"needs opset >= {need}; pass --opset {need} or later (or omit it)")
+
+    @property
+    def resolved_opset(self) -> int:
+        return self.opset or 23
+
+
+@dataclass
+class ExportReport:
+    out: Path
+    graphs: dict[str, int]  # graph -> its own bytes
+    shared_bytes: int
+    errors: dict[str, dict[str, dict[str, float]]]  # graph -> output -> {max_abs, max_rel}
+    tolerance: float
+    seconds: float
+    quantization: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def require_onnxruntime() -> Any:
+    try:
+        import onnxruntime
+    except ImportError as exc:
+        raise UsageError(f"exporting validates every graph with onnxruntime, which is not installed ({exc}); "
+                         f"pip install 'specpress[ort]'") from None
+    return onnxruntime
+
+
+def session_options(ort: Any) -> Any:
+    """Sessions that compute what the graph says: onnxruntime would otherwise fuse Q/DQ int4 + MatMul
+    into MatMulNBits with int8 activations (accuracy level 4), an error the torch drafter never makes."""
+    opts = ort.SessionOptions()
+    opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
+    opts.log_severity_level = 3
+    return opts
+
+
+def drafter_info(d: Any) -> DrafterInfo:
+    cfg = d.config
+    layers, kv, hd = d.cache_dims() if d.family != "lm" else (cfg.num_hidden_layers, cfg.num_key_value_heads,
+                                                              cfg.head_dim)
+    vd = getattr(cfg, "draft_vocab_size", cfg.vocab_size)
+    token_map = None
+    if d.family == "eagle3":
+        token_map = tuple(int(i) for i in (np.arange(vd) + d.d2t.cpu().numpy()))
+    dflash = d.family == "dflash"
+    return DrafterInfo(taps=tuple(d.taps), vocab_size=cfg.vocab_size, draft_vocab_size=vd, token_map=token_map,
+                       cache_layers=layers, kv_heads=kv, head_dim=hd, hidden_size=cfg.hidden_size,
+                       max_positions=cfg.max_position_embeddings,
+                       block_size=cfg.block_size if dflash else None,
+                       mask_token_id=cfg.mask_token_id if dflash else None,
+                       markov=bool(dflash and d.markov_head is not None))
+
+
+def _write_shared(graphs: dict[str, Graph], path: Path) -> int:
+    """Write the shared initializers once and point every graph's copy at the file; returns its bytes."""
+    offsets: dict[str, tuple[int, int]] = {}
+    with open(path, "wb") as f:
+        for g in graphs.values():
+            for t in g.inits:
+                if t.name in g.shared and t.name not in offsets:
+                    pad = (-f.tell()) % 64
+                    f.write(b"\0" * pad)
+                    offsets[t.name] = (f.tell(), len(t.raw_data))
+                    f.write(t.raw_data)
+    for g in graphs.values():
+        for t in g.inits:
+            if t.name in g.shared:
+                off, length = offsets[t.name]
+                set_external_data(t, location=path.name, offset=off, length=length)
+                t.ClearField("raw_data")
+                t.data_location = TensorProto.EXTERNAL
+    return path.stat().st_size if offsets else 0
+
+
+def _specs(vis: Any) -> tuple[TensorSpec, ...]:
+    out = []
+    for v in vis:
+        tt = v.type.tensor_type
+        shape = tuple(d.dim_param if d.dim_param else d.dim_value for d in tt.shape.dim)
+        out.append(TensorSpec(v.name, ELEM_NAMES[tt.elem_type], shape))
+    return tuple(out)
+
+
+def export_onnx(drafter: Any, out: str | Path, options: ExportOptions = ExportOptions(),
+                progress: Callable[[str], None] = lambda s: None) -> ExportReport:
+    """Export `drafter` (attached to its target) to `out`; see the module docstring."""
+    ort = require_onnxruntime()
+    t0 = time.perf_counter()
+    o = options
+    opset = o.resolved_opset
+    quant_notes: list[str] = []
+
+    def new(name: str) -> Ctx:
+        return Ctx(Graph(name, opset, o.dtype), o.attention, o.quant_format, o.accuracy_level,
+                   quant_notes=quant_notes)
+
+    progress(f"building graphs ({drafter.family}, attention {o.attention}, opset {opset}, {o.dtype})")
+    ctxs = build_graphs(drafter, new)
+    graphs = {name: c.g for name, c in ctxs.items()}
+    quant = _quantization(drafter, o, quant_notes)
+    tol = QUANT_TOLERANCE if quant else TOLERANCE[o.dtype]
+    ref = reference_copy(drafter, o.dtype)
+    errors: dict[str, dict[str, dict[str, float]]] = {}
+    sizes: dict[str, int] = {}
+    with atomic_dir(out, force=o.force) as tmp:
+        shared_bytes = _write_shared(graphs, tmp / SHARED_FILE)
+        if not shared_bytes:
+            (tmp / SHARED_FILE).unlink()
+        specs = []
+        for name, g in graphs.items():
+            path = tmp / f"{name}.onnx"
+            model = g.model()
+            onnx.save(model, str(path))
+            onnx.checker.check_model(str(path))
+            sizes[name] = path.stat().st_size
+            specs.append(GraphSpec(name, path.name, _specs(model.graph.input), _specs(model.graph.output),
+                                   sizes[name], bool(g.shared)))
+            progress(f"validating {name} ({sizes[name]:,} bytes)")
+            sess = ort.InferenceSession(str(path), session_options(ort), providers=["CPUExecutionProvider"])
+            feeds, want = case(ref, name, o.attention)
+            errors[name] = compare(lambda f: dict(zip([x.name for x in sess.get_outputs()], sess.run(None, f))),
+                                   feeds, want)
+        check(errors, tol)
+        manifest = ExportManifest(
+            family=drafter.family, opset=opset, attention=o.attention, dtype=o.dtype, quantization=quant,
+            graphs=tuple(specs), drafter=drafter_info(drafter), shared_file=SHARED_FILE if shared_bytes else None,
+            shared_bytes=shared_bytes, provenance=tuple(dict(s) for s in drafter.provenance),
+            target=drafter.target_fingerprint, validation=errors, specpress_version=__version__,
+            plugin=_plugin_contract() if o.attention == "plugin" else {})
+        manifest.save(tmp)
+    return ExportReport(Path(out), sizes, shared_bytes, errors, tol, time.perf_counter() - t0, quant)
+
+
+def _plugin_contract() -> dict[str, Any]:
+    return {"op": f"{ops.PLUGIN_DOMAIN}::{ops.PLUGIN_OP}", "plugin_version": ops.PLUGIN_VERSION,
+            "plugin_namespace": ops.PLUGIN_DOMAIN,
+            "inputs": ["q [B,Hq,T,D] after RoPE", "k [B,Hkv,S,D] past+new after RoPE", "v [B,Hkv,S,D]",
+                       "committed int32 [1]", "tree_mask int32 [T, ceil((S-committed)/32)] LSB-first"],
+            "output": "out [B,Hq,T,D]", "attributes": ["num_heads", "num_kv_heads", "head_size", "scale"]}
+
+
+def _quantization(drafter: Any, o: ExportOptions, notes: list[str]) -> dict[str, Any] | None:
+    schemes = sorted({m.scheme for m in drafter.modules() if getattr(m, "is_quantized", False)})
+    if not schemes:
+        return None
+    return {"schemes": schemes, "format": o.quant_format, "accuracy_level": o.accuracy_level,
+            "linears": list(notes)}
+
+
+def export_from_dirs(drafter_dir: str | Path, target_dir: str | Path, out: str | Path,
+                     options: ExportOptions = ExportOptions(),
+                     progress: Callable[[str], None] = lambda s: None) -> ExportReport:
+    """Load the drafter artifact attached to its target (fp32) and export it (see export_onnx)."""
+    from specpress.models.drafter_io import load_drafter
+    from specpress.models.target import load_target
+
+    require_onnxruntime()
+    progress(f"loading target {target_dir}")
+    target = load_target(target_dir, device="cpu")
+    progress(f"loading drafter {drafter_dir}")
+    drafter = load_drafter(drafter_dir, target=target, device="cpu").eval()
+    return export_onnx(drafter, out, options, progress)

@@ -1,0 +1,157 @@
+"""Quantized Linears exported as stored: the same codes, scales and groups, no re-quantization.
+
+| stored (compress/quantize/modules.py)   | --quant-format matmulnbits (default)   | --quant-format qdq (opset >= 21)     |
+|-----------------------------------------|----------------------------------------|--------------------------------------|
+| int4 / int8 codes, groups G (IntLinear) | com.microsoft MatMulNBits, block = G   | DequantizeLinear (blocked, int4/uint4|
+| bnb int8 rows + SCB (Bnb8bitLinear)     | (per-row scales: repeated over blocks) | /int8/uint8 [K, N]) + MatMul         |
+| nf4 / fp4 (Bnb4bitLinear)               | com.microsoft MatMulBnb4               | refused: no standard ONNX 4-bit float|
+| fp8 e4m3 (Fp8Linear)                    | DequantizeLinear(float8e4m3fn) + MatMul (per output channel; both formats)    |
+
+MatMulNBits needs a power-of-two block >= 16. A per-row (per-output-channel) layout uses the largest
+such block <= K and repeats each row's scale over its blocks (codes past K padded with the zero point,
+so they contribute 0): exact. A group the op cannot hold (e.g. int4 g24) falls back to Q/DQ, noted in
+the manifest. accuracy_level defaults to 0 (fp32 activations: the torch reference's arithmetic, so the
+export drafts what torch drafts); 4 quantizes activations to int8 per block for onnxruntime's int8
+kernels (faster on CPU; an error the torch drafter never makes, validated at the quantized tolerance).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from onnx import TensorProto, helper
+from torch import nn
+
+from specpress.errors import UsageError
+from specpress.export.blocks import Ctx
+from specpress.export.graph import NP_TYPES
+
+MS = "com.microsoft"
+QDQ_OPSET = 21
+
+
+def quantized_linear(c: Ctx, x: str, mod: nn.Module, hint: str) -> str:
+    """x [..., K] -> x W^T for a quantized Linear (bias added by the caller)."""
+    scheme = mod.scheme
+    if scheme == "fp8":
+        return _fp8(c, x, mod, hint)
+    if scheme in ("nf4", "fp4"):
+        if c.quant_format == "qdq":
+            raise UsageError(f"{hint}: {scheme} has no standard ONNX form (Q/DQ holds integers and float8 only); "
+                             f"export it with --quant-format matmulnbits (onnxruntime's MatMulBnb4)")
+        return _bnb4(c, x, mod, hint)
+    codes, scales, zeros, bits, group, symmetric = int_layout(mod)
+    if c.quant_format == "matmulnbits":
+        block = _nbits_block(mod.in_features, group)
+        if block is not None:
+            bf16 = getattr(mod, "row_scales", None) is not None and c.g.ft == TensorProto.FLOAT
+            c.quant_notes.append(f"{hint}: {scheme} {_group_name(group)} -> MatMulNBits block {block}"
+                                 + (" (bf16 activations, as torch's int8 kernel)" if bf16 else ""))
+            if not bf16:
+                return _nbits(c, x, codes, scales, zeros, bits, group, symmetric, block, hint)
+            # torch's per-row int8 path (IntLinear.forward): aten's int8 kernel on bf16-rounded
+            # activations with bf16 scales, returning bf16; the same roundings here draft the same tokens
+            xb = _round_bf16(c, x)
+            sb = mod.row_scales.float()[:, None]
+            return _round_bf16(c, _nbits(c, xb, codes, sb, zeros, bits, group, symmetric, block, hint))
+        c.quant_notes.append(f"{hint}: {scheme} g{group} -> Q/DQ fallback (MatMulNBits needs a power-of-two "
+                             f"block >= 16)")
+    else:
+        c.quant_notes.append(f"{hint}: {scheme} {_group_name(group)} -> Q/DQ")
+    return _qdq_int(c, x, codes, scales, zeros, bits, group, symmetric, hint)
+
+
+def _group_name(group: int | None) -> str:
+    return f"g{group}" if group else "per-row"
+
+
+def _round_bf16(c: Ctx, x: str) -> str:
+    """fp32 -> bf16 -> fp32 (round to nearest even, as torch's .to(torch.bfloat16))."""
+    return c.g.op("Cast", c.g.op("Cast", x, to=TensorProto.BFLOAT16), to=TensorProto.FLOAT)
+
+
+def int_layout(mod: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int | None, bool]:
+    """(unsigned codes [N, K] int16, scales [N, K/G] f32, zeros [N, K/G] f32, bits, group | None, symmetric)."""
+    if hasattr(mod, "codes"):  # IntLinear
+        return mod.codes(), mod.scales.float(), mod.zeros().float(), mod.bits, mod.group_size, mod.symmetric
+    # Bnb8bitLinear: w = q * SCB / 127, q int8 -> unsigned q + 128 with zero point 128
+    codes = mod.packed.to(torch.int16) + 128
+    scales = (mod.scb.float() / 127.0)[:, None]
+    return codes, scales, torch.full_like(scales, 128.0), 8, None, True
+
+
+def _nbits_block(k: int, group: int | None) -> int | None:
+    if group is not None:
+        return group if group >= 16 and group & (group - 1) == 0 else None
+    if k < 16:
+        return None
+    return min(1 << (k.bit_length() - 1), 256) if k & (k - 1) else min(k, 256)
+
+
+def _nbits(c: Ctx, x: str, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int,
+           group: int | None, symmetric: bool, block: int, hint: str) -> str:
+    n, k = codes.shape
+    nb = -(-k // block)
+    if group is None:  # per-row: repeat the row's scale / zero over its blocks; pad codes with the zero
+        scales, zeros = scales.expand(n, nb), zeros.expand(n, nb)
+        codes = torch.cat([codes, zeros[:, :1].to(codes.dtype).expand(n, nb * block - k)], dim=1)
+    q = codes.to(torch.uint8).numpy()
+    if bits == 4:
+        q = q[:, 0::2] | (q[:, 1::2] << 4)
+    b = c.g.init(q.reshape(n, nb, block * bits // 8), f"{hint}.qweight")
+    s = c.g.init(scales.numpy().astype(NP_TYPES[c.g.ft]).reshape(-1), f"{hint}.scales")
+    inputs = [x, b, s]
+    if not symmetric:
+        z = zeros.to(torch.uint8).numpy()
+        if bits == 4:
+            z = np.pad(z, ((0, 0), (0, nb % 2)))
+            z = z[:, 0::2] | (z[:, 1::2] << 4)
+        inputs.append(c.g.init(z.reshape(-1), f"{hint}.zero_points"))
+    c.g.use_domain(MS, 1)
+    return c.g.op("MatMulNBits", *inputs, domain=MS, K=k, N=n, bits=bits, block_size=block,
+                  accuracy_level=c.accuracy_level)
+
+
+def _qdq_int(c: Ctx, x: str, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int,
+             group: int | None, symmetric: bool, hint: str) -> str:
+    """Blocked DequantizeLinear over W^T [K, N] (block G along K), then MatMul."""
+    if c.g.opset < QDQ_OPSET:
+        raise UsageError(f"blocked Q/DQ needs opset >= {QDQ_OPSET} (found --opset {c.g.opset}); raise --opset")
+    n, k = codes.shape
+    g = group or k
+    if symmetric:  # signed codes, zero point 0 (implicit)
+        elem = TensorProto.INT4 if bits == 4 else TensorProto.INT8
+        vals = (codes - zeros.repeat_interleave(g, dim=1).to(codes.dtype)).t().contiguous()
+    else:
+        elem = TensorProto.UINT4 if bits == 4 else TensorProto.UINT8
+        vals = codes.t().contiguous()
+    w = c.g.init(helper.make_tensor("w", elem, [k, n], vals.reshape(-1).tolist()), f"{hint}.qweight_t")
+    s = c.g.init(scales.t().contiguous().numpy().astype(NP_TYPES[c.g.ft]), f"{hint}.scales_t")
+    inputs = [w, s]
+    if not symmetric:
+        ztype = TensorProto.UINT4 if bits == 4 else TensorProto.UINT8
+        inputs.append(c.g.init(helper.make_tensor("z", ztype, [k // g, n], zeros.t().reshape(-1).int().tolist()),
+                               f"{hint}.zero_points_t"))
+    wt = c.g.op("DequantizeLinear", *inputs, axis=0, block_size=g)
+    return c.g.op("MatMul", x, wt)
+
+
+def _fp8(c: Ctx, x: str, mod: nn.Module, hint: str) -> str:
+    """float8e4m3fn W^T [K, N] with per-output-channel scales [N] -> DequantizeLinear (axis 1) + MatMul."""
+    n, k = mod.out_features, mod.in_features
+    raw = mod.weight_fp8.t().contiguous().view(torch.uint8).cpu().numpy().tobytes()
+    w = c.g.init(helper.make_tensor("w", TensorProto.FLOAT8E4M3FN, [k, n], raw, raw=True), f"{hint}.weight_fp8_t")
+    s = c.g.init(mod.scales.float().cpu().numpy().astype(NP_TYPES[c.g.ft]), f"{hint}.scales")
+    c.quant_notes.append(f"{hint}: fp8 -> DequantizeLinear(float8e4m3fn) + MatMul")
+    return c.g.op("MatMul", x, c.g.op("DequantizeLinear", w, s, axis=1))
+
+
+def _bnb4(c: Ctx, x: str, mod: nn.Module, hint: str) -> str:
+    """bitsandbytes nf4 / fp4 as stored -> com.microsoft MatMulBnb4 (same packed bytes and absmax)."""
+    n, k = mod.out_features, mod.in_features
+    b = c.g.init(mod.packed.reshape(-1).cpu().numpy(), f"{hint}.packed")
+    absmax = c.g.init(mod.absmax.float().cpu().numpy().astype(NP_TYPES[c.g.ft]), f"{hint}.absmax")
+    c.g.use_domain(MS, 1)
+    c.quant_notes.append(f"{hint}: {mod.scheme} blocksize {mod.blocksize} -> MatMulBnb4")
+    return c.g.op("MatMulBnb4", x, b, absmax, domain=MS, K=k, N=n, block_size=mod.blocksize,
+                  quant_type=1 if mod.scheme == "nf4" else 0)

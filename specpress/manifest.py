@@ -1,0 +1,168 @@
+"""The manifest of an `export onnx` directory: what the exported graphs are and how to call them.
+
+Written by specpress/export, read by the runtime backends (onnxruntime, TensorRT), which never import
+export/. Loading is strict: an unknown key, a missing key or a newer format version is an error that
+says what was expected and how to fix it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+from specpress.errors import CheckpointError
+
+MANIFEST = "manifest.json"
+FORMAT = "specpress-onnx"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One graph input or output: name, element type ("float32", "float16", "int64", "int32", "bool")
+    and shape (ints, or a dimension name for a dynamic axis)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int | str, ...]
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """One exported graph: its file, its I/O, and its own bytes (shared tensors excluded)."""
+
+    name: str
+    file: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    bytes: int
+    uses_shared: bool = False
+
+    def input_names(self) -> list[str]:
+        return [t.name for t in self.inputs]
+
+
+@dataclass(frozen=True)
+class DrafterInfo:
+    """What a runner needs to drive the graphs without the torch module."""
+
+    taps: tuple[int, ...]  # target hidden-state taps (HF indexing) fused on every forward
+    vocab_size: int  # the target's vocabulary V
+    draft_vocab_size: int  # Vd (= V unless the family drafts over a reduced vocabulary)
+    token_map: tuple[int, ...] | None  # [Vd] draft id -> target id; None when Vd == V and ids match
+    cache_layers: int
+    kv_heads: int
+    head_dim: int
+    hidden_size: int
+    max_positions: int
+    block_size: int | None = None  # dflash
+    mask_token_id: int | None = None  # dflash
+    markov: bool = False  # dflash with a Markov head
+
+
+@dataclass(frozen=True)
+class ExportManifest:
+    family: str
+    opset: int
+    attention: str  # "standard" | "plugin"
+    dtype: str  # "fp32" | "fp16"
+    quantization: Mapping[str, Any] | None  # {"scheme", "format", "linears": {name: what it became}} or None
+    graphs: tuple[GraphSpec, ...]
+    drafter: DrafterInfo
+    shared_file: str | None  # the target's embeddings/head, referenced by graphs with uses_shared
+    shared_bytes: int
+    provenance: tuple[Mapping[str, Any], ...]  # the drafter artifact's compression steps
+    target: Mapping[str, Any] | None  # fingerprint of the target the shared tensors came from
+    validation: Mapping[str, Mapping[str, Mapping[str, float]]]  # graph -> output -> {max_abs, max_rel}
+    specpress_version: str
+    format: str = FORMAT
+    format_version: int = FORMAT_VERSION
+    plugin: Mapping[str, Any] = field(default_factory=dict)  # the TreeAttention contract when attention=plugin
+
+    @property
+    def drafter_bytes(self) -> int:
+        """The drafter's own bytes: its graphs, without the target's shared embeddings/head."""
+        return sum(g.bytes for g in self.graphs)
+
+    def graph(self, name: str) -> GraphSpec:
+        for g in self.graphs:
+            if g.name == name:
+                return g
+        raise CheckpointError(f"the {self.family} export has no graph {name!r}; it has "
+                              f"{', '.join(g.name for g in self.graphs)} (re-export with `specpress export onnx`)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+    def save(self, directory: Path) -> None:
+        from specpress.artifacts import write_json
+
+        write_json(Path(directory) / MANIFEST, self.to_dict())
+
+
+def _strict(cls: type, d: Mapping[str, Any], where: str) -> dict[str, Any]:
+    if not isinstance(d, Mapping):
+        raise CheckpointError(f"{where}: expected an object, found {type(d).__name__}")
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+        raise CheckpointError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(names))}")
+    required = {f.name for f in fields(cls) if f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING}  # type: ignore[misc]
+    missing = sorted(required - set(d))
+    if missing:
+        raise CheckpointError(f"{where}: missing key(s) {', '.join(missing)}")
+    return dict(d)
+
+
+def _tensor(d: Mapping[str, Any], where: str) -> TensorSpec:
+    d = _strict(TensorSpec, d, where)
+    return TensorSpec(str(d["name"]), str(d["dtype"]), tuple(d["shape"]))
+
+
+def load_manifest(directory: str | Path) -> ExportManifest:
+    """Read and check `directory`/manifest.json (strict; see the module docstring)."""
+    path = Path(directory).expanduser() / MANIFEST
+    if not path.is_file():
+        raise CheckpointError(f"{path.parent} is not an ONNX export (no {MANIFEST}); create one with "
+                              f"`specpress export onnx --drafter DIR --target DIR --out DIR`")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(raw, Mapping) or raw.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: format {raw.get('format') if isinstance(raw, Mapping) else None!r}, "
+                              f"expected {FORMAT!r}")
+    version = raw.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
+        raise CheckpointError(f"{path}: unknown export format_version {version!r}; this specpress reads 1.."
+                              f"{FORMAT_VERSION} (upgrade specpress, or re-export with this one)")
+    return manifest_from_dict(raw, str(path))
+
+
+def manifest_from_dict(raw: Mapping[str, Any], source: str = MANIFEST) -> ExportManifest:
+    """An ExportManifest from its JSON object (strict, as load_manifest)."""
+    path = source
+    version = raw.get("format_version") if isinstance(raw, Mapping) else None
+    if not isinstance(raw, Mapping) or raw.get("format") != FORMAT or not isinstance(version, int) \
+            or not 1 <= version <= FORMAT_VERSION:
+        raise CheckpointError(f"{source}: not a {FORMAT} manifest of format_version 1..{FORMAT_VERSION}; "
+                              f"re-export with `specpress export onnx`")
+    d = _strict(ExportManifest, raw, str(path))
+    graphs = []
+    for i, gd in enumerate(d["graphs"]):
+        gd = _strict(GraphSpec, gd, f"{path}: graphs[{i}]")
+        gd["inputs"] = tuple(_tensor(t, f"{path}: graphs[{i}].inputs") for t in gd["inputs"])
+        gd["outputs"] = tuple(_tensor(t, f"{path}: graphs[{i}].outputs") for t in gd["outputs"])
+        graphs.append(GraphSpec(**gd))
+    info = _strict(DrafterInfo, d["drafter"], f"{path}: drafter")
+    info["taps"] = tuple(info["taps"])
+    if info["token_map"] is not None:
+        info["token_map"] = tuple(info["token_map"])
+    d["graphs"] = tuple(graphs)
+    d["drafter"] = DrafterInfo(**info)
+    d["provenance"] = tuple(d["provenance"])
+    return ExportManifest(**d)

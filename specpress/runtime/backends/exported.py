@@ -1,0 +1,229 @@
+"""Backend-neutral runner over an `export onnx` directory (onnxruntime now; a TensorRT runner reuses it).
+
+`ExportedRunner` is a DrafterRunner that drives the exported graphs named by manifest.json: it builds
+each graph's inputs (positions, the mask in the export's attention form, past K/V from its KVCache),
+calls the graph through a `GraphCall` (the only backend-specific piece: onnxruntime's InferenceSession
+in backends/onnxruntime.py), and writes the new K/V slots back. Its cache is a `models.kv.KVCache`, so
+crop / compact behave exactly like the torch backend's. No torch module of the drafter is needed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from specpress.errors import CheckpointError, UsageError
+from specpress.manifest import ExportManifest, manifest_from_dict
+from specpress.models.kv import KVCache
+from specpress.models.layers import causal_mask
+from specpress.runtime.backends.base import DrafterRunner
+from specpress.runtime.tree import pack_mask
+
+# feeds {input name: tensor} -> {output name: tensor}; tensors on the runner's device
+GraphCall = Callable[[Mapping[str, Tensor]], dict[str, Tensor]]
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
+
+
+class SessionCall:
+    """A session with `run(output_names, feeds) -> [outputs]` (an onnxruntime InferenceSession, a TensorRT
+    EngineSession) as a GraphCall: torch tensors in (numpy when `numpy_io`), torch tensors on `device` out."""
+
+    def __init__(self, session: Any, outputs: Sequence[str], device: torch.device, numpy_io: bool = False) -> None:
+        self.session, self.outputs, self.device, self.numpy_io = session, list(outputs), device, numpy_io
+
+    def __call__(self, feeds: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        if self.numpy_io:
+            arrays: dict[str, Any] = {n: t.detach().cpu().contiguous().numpy() for n, t in feeds.items()}
+        else:
+            arrays = {n: t.contiguous() for n, t in feeds.items()}
+        outs = self.session.run(self.outputs, arrays)
+        return {n: torch.as_tensor(a).to(self.device) for n, a in zip(self.outputs, outs)}
+
+
+def check_target(manifest_target: Mapping[str, Any] | None, target: Any, path: Any, strict: bool,
+                 warn: Callable[[str], None]) -> None:
+    """The shared tensors in the export came from one target: another one warns (drafts will be poor),
+    or fails with `strict` (as the torch backend treats a drafter built for another target)."""
+    if not manifest_target or target is None:
+        return
+    from specpress.models.drafter import target_fingerprint
+
+    mine = target_fingerprint(target.config, target)
+    bad = [k for k in ("config_sha256", "weights_sha256") if k in manifest_target and k in mine
+           and manifest_target[k] != mine[k]]
+    if bad:
+        msg = (f"{path} was exported against another target ({', '.join(bad)} differ): its embeddings/head are "
+               f"that target's; export the drafter again with --target set to this one")
+        if strict:
+            raise CheckpointError(msg)
+        warn(f"warning: {msg}")
+
+
+def build_runner(manifest: ExportManifest | Mapping[str, Any], sessions: Mapping[str, Any], target: Any,
+                 device: torch.device | str, *, backend: str, provider: str, strict: bool = False,
+                 warn: Callable[[str], None] = print, numpy_io: bool = False, **_: Any) -> "ExportedRunner":
+    """An ExportedRunner over `sessions` ({graph name: object with run(output_names, feeds)}), one per graph
+    of `manifest` (an ExportManifest or its JSON object). The onnxruntime and tensorrt backends both use it."""
+    m = manifest if isinstance(manifest, ExportManifest) else manifest_from_dict(manifest)
+    check_target(m.target, target, f"this {m.family} export", strict, warn)
+    dev = torch.device(device)
+    missing = [g.name for g in m.graphs if g.name not in sessions]
+    if missing:
+        raise CheckpointError(f"graphs {missing} of the {m.family} export have no session; rebuild the backend's "
+                              f"files from a complete `specpress export onnx` directory")
+    calls = {g.name: SessionCall(sessions[g.name], [o.name for o in g.outputs], dev, numpy_io) for g in m.graphs}
+    return ExportedRunner(m, calls, dev, backend, provider)
+
+
+def plugin_mask(mask: Tensor, committed: int | None = None) -> tuple[Tensor, Tensor]:
+    """bool [T, S] (True = may attend) -> (committed int32 [1], tree_mask int32 [T, ceil((S-c)/32)]).
+
+    c = `committed` when given (slots every query sees: the committed context), else the longest prefix
+    of slots every query sees; c < S always, so the words are never empty (no zero-size plugin input).
+    The words cover slots c..S-1, LSB first (runtime.tree.pack_mask)."""
+    s = mask.shape[1]
+    if committed is None:
+        seen = mask.all(0)
+        committed = s if bool(seen.all()) else int((~seen).nonzero()[0, 0])
+    c = max(0, min(committed, s - 1))
+    return torch.tensor([c], dtype=torch.int32, device=mask.device), pack_mask(mask[:, c:]).contiguous()
+
+
+class ExportedRunner(DrafterRunner):
+    """A DrafterRunner over exported graphs; `calls` maps graph name -> GraphCall."""
+
+    def __init__(self, manifest: ExportManifest, calls: Mapping[str, GraphCall], device: torch.device,
+                 backend: str, provider: str) -> None:
+        self.manifest = m = manifest
+        self.calls = dict(calls)
+        self.backend, self.family = backend, m.family
+        self._device, self._provider = torch.device(device), provider
+        info = m.drafter
+        self.info = info
+        self.taps = tuple(info.taps)
+        self.vocab_size = info.vocab_size
+        self.token_map = None if info.token_map is None else torch.tensor(info.token_map, device=self._device)
+        self.dtype = TORCH_DTYPES[m.dtype]
+        missing = [g.name for g in m.graphs if g.name not in self.calls]
+        if missing:
+            raise CheckpointError(f"graphs {missing} of the export have no loaded session")
+        self.forward_ms = 0.0
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def provider(self) -> str:
+        return self._provider
+
+    def new_cache(self, capacity: int) -> KVCache:
+        i = self.info
+        return KVCache(i.cache_layers, 1, i.kv_heads, capacity, i.head_dim, self.dtype, self._device)
+
+    # -- inputs ------------------------------------------------------------------------------------
+
+    def _mask_feeds(self, mask: Tensor, committed: int | None = None) -> dict[str, Tensor]:
+        if self.manifest.attention == "standard":
+            return {"mask": mask.to(torch.bool)}
+        committed, words = plugin_mask(mask, committed)
+        return {"committed": committed, "tree_mask": words}
+
+    def _run(self, graph: str, feeds: dict[str, Tensor], cache: KVCache | None, layers: list[int],
+             past: int, keep: int) -> dict[str, Tensor]:
+        """Call `graph` with past K/V of `layers` from `cache`; append `keep` new slots of its presents."""
+        if cache is not None:
+            for j, layer in enumerate(layers):
+                feeds[f"past_key.{j}"] = cache.k[layer, :, :, :past]
+                feeds[f"past_value.{j}"] = cache.v[layer, :, :, :past]
+        out = self.calls[graph](feeds)
+        if cache is not None:
+            for j, layer in enumerate(layers):
+                cache.k[layer, :, :, past:past + keep] = out[f"present_key.{j}"][:, :, past:past + keep]
+                cache.v[layer, :, :, past:past + keep] = out[f"present_value.{j}"][:, :, past:past + keep]
+            cache.length = past + keep
+        return out
+
+    def _step_inputs(self, t: int, cache: KVCache, positions: Tensor | None,
+                     mask: Tensor | None) -> tuple[int, Tensor, Tensor]:
+        past = cache.reserve(t)
+        dev = self._device
+        pos = torch.arange(past, past + t, device=dev) if positions is None else positions.to(dev)
+        if mask is None:
+            mask = causal_mask(t, past, dev)
+        if tuple(mask.shape) != (t, past + t):
+            raise ValueError(f"mask must be [{t}, {past + t}] (new tokens x (cache + new)), got {tuple(mask.shape)}")
+        return past, pos.reshape(1, t).to(torch.int64), mask
+
+    # -- the seam ----------------------------------------------------------------------------------
+
+    def fuse_taps(self, taps: dict[int, Tensor]) -> Tensor:
+        """{tap: [1, T, Ht]} -> the fused features [1, T, H] (the exported `fuse` graph: fc, + hidden_norm
+        for dflash); feature_step / block_drafts take them as they come."""
+        if "fuse" not in self.calls:
+            raise NotImplementedError(f"{self.family} drafters take no fused taps")
+        missing = [i for i in self.taps if i not in taps]
+        if missing:
+            raise UsageError(f"target taps {missing} were not computed; run the target with taps=runner.taps")
+        x = torch.cat([taps[i] for i in self.taps], dim=-1).to(self.dtype)
+        return self.calls["fuse"]({"taps": x})["features"]
+
+    def feature_step(self, feats: Tensor, ids: Tensor, cache: KVCache, positions: Tensor | None,
+                     mask: Tensor | None, module: int = 0) -> tuple[Tensor, Tensor]:
+        if self.family not in ("eagle", "eagle3", "mtp"):
+            raise NotImplementedError(f"{self.family} drafters have no feature step")
+        t = ids.shape[1]
+        if feats.shape[-1] != self.info.hidden_size and "fuse" in self.calls:
+            feats = self.calls["fuse"]({"taps": feats.to(self.dtype)})["features"]
+        past, pos, mask = self._step_inputs(t, cache, positions, mask)
+        if self.family == "mtp":
+            k = module % self.info.cache_layers
+            graph, layers = f"step.{k}", [k]
+        else:
+            graph, layers = "step", list(range(self.info.cache_layers))
+        feeds = {"hidden": feats.to(self.dtype), "ids": ids.to(torch.int64), "positions": pos,
+                 **self._mask_feeds(mask)}
+        out = self._run(graph, feeds, cache, layers, past, t)
+        return out["logits"], out["hidden_out"]
+
+    def lm_step(self, ids: Tensor, cache: KVCache, positions: Tensor | None, mask: Tensor | None,
+                last_only: bool = False) -> Tensor:
+        if self.family != "lm":
+            raise NotImplementedError(f"{self.family} drafters are not standalone language models")
+        t = ids.shape[1]
+        past, pos, mask = self._step_inputs(t, cache, positions, mask)
+        feeds = {"ids": ids.to(torch.int64), "positions": pos, **self._mask_feeds(mask)}
+        logits = self._run("lm", feeds, cache, list(range(self.info.cache_layers)), past, t)["logits"]
+        return logits[:, -1:] if last_only else logits
+
+    def block_drafts(self, feats: Tensor | None, root: int, block_size: int, cache: KVCache) -> list[int]:
+        if self.family != "dflash":
+            raise NotImplementedError(f"{self.family} drafters do not draft blocks")
+        i = self.info
+        if i.mask_token_id is None:
+            raise UsageError("this dflash export has no mask_token_id; set dflash_config.mask_token_id in the "
+                             "drafter's config and export it again")
+        dev = self._device
+        if feats is None:
+            feats = torch.zeros(1, 0, i.hidden_size, dtype=self.dtype, device=dev)
+        elif feats.shape[-1] != i.hidden_size:
+            feats = self.calls["fuse"]({"taps": feats.to(self.dtype)})["features"]
+        c = feats.shape[1]
+        past = cache.reserve(c + block_size)
+        block = torch.full((1, block_size), i.mask_token_id, dtype=torch.int64, device=dev)
+        block[0, 0] = root
+        pos = torch.arange(past, past + c + block_size, device=dev)[None]
+        mask = torch.ones(block_size, past + c + block_size, dtype=torch.bool, device=dev)
+        feeds = {"features": feats.to(self.dtype), "block_ids": block, "positions": pos,
+                 **self._mask_feeds(mask, committed=past + c)}  # the context is committed, the block all-visible
+        logits = self._run("block", feeds, cache, list(range(i.cache_layers)), past, c)["logits"][0]
+        if not i.markov:
+            return logits[1:].argmax(-1).tolist()
+        drafts, prev = [], root
+        for k in range(1, block_size):
+            bias = self.calls["markov"]({"prev_ids": torch.tensor([prev], device=dev)})["bias"]
+            prev = int((logits[k:k + 1] + bias.to(logits.dtype)).argmax(-1))
+            drafts.append(prev)
+        return drafts

@@ -1,0 +1,50 @@
+"""Exports shared by the export tests: each tiny family drafter exported once per session and form."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from drafters_common import CONFIGS, make, tiny_target  # noqa: E402
+
+from specpress.models.drafter import build_drafter  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def target():
+    return tiny_target()
+
+
+def make_drafter(name: str, target):
+    """A tiny random drafter: the families of drafters_common, plus `dflash_markov` (a Markov head)."""
+    if name == "dflash_markov":
+        from drafters_common import randomize
+
+        cfg = dataclasses.replace(CONFIGS["dflash"], markov_rank=3)
+        return randomize(build_drafter(cfg), 7).attach_target(target)
+    return make(name, target)
+
+
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory, target):
+    """exported(name, form="standard", **options) -> (drafter, export dir, report), built once each."""
+    pytest.importorskip("onnxruntime")
+    from specpress.export.onnx import ExportOptions, export_onnx
+
+    cache: dict = {}
+
+    def get(name: str, form: str = "standard", **opts):
+        key = (name, form, tuple(sorted(opts.items())))
+        if key not in cache:
+            d = make_drafter(name, target)
+            out = tmp_path_factory.mktemp("onnx") / f"{name}-{form}"
+            report = export_onnx(d, out, ExportOptions(attention=form, **opts))
+            cache[key] = (d, out, report)
+        return cache[key]
+
+    return get

@@ -1,0 +1,112 @@
+"""Quantized drafters exported as stored: each scheme x format gives the graph node it should, matches
+the torch quantized drafter through onnxruntime, and shrinks the graph; what has no form is refused."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import onnx
+import pytest
+
+pytest.importorskip("onnxruntime")
+import torch
+
+from specpress.errors import UsageError
+from specpress.export.onnx import ExportOptions, export_onnx
+
+# (scheme, group, symmetric, format) -> the op the Linears become
+CASES = {
+    ("int4", 16, True, "matmulnbits"): "MatMulNBits",
+    ("int4", 16, False, "matmulnbits"): "MatMulNBits",
+    ("int4", 8, True, "matmulnbits"): "DequantizeLinear",  # block 8 < 16: Q/DQ fallback
+    ("int4", 32, True, "qdq"): "DequantizeLinear",
+    ("int4", 16, False, "qdq"): "DequantizeLinear",
+    ("int8", None, True, "matmulnbits"): "MatMulNBits",
+    ("int8", None, False, "qdq"): "DequantizeLinear",
+    ("fp8", None, None, "matmulnbits"): "DequantizeLinear",
+    ("nf4", 32, None, "matmulnbits"): "MatMulBnb4",
+    ("fp4", 32, None, "matmulnbits"): "MatMulBnb4",
+}
+DEFAULT = [("int4", 16, True, "matmulnbits"), ("int4", 8, True, "matmulnbits"), ("int8", None, True, "matmulnbits"),
+           ("fp8", None, None, "matmulnbits"), ("nf4", 32, None, "matmulnbits")]
+
+
+def quantized_eagle(target, scheme, group, symmetric):
+    from drafters_common import make, randomize
+
+    from specpress.compress.quantize.api import quantize
+    from specpress.models.quantized.configs import config_for
+    from specpress.models.drafter import build_drafter
+
+    base = make("eagle", target)  # intermediate 64: every Linear's K is a multiple of 16 and 32
+    d = randomize(build_drafter(dataclasses.replace(base.config, intermediate_size=64)), 1).attach_target(target)
+    if scheme in ("nf4", "fp4"):
+        pytest.importorskip("bitsandbytes")
+    return quantize(d, config_for(scheme, group_size=group, symmetric=symmetric))
+
+
+def run_case(tmp_path, target, key):
+    scheme, group, sym, fmt = key
+    d = quantized_eagle(target, scheme, group, sym)
+    rep = export_onnx(d, tmp_path / "q", ExportOptions(quant_format=fmt))
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "q" / "step.onnx"), load_external_data=False).graph.node}
+    assert CASES[key] in ops, ops
+    assert rep.quantization["schemes"] == [scheme] and len(rep.quantization["linears"]) == 8
+    assert max(e["max_rel"] for e in rep.errors["step"].values()) <= rep.tolerance
+    return d, rep
+
+
+@pytest.mark.parametrize("key", DEFAULT, ids=lambda k: "-".join(map(str, k)))
+def test_quantized_export_default(tmp_path, target, key):
+    _, rep = run_case(tmp_path, target, key)
+    float_rep = export_onnx(_float_eagle(target), tmp_path / "f")
+    assert rep.graphs["step"] < float_rep.graphs["step"]  # the codes are stored, not dequantized floats
+
+
+def _float_eagle(target):
+    from drafters_common import make, randomize
+
+    from specpress.models.drafter import build_drafter
+
+    base = make("eagle", target)
+    return randomize(build_drafter(dataclasses.replace(base.config, intermediate_size=64)), 1).attach_target(target)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", [k for k in CASES if k not in DEFAULT], ids=lambda k: "-".join(map(str, k)))
+def test_quantized_export_matrix(tmp_path, target, key):
+    run_case(tmp_path, target, key)
+
+
+@pytest.mark.parametrize("key", [("int4", 16, True, "matmulnbits"), ("fp8", None, None, "matmulnbits"),
+                                 ("int4", 32, True, "qdq")], ids=lambda k: "-".join(map(str, k)))
+def test_runner_drafts_with_the_quantized_graph(tmp_path, target, key):
+    from specpress.runtime.backends.onnxruntime import load_runner
+
+    d, _ = run_case(tmp_path, target, key)  # DequantizeLinear weights are folded at load (fold_dequantize)
+    runner = load_runner(tmp_path / "q", target, "cpu")
+    ids = torch.randint(0, 61, (1, 6), generator=torch.Generator().manual_seed(2))
+    hidden = target(ids).hidden
+    with torch.no_grad():
+        lt, _ = d(hidden[:, :-1], ids[:, 1:], cache=d.new_cache(16))
+    lo, _ = runner.feature_step(hidden[:, :-1], ids[:, 1:], runner.new_cache(16), None, None)
+    torch.testing.assert_close(lo, lt, atol=1e-4, rtol=1e-4)
+
+
+def test_nf4_has_no_qdq_form(tmp_path, target):
+    d = quantized_eagle(target, "nf4", 32, None)
+    with pytest.raises(UsageError, match="matmulnbits"):
+        export_onnx(d, tmp_path / "q", ExportOptions(quant_format="qdq"))
+    assert not (tmp_path / "q").exists()
+
+
+@pytest.mark.slow
+def test_bitsandbytes_int8_rows_become_matmulnbits(tmp_path, target):
+    pytest.importorskip("bitsandbytes")
+    from specpress.compress.quantize.api import quantize
+    from specpress.models.quantized.configs import config_for
+
+    d = quantize(_float_eagle(target), config_for("int8", "bnb"))
+    rep = export_onnx(d, tmp_path / "q")
+    assert all("MatMulNBits" in note for note in rep.quantization["linears"])
+    assert max(e["max_rel"] for e in rep.errors["step"].values()) <= rep.tolerance
