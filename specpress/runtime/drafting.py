@@ -102,13 +102,8 @@ def expand(policy: Policy, root: int, root_logits: Tensor, root_hidden: Tensor |
         feed = [i for i in range(n) if tree.depths[i] == level and tree.children[i]]
         if not feed:
             break
-        k, start = len(feed), len(fed)
-        mask = torch.zeros(k, context + start + k, dtype=torch.bool, device=dev)
-        mask[:, :context] = True
-        for row, node in enumerate(feed):
-            mask[row, context + start + row] = True
-            for anc in tree.path(node)[1:-1]:
-                mask[row, context + fed[anc]] = True
+        start = len(fed)
+        mask = tree.level_mask(feed, fed, context, dev)
         parents = [hidden[tree.parents[i]] for i in feed]
         ph = None if parents[0] is None else torch.stack(parents)  # type: ignore[arg-type]
         logits, h = step(torch.tensor([tokens[i] for i in feed], device=dev), ph, level, mask)

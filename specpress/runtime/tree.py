@@ -8,7 +8,9 @@ to the whole cache plus its own ancestors and itself.
 Views: `parents`, `depths`, `children`, `leaves`, `positions(past)`, `ancestor_mask()` (bool [N, N]),
 `attention_bias()` (0 / -inf), `packed_mask()` (TensorRT-LLM's `spec_decoding_packed_mask`: int32
 [N, ceil(N/32)], LSB-first, bit j%32 of word j//32 set when node i attends to node j), `verify_mask(past)`
-(bool [N, past+N]) and `retrieve_indices()` (root-to-leaf node paths, -1 padded).
+(bool [N, past+N]), `level_mask(nodes, fed, context)` (the drafter's mask for one level of a static tree)
+and `retrieve_indices()` (root-to-leaf node paths, -1 padded). The dynamic tree's per-call masks are
+`Frontier.mask` / `Frontier.full_mask(context)`. Every mask the runtime builds comes from this module.
 
 Builders: `DraftTree.from_choices` (static trees), `DraftTree.chain`, and `build_dynamic_tree` /
 `DynamicTreeBuilder` (EAGLE-2: the runtime calls the drafter once per level with an explicit mask).
@@ -19,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -158,6 +160,20 @@ class DraftTree:
     def packed_mask(self, device: Device = None) -> Tensor:
         """int32 [N, ceil(N/32)]: bit j%32 of word j//32 of row i set when node i attends to node j."""
         return pack_mask(self._mask).to(device)
+
+    def level_mask(self, nodes: Sequence[int], fed: Mapping[int, int], context: int, device: Device = None) -> Tensor:
+        """bool [k, context + len(fed) + k]: the drafter's mask when it is fed `nodes` (k nodes of one level)
+        after the `fed` nodes of earlier levels (node -> slot after the drafter's `context` committed slots).
+        Row r sees every committed slot, its fed ancestors and itself (slot len(fed) + r); the root is
+        part of the committed context."""
+        k, start = len(nodes), len(fed)
+        mask = torch.zeros(k, context + start + k, dtype=torch.bool, device=device)
+        mask[:, :context] = True
+        for row, node in enumerate(nodes):
+            mask[row, context + start + row] = True
+            for anc in self.path(node)[1:-1]:
+                mask[row, context + fed[anc]] = True
+        return mask
 
     def verify_mask(self, past: int, device: Device = None) -> Tensor:
         """bool [N, past+N] for the target's verify forward: every cached slot, then the tree mask."""

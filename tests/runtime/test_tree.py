@@ -62,6 +62,25 @@ def test_views_agree(tree: DraftTree, past: int) -> None:
     assert sorted(ends) == sorted(childless)
 
 
+@settings(max_examples=60, deadline=None)
+@given(trees_st, st.integers(0, 9))
+def test_level_masks_are_the_ancestor_mask_over_fed_slots(tree: DraftTree, context: int) -> None:
+    """Feeding a static tree level by level (as drafting.expand does): each level's drafter mask sees every
+    committed slot and, among the fed nodes, exactly the ancestor_mask row of the node (root excluded)."""
+    m, fed = tree.ancestor_mask(), {}
+    for level in range(1, tree.max_depth + 1):
+        nodes = [i for i in range(tree.size) if tree.depths[i] == level]
+        mask = tree.level_mask(nodes, fed, context)
+        slots = {**fed, **{node: len(fed) + row for row, node in enumerate(nodes)}}
+        assert mask.shape == (len(nodes), context + len(slots)) and bool(mask[:, :context].all())
+        for row, node in enumerate(nodes):
+            want = torch.zeros(len(slots), dtype=torch.bool)
+            for other, slot in slots.items():
+                want[slot] = m[node, other]
+            assert torch.equal(mask[row, context:], want)
+        fed = slots
+
+
 def test_packed_mask_matches_tensorrt_llm_chain_rows() -> None:
     # TensorRT-LLM: a chain's row j packs to (1 << (j+1)) - 1, LSB-first, words of 32 nodes.
     tree = DraftTree.chain(39)
