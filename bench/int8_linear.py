@@ -10,7 +10,7 @@ int8 kernel on bf16-rounded activations), the same module's dequantize-then-matm
 int8 kernel fed fp32 activations directly (the slow case IntLinear avoids). Ratios are against the fp32
 Linear of the same run. By default a 64 MiB buffer is written before every call, evicting the weight from
 the caches; `--warm` leaves it cached. Neither is the speculative loop, where a drafter's weights are read
-by several drafter calls in a row between two target forwards: bench/drafter_forward.py measures that.
+by several drafter calls in a row between two target forwards: `specpress bench --compare-drafter` measures that.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from specpress.runtime.backends import BACKENDS, READS
+
 TEMPERATURE = click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
                            help="0 = greedy; >0 samples from the target's (processed) distribution.")
 TOP_K = click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off.")
@@ -17,7 +18,8 @@ DTYPE = click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), def
 TARGET = click.option("--target", "target_dir", required=True, type=click.Path(path_type=Path),
                       help="Target model directory (HF format: config.json + model.safetensors).")
 DRAFTER = click.option("--drafter", "drafter_dir", type=click.Path(path_type=Path), default=None,
-                       help="Drafter artifact directory; without it the target decodes alone.")
+                       help="Drafter artifact directory (for a backend that runs an exported drafter, the export "
+                            "directory: see --backend); without it the target decodes alone.")
 POLICY = click.option("--policy", default=None, metavar="P",
                       help="chain:K | tree:[[0],[0,0],[1],...] | dynamic:depth=D,topk=K,budget=N | block:B | "
                            "mtp:K  [default: chain:4; mtp:3 for mtp; block:8 for dflash]")
@@ -25,8 +27,20 @@ STRICT = click.option("--strict", is_flag=True,
                       help="Refuse a drafter built for a different target (default: warn and run).")
 COMPILE = click.option("--compile", "compile_drafter", is_flag=True,
                        help="Compile the drafter's forward with torch.compile (Inductor, dynamic shapes). The "
-                            "target stays eager, so bench's plain baseline is unchanged. The first rounds "
-                            "compile (tens of seconds on CPU); bench warms up on 3 prompts before timing.")
+                            "target stays eager (unless bench --compile-target), so bench's plain baseline is "
+                            "unchanged. The first rounds compile (tens of seconds on CPU); bench warms up on 3 "
+                            "prompts before timing.")
+COMPILE_TARGET = click.option("--compile-target", is_flag=True,
+                              help="Compile the target's forward too (Inductor, automatic dynamic shapes): the "
+                                   "plain baseline and the verify forwards then run the same compiled target. "
+                                   "3 prompts are decoded both ways before timing.")
+COMPARE = click.option("--compare-drafter", "compare_dir", type=click.Path(path_type=Path), default=None,
+                       help="A second drafter decoding every prompt in the same interleave (plain, --drafter, "
+                            "this; reversed on odd prompts): the JSON's `compare` holds its metrics and both "
+                            "drafters' median forward and round ms per round, with the ratio this / --drafter.")
+COMPARE_BACKEND = click.option("--compare-backend", type=click.Choice(list(BACKENDS)), default=None,
+                               help="Backend of --compare-drafter  [default: --backend]; e.g. --backend torch "
+                                    "--compare-backend onnxruntime times one drafter on both.")
 COMPILE_WARMUP_PROMPTS = 3
 BACKEND = click.option("--backend", type=click.Choice(list(BACKENDS)), default="torch", show_default=True,
                        help="Where the drafter runs (the target always runs on torch); --drafter is then "
@@ -111,9 +125,9 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
     tok = load_tokenizer(target_dir)
     ids = encode(prompt, tok)
     gen = torch.Generator().manual_seed(seed)
+    params = SamplingParams(temperature, top_k, top_p)
     if drafter_dir is None:
-        g = decode_plain(target, ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                         generator=gen)
+        g = decode_plain(target, ids, max_new_tokens, params, gen)
         click.echo(prompt + tok.decode(g.tokens))
         click.echo(f"[{len(g.tokens)} tokens, {len(g.tokens) / (g.decode_ms / 1e3):.1f} tok/s, plain decoding]",
                    err=True)
@@ -123,8 +137,7 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
                                   target_dir=target_dir)
     pol = parse_policy(policy or default_policy(drafter.family))
     with compile_errors(compile_drafter):
-        s = speculative_generate(target, drafter, ids, max_new_tokens, pol,
-                                 SamplingParams(temperature, top_k, top_p), gen)
+        s = speculative_generate(target, drafter, ids, max_new_tokens, pol, params, gen)
     click.echo(prompt + tok.decode(s.tokens))
     tau = 1 + sum(r.accepted for r in s.rounds) / max(1, len(s.rounds))
     click.echo(f"[{len(s.tokens)} tokens, {len(s.tokens) / (s.total_ms / 1e3):.1f} tok/s, {pol}, tau {tau:.2f} "
@@ -140,11 +153,15 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
 @DECODING
 @BACKEND
 @COMPILE
+@COMPILE_TARGET
+@COMPARE
+@COMPARE_BACKEND
 @STRICT
 @click.option("--json", "json_out", type=click.Path(path_type=Path), help="Write the full metrics object here.")
 def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_new_tokens: int, policy: str | None,
           temperature: float, top_k: int, top_p: float, seed: int, dtype: str, backend: str,
-          compile_drafter: bool, strict: bool, json_out: Path | None) -> None:
+          compile_drafter: bool, compile_target: bool, compare_dir: Path | None, compare_backend: str | None,
+          strict: bool, json_out: Path | None) -> None:
     """Decode every prompt of a file and report acceptance (tau, AR[k]), tokens/s and speedup.
 
     With --drafter, each prompt is decoded speculatively AND plainly, interleaved in this process, so
@@ -175,6 +192,8 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
           --policy dynamic:depth=6,topk=8,budget=32 --prompts prompts.jsonl --max-new-tokens 64 --json e3.json
       specpress bench --target ~/.cache/specpress/zoo/medium --drafter ./eagle3 --dtype bf16 --compile \\
           --policy dynamic:depth=4,topk=2,budget=8 --prompts prompts.jsonl --max-new-tokens 64 --json e3c.json
+      specpress bench --target ~/.cache/specpress/zoo/medium --drafter ./eagle3 --compare-drafter ./eagle3-int8 \\
+          --dtype bf16 --compile --compile-target --prompts prompts.jsonl --max-new-tokens 64 --json cmp.json
     """
     from rich.console import Console
     from rich.progress import Progress
@@ -183,56 +202,92 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
     from specpress.machine import LoadMeter, load_warning
     from specpress.runtime.bench import bench_plain, bench_speculative, default_policy, load_bench_inputs
     from specpress.runtime.compile import compile_errors
+    from specpress.runtime.compile import compile_target as compile_target_fn
     from specpress.runtime.policy import parse_policy
+    from specpress.runtime.sampling import SamplingParams
     from specpress.ticker import bar_columns
 
     check_compile(compile_drafter, drafter_dir, backend)
+    if compare_dir is not None and drafter_dir is None:
+        raise click.UsageError("--compare-drafter compares against --drafter; pass --drafter too")
+    if compare_backend is not None and compare_dir is None:
+        raise click.UsageError("--compare-backend names the backend of --compare-drafter; pass --compare-drafter too")
+    compare_backend = compare_backend or backend
     if json_out:  # before decoding: a bad path must not cost the measurement
         check_output_file(json_out, "--json", {"--target": target_dir, "--prompts": prompts_file,
-                                               "--drafter": drafter_dir})
+                                               "--drafter": drafter_dir, "--compare-drafter": compare_dir})
     console = Console(stderr=True)
     target, prompts = load_bench_inputs(target_dir, prompts_file, dtype)
     config = {"target": str(target_dir), "prompts_file": str(prompts_file), "dtype": dtype,
               "drafter": None if drafter_dir is None else str(drafter_dir), "backend": backend, "policy": None,
-              "compile": compile_drafter}
-    drafter = pol = None
+              "compile": compile_drafter, "compile_target": compile_target}
+    warn = lambda m: console.print(m)  # noqa: E731
+    drafter = compare = pol = None
     if drafter_dir is not None:
-        drafter = load_drafter_runner(backend, drafter_dir, target, strict=strict, warn=lambda m: console.print(m),
+        drafter = load_drafter_runner(backend, drafter_dir, target, strict=strict, warn=warn,
                                       compile_drafter=compile_drafter, target_dir=target_dir)
         pol = parse_policy(policy or default_policy(drafter.family))
         config["policy"] = str(pol)
         config["provider"] = drafter.provider  # what actually executed the drafter
-        n_bytes = drafter_bytes(backend, drafter_dir)
+    if compare_dir is not None:
+        compare = load_drafter_runner(compare_backend, compare_dir, target, strict=strict, warn=warn,
+                                      compile_drafter=compile_drafter and compare_backend == "torch",
+                                      target_dir=target_dir)
+        config["compare"] = {"drafter": str(compare_dir), "backend": compare_backend, "provider": compare.provider}
+    if compile_target:
+        compile_target_fn(target)
+    warmup = COMPILE_WARMUP_PROMPTS if compile_drafter or compile_target else 0
+    compiled = [(flag, what) for flag, what, on in (("--compile", "the drafter", compile_drafter),
+                                                    ("--compile-target", "the target", compile_target)) if on]
     meter = LoadMeter()  # other processes' share of our cores while timing (a warning when they compete)
-    with Progress(*bar_columns(), console=console, transient=True) as progress, compile_errors(compile_drafter):
+    with Progress(*bar_columns(), console=console, transient=True) as progress, compile_errors(
+            bool(compiled), " or ".join(w for _, w in compiled), " / ".join(f for f, _ in compiled)):
         task = progress.add_task("decoding" if drafter is None else f"decoding ({pol}) + baseline",
                                  total=len(prompts))
-        kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, config=config,
+        kw = dict(params=SamplingParams(temperature, top_k, top_p), seed=seed, config=config,
                   on_prompt=lambda i: progress.advance(task))
         if drafter is None:
-            result = bench_plain(target, prompts, max_new_tokens, **kw)
+            result = bench_plain(target, prompts, max_new_tokens, warmup_prompts=warmup if compile_target else 0,
+                                 **kw)
         else:
-            result = bench_speculative(target, drafter, prompts, max_new_tokens, pol, drafter_bytes=n_bytes,
-                                       warmup_prompts=COMPILE_WARMUP_PROMPTS if compile_drafter else 0, **kw)
+            result = bench_speculative(target, drafter, prompts, max_new_tokens, pol,
+                                       drafter_bytes=drafter_bytes(backend, drafter_dir), warmup_prompts=warmup,
+                                       plain_warmup_prompts=warmup if compile_target else 0, compare=compare,
+                                       compare_bytes=0 if compare is None else drafter_bytes(compare_backend,
+                                                                                             compare_dir),
+                                       compare_label=config.get("compare"), **kw)
     result["machine"] = meter.stop()
     if warning := load_warning(result["machine"]):
         console.print(warning, style="yellow", highlight=False)
-    n_tok = sum(len(o) for o in result["outputs"])
-    if drafter is None:
-        console.print(f"{len(prompts)} prompts, {n_tok} tokens, {result['tokens_per_s']:.1f} tok/s "
-                      f"(median step {result['verify_ms']:.2f} ms), plain decoding")
-    else:
-        ar = " ".join(f"{a:.2f}" for a in result["ar"][:8])
-        lossless = result["lossless_mismatches"]
-        console.print(f"{len(prompts)} prompts, {n_tok} tokens, {pol}: tau {result['tau']:.2f}, AR[k] {ar}; "
-                      f"{result['tokens_per_s']:.1f} tok/s vs plain {result['baseline_tokens_per_s']:.1f} "
-                      f"(speedup {result['speedup']:.2f}x); round ms draft {result['draft_ms']:.2f} / verify "
-                      f"{result['verify_ms']:.2f} / other {result['other_ms']:.2f}; loop overhead "
-                      f"{100 * result['overhead_fraction']:.0f}%"
-                      + ("" if lossless is None else f"; lossless mismatches {lossless}"))
+    report(console, result, len(prompts), pol)
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         write_json(json_out, result)
         console.print(f"wrote {json_out}")
     else:
         click.echo(json.dumps({k: v for k, v in result.items() if k not in ("outputs", "per_prompt")}, indent=2))
+
+
+def report(console, result: dict, n_prompts: int, pol) -> None:
+    """bench's summary lines on stderr."""
+    n_tok = sum(len(o) for o in result["outputs"])
+    if pol is None:
+        console.print(f"{n_prompts} prompts, {n_tok} tokens, {result['tokens_per_s']:.1f} tok/s "
+                      f"(median step {result['verify_ms']:.2f} ms), plain decoding")
+        return
+    ar = " ".join(f"{a:.2f}" for a in result["ar"][:8])
+    lossless = result["lossless_mismatches"]
+    console.print(f"{n_prompts} prompts, {n_tok} tokens, {pol}: tau {result['tau']:.2f}, AR[k] {ar}; "
+                  f"{result['tokens_per_s']:.1f} tok/s vs plain {result['baseline_tokens_per_s']:.1f} "
+                  f"(speedup {result['speedup']:.2f}x); round ms draft {result['draft_ms']:.2f} / verify "
+                  f"{result['verify_ms']:.2f} / other {result['other_ms']:.2f}; loop overhead "
+                  f"{100 * result['overhead_fraction']:.0f}%"
+                  + ("" if lossless is None else f"; lossless mismatches {lossless}"))
+    c = result.get("compare")
+    if c:
+        console.print(f"compare {c['drafter']} ({c['backend']}): tau {c['tau']:.2f}, speedup {c['speedup']:.2f}x; "
+                      f"median drafter forward ms per round {c['draft_forward_ms_median']:.2f} vs "
+                      f"{c['base_draft_forward_ms_median']:.2f} ({c['draft_forward_ms_ratio']:.2f}x), round ms "
+                      f"{c['round_ms_median']:.2f} vs {c['base_round_ms_median']:.2f} ({c['round_ms_ratio']:.2f}x)"
+                      + ("" if c["lossless_mismatches"] is None else
+                         f"; lossless mismatches {c['lossless_mismatches']}"))

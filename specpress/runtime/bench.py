@@ -9,9 +9,10 @@ import torch
 
 from specpress.models.target import TargetModel, load_target
 from specpress.models.tokenizer import load_tokenizer
-from specpress.runtime.metrics import plain_metrics, spec_metrics
+from specpress.runtime.metrics import compare_metrics, plain_metrics, spec_metrics
 from specpress.runtime.plain import check_fits, decode_plain
 from specpress.runtime.prompts import Prompt, load_prompts
+from specpress.runtime.sampling import SamplingParams
 
 
 def load_bench_inputs(target_dir: str | Path, prompts_file: str | Path, dtype: str = "fp32"
@@ -44,72 +45,88 @@ def default_policy(family: str) -> str:
     return get_family(family).default_policy
 
 
-def bench_plain(target: TargetModel, prompts: list[Prompt], max_new_tokens: int, *, temperature: float = 0.0,
-                top_k: int = 0, top_p: float = 1.0, seed: int = 0, config: dict[str, Any] | None = None,
-                on_prompt: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """Decode every prompt with the target alone; returns the bench JSON object."""
+def bench_plain(target: TargetModel, prompts: list[Prompt], max_new_tokens: int, *,
+                params: SamplingParams = SamplingParams(), seed: int = 0, config: dict[str, Any] | None = None,
+                warmup_prompts: int = 0, on_prompt: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Decode every prompt with the target alone; returns the bench JSON object. `warmup_prompts` are
+    decoded in full before timing (a compiled target meets its shapes untimed)."""
     for i, p in enumerate(prompts):
         check_fits(target, len(p.ids), max_new_tokens, label=f"prompt {i + 1}")
     gen = torch.Generator().manual_seed(seed)
+    for p in prompts[:warmup_prompts]:
+        decode_plain(target, p.ids, max_new_tokens, params, gen)
+    gen.manual_seed(seed)
     outputs, gen_ms, step_ms = [], [], []
     for i, p in enumerate(prompts):
-        g = decode_plain(target, p.ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                         generator=gen)
+        g = decode_plain(target, p.ids, max_new_tokens, params, gen)
         outputs.append(g.tokens)
         gen_ms.append(g.decode_ms)
         step_ms.extend(g.step_ms)
         if on_prompt:
             on_prompt(i)
-    cfg = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
-           "seed": seed, "prompts": len(prompts), "threads": torch.get_num_threads(), **(config or {})}
+    cfg = {"max_new_tokens": max_new_tokens, **sampling_config(params), "seed": seed, "prompts": len(prompts),
+           "threads": torch.get_num_threads(), "warmup_prompts": warmup_prompts, **(config or {})}
     return plain_metrics(outputs, gen_ms, step_ms, cfg)
 
 
+def sampling_config(params: SamplingParams) -> dict[str, Any]:
+    return {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p}
+
+
 def bench_speculative(target: TargetModel, drafter: Any, prompts: list[Prompt], max_new_tokens: int, policy: Any,
-                      *, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-                      drafter_bytes: int = 0, config: dict[str, Any] | None = None, warmup_prompts: int = 0,
+                      *, params: SamplingParams = SamplingParams(), seed: int = 0, drafter_bytes: int = 0,
+                      config: dict[str, Any] | None = None, warmup_prompts: int = 0, plain_warmup_prompts: int = 0,
+                      compare: Any = None, compare_bytes: int = 0, compare_label: dict[str, Any] | None = None,
                       on_prompt: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Speculative decoding of every prompt, with plain decoding of the same prompt interleaved
     (alternating which goes first) as the same-process baseline; at temperature 0 each output is
-    checked against plain greedy decoding.
+    checked against plain greedy decoding. `drafter` (and `compare`): a DrafterRunner or a drafter module.
 
     Before timing, the first prompt is decoded for 8 tokens both ways; `warmup_prompts` more are decoded
-    speculatively in full (a compiled drafter meets every shape it will see, so no compilation is timed).
+    speculatively in full (a compiled drafter meets every shape it will see, so no compilation is timed)
+    and `plain_warmup_prompts` plainly (for a compiled target). With `compare`, a second drafter decodes
+    every prompt too, in the same interleave (plain, drafter, compare; reversed on odd prompts), and the
+    JSON gains "compare": its metrics against the same plain runs, labelled by `compare_label`, and the
+    two drafters' forward and round times (medians over prompts) with their ratio compare / drafter.
     """
     from specpress.runtime.backends.torch import as_drafter_runner
-    from specpress.runtime.drafting import check_policy, draft_slots
-    from specpress.runtime.loop import speculative_generate
-    from specpress.runtime.sampling import SamplingParams
+    from specpress.runtime.drafting import check_policy
+    from specpress.runtime.loop import speculative_generate, target_capacity
 
-    drafter = as_drafter_runner(drafter)
-    check_policy(drafter.family, policy)
+    drafters = [as_drafter_runner(d) for d in ([drafter] if compare is None else [drafter, compare])]
+    for d in drafters:
+        check_policy(d.family, policy)
     for i, p in enumerate(prompts):
-        check_fits(target, len(p.ids), max_new_tokens, label=f"prompt {i + 1}", slack=draft_slots(policy) + 2)
-    params = SamplingParams(temperature, top_k, top_p)
-    spec_gen = torch.Generator().manual_seed(seed)
+        target_capacity(target, len(p.ids), max_new_tokens, policy, label=f"prompt {i + 1}")
+    spec_gens = [torch.Generator().manual_seed(seed) for _ in drafters]
     plain_gen = torch.Generator().manual_seed(seed + 1)
     warm = prompts[0].ids
-    speculative_generate(target, drafter, warm, min(8, max_new_tokens), policy, params, spec_gen)
-    for p in prompts[:warmup_prompts]:
-        speculative_generate(target, drafter, p.ids, max_new_tokens, policy, params, spec_gen)
-    decode_plain(target, warm, min(8, max_new_tokens), temperature=temperature, top_k=top_k, top_p=top_p,
-                 generator=plain_gen)
-    spec_gen.manual_seed(seed)
+    for d, g in zip(drafters, spec_gens):
+        speculative_generate(target, d, warm, min(8, max_new_tokens), policy, params, g)
+        for p in prompts[:warmup_prompts]:
+            speculative_generate(target, d, p.ids, max_new_tokens, policy, params, g)
+    decode_plain(target, warm, min(8, max_new_tokens), params, plain_gen)
+    for p in prompts[:plain_warmup_prompts]:
+        decode_plain(target, p.ids, max_new_tokens, params, plain_gen)
+    for g in spec_gens:
+        g.manual_seed(seed)
     plain_gen.manual_seed(seed + 1)
-    spec, plain = [], []
+    specs: list[list[Any]] = [[] for _ in drafters]
+    plain: list[Any] = []
     for i, p in enumerate(prompts):
-        def run_spec():
-            spec.append(speculative_generate(target, drafter, p.ids, max_new_tokens, policy, params, spec_gen))
-
-        def run_plain():
-            plain.append(decode_plain(target, p.ids, max_new_tokens, temperature=temperature, top_k=top_k,
-                                      top_p=top_p, generator=plain_gen))
-
-        for fn in ((run_plain, run_spec) if i % 2 == 0 else (run_spec, run_plain)):
+        runs = [lambda: plain.append(decode_plain(target, p.ids, max_new_tokens, params, plain_gen))]
+        runs += [lambda d=d, g=g, out=out: out.append(speculative_generate(target, d, p.ids, max_new_tokens, policy,
+                                                                            params, g))
+                 for d, g, out in zip(drafters, spec_gens, specs)]
+        for fn in (runs if i % 2 == 0 else runs[::-1]):
             fn()
         if on_prompt:
             on_prompt(i)
-    cfg = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
-           "seed": seed, "prompts": len(prompts), "policy": str(policy), "threads": torch.get_num_threads(),
-           "warmup_prompts": warmup_prompts, **(config or {})}
-    return spec_metrics(spec, plain, cfg, drafter_bytes, greedy=temperature == 0)
+    cfg = {"max_new_tokens": max_new_tokens, **sampling_config(params), "seed": seed, "prompts": len(prompts),
+           "policy": str(policy), "threads": torch.get_num_threads(), "warmup_prompts": warmup_prompts,
+           **(config or {})}
+    result = spec_metrics(specs[0], plain, cfg, drafter_bytes, greedy=params.greedy)
+    if compare is not None:
+        result["compare"] = {**(compare_label or {}),
+                             **compare_metrics(specs[0], specs[1], plain, compare_bytes, greedy=params.greedy)}
+    return result

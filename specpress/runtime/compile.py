@@ -1,10 +1,12 @@
-"""`--compile`: TorchInductor compilation of the drafter's forward.
+"""`--compile` / `--compile-target`: TorchInductor compilation of the drafter's / the target's forward.
 
 On a CPU a drafter forward over one to a few new tokens spends about half its time outside the matrix
-multiplies (norms, rotary, masks, module calls); Inductor fuses that work. Only the drafter is compiled:
-the target stays eager, so a bench's plain baseline and its verify forwards run the same code and the
-speedup moves only because drafting got cheaper. Shapes change every round (cache length, tree width,
-number of accepted tokens), hence dynamic shapes; the first calls compile (tens of seconds on CPU).
+multiplies (norms, rotary, masks, module calls); Inductor fuses that work. `--compile` compiles only
+the drafter: the target stays eager, so a bench's plain baseline and its verify forwards run the same
+code and the speedup moves only because drafting got cheaper. `--compile-target` compiles the target
+too, and then the plain baseline runs the same compiled target: the speedup of a compiled speculative
+decoder over a compiled plain one. Shapes change every round (cache length, tree width, number of
+accepted tokens), hence dynamic shapes; the first calls compile (tens of seconds on CPU).
 """
 
 from __future__ import annotations
@@ -20,8 +22,14 @@ def compile_drafter(drafter) -> None:  # drafter: any registered Drafter (an nn.
     drafter.compile(dynamic=True)
 
 
+def compile_target(target) -> None:  # target: TargetModel
+    """Compile the target's forward in place with automatic dynamic shapes (dynamic=True would make the
+    `taps` ints symbolic and lose the taps)."""
+    target.compile()
+
+
 @contextmanager
-def compile_errors(enabled: bool, what: str = "the drafter") -> Iterator[None]:
+def compile_errors(enabled: bool, what: str = "the drafter", flag: str = "--compile") -> Iterator[None]:
     """Turn a failure inside torch.compile (compiling `what`) into a UsageError that says how to run without it."""
     if not enabled:
         yield
@@ -33,5 +41,5 @@ def compile_errors(enabled: bool, what: str = "the drafter") -> Iterator[None]:
         yield
     except (TorchDynamoException, CppCompileError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError(f"--compile failed while compiling {what} ({type(exc).__name__}: {first}); "
-                         "Inductor needs a working C++ compiler on CPU. Run without --compile.") from exc
+        raise UsageError(f"{flag} failed while compiling {what} ({type(exc).__name__}: {first}); "
+                         f"Inductor needs a working C++ compiler on CPU. Run without {flag}.") from exc

@@ -53,10 +53,11 @@ class SpecGeneration:
     total_ms: float = 0.0
 
 
-def first_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    if params.greedy:
-        return int(torch.argmax(logits))
-    return int(sample(logits, params, generator))
+def target_capacity(target: TargetModel | TargetRunner, prompt_len: int, max_new_tokens: int, policy: Policy,
+                    label: str = "prompt") -> int:
+    """Target cache slots a speculative decode of `prompt_len` + `max_new_tokens` needs: the last round may
+    verify a whole tree (num_draft_tokens + the root) past the budget. A clear error when it does not fit."""
+    return check_fits(target, prompt_len, max_new_tokens, label, slack=policy.num_draft_tokens + 2)
 
 
 @torch.inference_mode()
@@ -70,14 +71,13 @@ def speculative_generate(target: TargetModel | TargetRunner, drafter: DrafterRun
     target, drafter = as_target_runner(target), as_drafter_runner(drafter)
     check_policy(drafter.family, policy)
     eos = set(target.config.eos_ids if eos_ids is None else eos_ids)
-    margin = policy.num_draft_tokens + 2
-    capacity = check_fits(target, len(prompt), max_new_tokens, slack=margin)
+    capacity = target_capacity(target, len(prompt), max_new_tokens, policy)
     cache = target.new_cache(capacity)
     session: DraftSession = make_session(drafter, capacity + draft_slots(policy))
     dev = target.device
     t_start = wall_ms(dev)
     out = target.forward(torch.tensor([list(prompt)], device=dev), cache=cache, taps=session.taps)
-    tok = first_token(out.logits[0, -1], params, generator)
+    tok = int(sample(out.logits[0, -1], params, generator))
     session.start(prompt, out, tok)
     gen = SpecGeneration([tok], prefill_ms=wall_ms(dev) - t_start)
     while len(gen.tokens) < max_new_tokens and gen.tokens[-1] not in eos:

@@ -88,3 +88,24 @@ def spec_metrics(spec: list[Any], plain: list[Any], config: dict[str, Any], draf
         "outputs": [g.tokens for g in spec],
         "config": config,
     }
+
+
+def _per_prompt_median(gens: list[Any], ms: Any) -> float:
+    """Median over prompts of the mean per round of `ms(round)` (prompts without rounds are skipped)."""
+    return median([sum(ms(r) for r in g.rounds) / len(g.rounds) for g in gens if g.rounds])
+
+
+def compare_metrics(base: list[Any], other: list[Any], plain: list[Any], drafter_bytes: int,
+                    greedy: bool) -> dict[str, Any]:
+    """`bench --compare-drafter`: the other drafter's metrics (spec_metrics' definitions, the same plain
+    runs) and both drafters' per-prompt mean drafter forward ms and round ms per round, as medians over
+    prompts, with the ratios other / base (below 1: the other drafter is faster)."""
+    out = {k: v for k, v in spec_metrics(other, plain, {}, drafter_bytes, greedy).items()
+           if k not in ("outputs", "per_prompt", "config")}
+    forward = lambda r: r.draft_forward_ms  # noqa: E731
+    round_ms = lambda r: r.draft_ms + r.verify_ms + r.other_ms  # noqa: E731
+    for name, ms in (("draft_forward_ms", forward), ("round_ms", round_ms)):
+        mine, theirs = _per_prompt_median(other, ms), _per_prompt_median(base, ms)
+        out[f"{name}_median"], out[f"base_{name}_median"] = mine, theirs
+        out[f"{name}_ratio"] = mine / theirs if theirs else 0.0
+    return out

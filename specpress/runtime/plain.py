@@ -10,6 +10,9 @@ import torch
 
 from specpress.errors import UsageError
 from specpress.models.target import TargetModel
+from specpress.runtime.backends.base import TargetRunner
+from specpress.runtime.backends.torch import as_target_runner
+from specpress.runtime.sampling import SamplingParams, sample
 
 
 @dataclass
@@ -23,7 +26,7 @@ class Generation:
         return self.prefill_ms + sum(self.step_ms)
 
 
-def check_fits(target: TargetModel, prompt_len: int, max_new_tokens: int, label: str = "prompt",
+def check_fits(target: TargetModel | TargetRunner, prompt_len: int, max_new_tokens: int, label: str = "prompt",
                slack: int = 0) -> int:
     """Cache capacity needed; a clear error when the prompt plus budget exceeds the context.
 
@@ -38,33 +41,24 @@ def check_fits(target: TargetModel, prompt_len: int, max_new_tokens: int, label:
     return need
 
 
-def next_token(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
-               generator: torch.Generator | None) -> int:
-    """logits [V] -> token id: argmax at temperature 0, else a sample from the processed distribution."""
-    if temperature <= 0:
-        return int(torch.argmax(logits))
-    from specpress.runtime.sampling import process_logits
-
-    probs = process_logits(logits.float(), temperature, top_k, top_p)
-    return int(torch.multinomial(probs, 1, generator=generator))
-
-
 @torch.inference_mode()
-def decode_plain(target: TargetModel, prompt: Sequence[int], max_new_tokens: int, *, temperature: float = 0.0,
-                 top_k: int = 0, top_p: float = 1.0, generator: torch.Generator | None = None,
+def decode_plain(target: TargetModel | TargetRunner, prompt: Sequence[int], max_new_tokens: int,
+                 params: SamplingParams = SamplingParams(), generator: torch.Generator | None = None,
                  eos_ids: Sequence[int] | None = None) -> Generation:
-    """Greedy (temperature 0) or sampled decoding; stops after EOS or `max_new_tokens` tokens."""
+    """Greedy (temperature 0) or sampled decoding; stops after EOS or `max_new_tokens` tokens.
+    Each token is `sampling.sample` of the last logits, as the speculative loop picks its first token."""
+    target = as_target_runner(target)
     eos = set(target.config.eos_ids if eos_ids is None else eos_ids)
     cache = target.new_cache(check_fits(target, len(prompt), max_new_tokens))
-    dev = target.lm_head.weight.device
+    dev = target.device
     t0 = time.perf_counter()
-    out = target(torch.tensor([list(prompt)], device=dev), cache=cache, logits="last")
-    tok = next_token(out.logits[0, -1], temperature, top_k, top_p, generator)
+    out = target.forward(torch.tensor([list(prompt)], device=dev), cache=cache, logits="last")
+    tok = int(sample(out.logits[0, -1], params, generator))
     gen = Generation([tok], prefill_ms=(time.perf_counter() - t0) * 1e3)
     while len(gen.tokens) < max_new_tokens and tok not in eos:
         t0 = time.perf_counter()
-        out = target(torch.tensor([[tok]], device=dev), cache=cache, logits="last")
-        tok = next_token(out.logits[0, -1], temperature, top_k, top_p, generator)
+        out = target.forward(torch.tensor([[tok]], device=dev), cache=cache, logits="last")
+        tok = int(sample(out.logits[0, -1], params, generator))
         gen.step_ms.append((time.perf_counter() - t0) * 1e3)
         gen.tokens.append(tok)
     return gen

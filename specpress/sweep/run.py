@@ -1,6 +1,7 @@
 """One grid point: build its artifact (reused when already built), measure acc@k, bench every run.
 
-A run is (policy, temperature, backend: a name of the runtime/backends registry); every run of every point decodes the SAME prompts, so the parent
+A run is (policy, temperature, backend: a name of the runtime/backends registry); every run of every point
+decodes the SAME prompts, so the parent
 can pair each run with the base drafter's run of the same settings (stats.py). The artifact goes to
 OUT/points/<id>/drafter with OUT/points/<id>/point.json holding what it was built from (steps, base
 drafter digest, target, calibration data, seed): it is reused only when that key matches. Records are
@@ -20,6 +21,7 @@ from specpress.artifacts import write_json
 from specpress.runtime.backends import BACKENDS, load_runner
 from specpress.runtime.backends.torch import TorchDrafterRunner, TorchTarget
 from specpress.runtime.bench import bench_speculative, load_drafter_for
+from specpress.runtime.sampling import SamplingParams
 from specpress.sweep.context import SweepContext, file_digest, open_context
 from specpress.sweep.grid import Point, Step
 from specpress.sweep.recipe import Recipe
@@ -158,7 +160,7 @@ def measure_point(ctx: SweepContext, point: Point, runs: list[RunSpec], *, log: 
                 runners[backend] = load_runner(backend, path, ctx.target, TorchTarget(ctx.target).device)
             res = bench_speculative(
                 ctx.target, runners[backend], ctx.prompts, ctx.recipe.max_new_tokens, parse_policy(policy),
-                temperature=temperature, seed=ctx.recipe.seed, drafter_bytes=int(info["bytes"]),
+                params=SamplingParams(temperature), seed=ctx.recipe.seed, drafter_bytes=int(info["bytes"]),
                 config={"point": point.id, "drafter": str(art), "target": str(ctx.target_dir), "backend": backend},
                 on_prompt=(lambda i, r=run: on_prompt(r, i)) if on_prompt else None)
         except Exception as exc:

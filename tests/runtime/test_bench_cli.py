@@ -120,3 +120,59 @@ def test_backend_choices_come_from_the_registry(tmp_path):
     for command in ("run", "bench"):
         help_text = CliRunner().invoke(cli, [command, "--help"]).output
         assert "--backend" in help_text and all(name in help_text for name in BACKENDS)
+
+
+def bench_json(tmp_path, args, name="res.json"):
+    out = tmp_path / name
+    res = CliRunner().invoke(cli, ["bench", *args, "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    return json.loads(out.read_text()), res.output
+
+
+def test_compare_drafter_interleaves_a_second_drafter(tmp_path):
+    """The compared drafter decodes the same prompts in the same process: its tau and outputs equal its own
+    bench run's (interleaving changes nothing computed), and the JSON carries both drafters' medians."""
+    target, tdir, ddir, prompts = setup(tmp_path)
+    other = save_drafter(make("eagle3", target, seed=3), tmp_path / "other")
+    common = ["--target", str(tdir), "--prompts", str(prompts), "--max-new-tokens", "12", "--policy", "chain:3"]
+    d, output = bench_json(tmp_path, [*common, "--drafter", str(ddir), "--compare-drafter", str(other)])
+    alone, _ = bench_json(tmp_path, [*common, "--drafter", str(other)], "alone.json")
+    first, _ = bench_json(tmp_path, [*common, "--drafter", str(ddir)], "first.json")
+    c = d["compare"]
+    assert c["drafter"] == str(other) and c["backend"] == "torch" and d["config"]["compare"]["drafter"] == str(other)
+    assert c["tau"] == alone["tau"] and c["histogram"] == alone["histogram"] and c["lossless_mismatches"] == 0
+    assert d["tau"] == first["tau"] and d["outputs"] == first["outputs"]
+    assert c["drafter_bytes"] == alone["drafter_bytes"] > 0
+    for name in ("draft_forward_ms", "round_ms"):
+        assert c[f"{name}_median"] > 0 and c[f"base_{name}_median"] > 0
+        assert c[f"{name}_ratio"] == pytest.approx(c[f"{name}_median"] / c[f"base_{name}_median"])
+    assert "compare" in output and "lossless mismatches 0" in output
+
+
+def test_compare_options_need_their_partners(tmp_path):
+    _, tdir, ddir, prompts = setup(tmp_path)
+    base = ["bench", "--target", str(tdir), "--prompts", str(prompts), "--max-new-tokens", "4"]
+    res = CliRunner().invoke(cli, base + ["--compare-drafter", str(ddir)])
+    assert res.exit_code == 2 and "pass --drafter too" in res.output
+    res = CliRunner().invoke(cli, base + ["--drafter", str(ddir), "--compare-backend", "torch"])
+    assert res.exit_code == 2 and "pass --compare-drafter too" in res.output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("with_drafter", [False, True])
+def test_compile_target_compiles_the_target_for_both_sides(tmp_path, with_drafter):
+    """--compile-target: Inductor compiles the target (no drafter compiled), warm-up runs both ways, and the
+    speculative outputs still equal the (compiled) plain baseline."""
+    import torch._dynamo
+
+    _, tdir, ddir, prompts = setup(tmp_path)
+    args = ["--target", str(tdir), "--prompts", str(prompts), "--max-new-tokens", "10", "--compile-target"]
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    try:
+        d, _ = bench_json(tmp_path, args + (["--drafter", str(ddir), "--policy", "chain:3"] if with_drafter else []))
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1
+    finally:
+        torch._dynamo.reset()
+    assert d["config"]["compile_target"] is True and d["config"]["compile"] is False
+    assert d["config"]["warmup_prompts"] == 3 and d["lossless_mismatches"] == 0

@@ -12,6 +12,7 @@ from specpress.cli import cli
 from specpress.errors import DataError, UsageError
 from specpress.models.target import load_target
 from specpress.runtime.plain import decode_plain
+from specpress.runtime.sampling import SamplingParams
 from specpress.runtime.prompts import load_prompts
 
 
@@ -45,9 +46,9 @@ def test_greedy_stops_at_eos_like_transformers(hf_dir_factory):
 def test_sampling_is_seeded_and_varies(hf_dir_factory):
     _, path = hf_dir_factory("llama", eos_token_id=None)
     ours = load_target(path)
-    a = decode_plain(ours, [1, 2, 3], 15, temperature=1.0, generator=torch.Generator().manual_seed(7), eos_ids=())
-    b = decode_plain(ours, [1, 2, 3], 15, temperature=1.0, generator=torch.Generator().manual_seed(7), eos_ids=())
-    c = decode_plain(ours, [1, 2, 3], 15, temperature=1.0, generator=torch.Generator().manual_seed(8), eos_ids=())
+    a = decode_plain(ours, [1, 2, 3], 15, SamplingParams(1.0), torch.Generator().manual_seed(7), eos_ids=())
+    b = decode_plain(ours, [1, 2, 3], 15, SamplingParams(1.0), torch.Generator().manual_seed(7), eos_ids=())
+    c = decode_plain(ours, [1, 2, 3], 15, SamplingParams(1.0), torch.Generator().manual_seed(8), eos_ids=())
     assert a.tokens == b.tokens
     assert a.tokens != c.tokens
 
