@@ -71,7 +71,8 @@ def test_speculators_round_trip_is_bit_identical(family, scheme, target, target_
         assert sc["default_proposal_method"] == "greedy" and sc["proposal_methods"][0]["proposal_type"] == "greedy"
         assert not any(k.startswith("midlayer.") for k in keys)
     if family == "eagle3":
-        assert cfg["eagle_aux_hidden_state_layer_ids"] is None and cfg["norm_before_residual"] is False
+        # the artifact stores its taps (the 8-layer target's defaults 2, L//2, L-3): written explicitly
+        assert cfg["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5] and cfg["norm_before_residual"] is False
         assert cfg["transformer_layer_config"]["model_type"] == "llama" and "layers.0.hidden_norm.weight" in keys
     if family == "dflash":
         assert cfg["aux_hidden_state_layer_ids"] == [2, 6]  # target_layer_ids [1, 5] + 1: hidden_states index
