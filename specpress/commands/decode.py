@@ -181,8 +181,9 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
     a bf16 one on CPU). At --dtype bf16 a few outputs may differ from plain greedy decoding at exact or
     one-step ties of the bf16 logits (the one-token and many-token kernels round differently;
     BENCHMARKS.md); fp32 is exactly lossless. --compile needs a C++ compiler; without one it fails
-    with a message saying to drop it. Its speedup is against an eager plain decoder;
-    bench/compile_both.py (in the repository) compiles the target too, for the like-for-like figure.
+    with a message saying to drop it. Its speedup is against an eager plain decoder; add
+    --compile-target to compile the target too (the like-for-like figure: the plain baseline and the
+    verify forwards then run the same compiled target).
 
     \b
     Examples:
