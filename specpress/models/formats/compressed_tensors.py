@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from specpress.errors import CheckpointError, ConfigError
+from specpress.models.quantized.modules import checked_tensor
 
 CT_VERSION = "0.20.1"  # the compressed-tensors release this layout was checked against
 HOLDS = ("int4 (rtn, gptq; symmetric or asymmetric)", "int8 (rtn, gptq; symmetric or asymmetric)",
@@ -135,13 +136,7 @@ def decompress_module(stored: Mapping[str, Tensor], cfg: Mapping[str, Any], shap
     n, k = shape
 
     def need(key: str, dtype: torch.dtype, dims: tuple[int, ...]) -> Tensor:
-        t = stored.get(key)
-        if t is None:
-            raise CheckpointError(f"{where}: missing compressed-tensors tensor {key!r}")
-        if t.dtype != dtype or tuple(t.shape) != dims:
-            raise CheckpointError(f"{where}.{key}: stored {t.dtype} {tuple(t.shape)}, the quantization_config "
-                                  f"implies {dtype} {dims}")
-        return t
+        return checked_tensor(stored, key, dtype, dims, where, "compressed-tensors", "the quantization_config")
 
     if cfg["name"] == "fp8":
         return {"weight_fp8": need("weight", torch.float8_e4m3fn, (n, k)),

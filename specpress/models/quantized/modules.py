@@ -149,15 +149,21 @@ class QuantizedLinear(nn.Module):
         """Re-derive anything cached from the quantized tensors (after a load or a move)."""
 
 
+def checked_tensor(stored: Mapping[str, Tensor], key: str, dtype: torch.dtype, shape: tuple[int, ...], where: str,
+                   kind: str = "quantized", source: str = "the recorded quantization") -> Tensor:
+    """stored[key], or a CheckpointError naming `where` when it is missing or not the `source`'s dtype/shape."""
+    t = stored.get(key)
+    if t is None:
+        raise CheckpointError(f"{where}: missing {kind} tensor {key!r}")
+    if t.dtype != dtype or tuple(t.shape) != shape:
+        raise CheckpointError(f"{where}.{key}: stored {t.dtype} {tuple(t.shape)}, {source} implies {dtype} {shape}")
+    return t
+
+
 def _check_stored(stored: Mapping[str, Tensor], expected: Mapping[str, tuple[torch.dtype, tuple[int, ...]]],
                   where: str) -> None:
     for key, (dt, shape) in expected.items():
-        t = stored.get(key)
-        if t is None:
-            raise CheckpointError(f"{where}: missing quantized tensor {key!r}")
-        if t.dtype != dt or tuple(t.shape) != shape:
-            raise CheckpointError(f"{where}.{key}: stored {t.dtype} {tuple(t.shape)}, the recorded quantization "
-                                  f"implies {dt} {shape}")
+        checked_tensor(stored, key, dt, shape, where)
 
 
 # ----------------------------------------------------------------------------------------------
