@@ -3,7 +3,10 @@
 Columns: point, bytes, bytes as % of the base drafter stored in 16-bit (its params x 2 bytes), bits/param,
 tau, retention (tau / base tau), paired delta tau [95 % CI], resolved (the CI excludes 0), acc@1
 (top-1 agreement with the target at draft position 1), speedup, lossless (greedy mismatches / prompts),
-front (on the Pareto front of smaller bytes / higher tau).
+front (on the Pareto front of smaller bytes / higher tau); with a reduced draft vocabulary (EAGLE-3) vocab
+coverage: the share of the target's emitted tokens on the sweep's prompts that the draft vocabulary holds,
+beside the share `prune --vocab` recorded on its ranking data (runtime/coverage.py). A point whose evaluation
+coverage is more than COVERAGE_GAP (3 points) below its calibration coverage gets a warning under the table.
 """
 
 from __future__ import annotations
@@ -13,11 +16,13 @@ import io
 from pathlib import Path
 from typing import Any, Iterable
 
+from specpress.runtime.coverage import coverage_warning
+
 HEADERS = ("point", "bytes", "% base@16-bit", "bits/param", "τ", "retention", "Δτ [95 % CI]", "resolved", "acc@1",
-           "speedup", "lossless", "front")
+           "speedup", "lossless", "vocab coverage eval / calib", "front")
 CSV_FIELDS = ("point", "policy", "temperature", "backend", "status", "bytes", "bytes_pct_base16", "bits_per_param",
               "tau", "retention", "delta_tau", "ci_low", "ci_high", "resolved", "acc1", "speedup",
-              "lossless_mismatches", "prompts", "pareto", "steps", "error")
+              "lossless_mismatches", "eval_coverage", "calibration_coverage", "prompts", "pareto", "steps", "error")
 
 
 def group_key(rec: dict[str, Any]) -> tuple[str, float, str]:
@@ -69,7 +74,24 @@ def cells(rec: dict[str, Any]) -> list[str]:
             _f(rec.get("bits_per_param"), ".2f"), _f(rec.get("tau"), ".3f"),
             _f(None if rec.get("retention") is None else 100 * rec["retention"], ".1f") + " %", delta, resolved,
             _f(acc[0] if acc else None, ".3f"), _f(rec.get("speedup"), ".2f") + "×",
-            "n/a" if mism is None else f"{mism}/{rec.get('prompts')}", "yes" if rec.get("pareto") else ""]
+            "n/a" if mism is None else f"{mism}/{rec.get('prompts')}", coverage_cell(rec),
+            "yes" if rec.get("pareto") else ""]
+
+
+def coverage_cell(rec: dict[str, Any]) -> str:
+    """"88.5 / 94.9 %" (evaluation / calibration coverage), "88.5 / – %" without a prune --vocab, "–" for a
+    drafter that drafts the target's whole vocabulary."""
+    ev, cal = rec.get("eval_coverage"), rec.get("calibration_coverage")
+    if ev is None:
+        return "–"
+    return f"{100 * ev:.1f} / " + ("–" if cal is None else f"{100 * cal:.1f}") + " %" + (
+        " ⚠" if coverage_warning(ev, cal) else "")
+
+
+def coverage_warnings(rows: Iterable[dict[str, Any]]) -> list[str]:
+    """One line per ok record whose evaluation coverage falls well below its calibration coverage."""
+    return [f"{r['point']}: {w}" for r in rows if r["status"] == "ok"
+            and (w := coverage_warning(r.get("eval_coverage"), r.get("calibration_coverage")))]
 
 
 def markdown(records: list[dict[str, Any]], title: str = "") -> str:
@@ -84,6 +106,7 @@ def markdown(records: list[dict[str, Any]], title: str = "") -> str:
         for r in rows:
             parts.append("| " + " | ".join(c.replace("|", "\\|") for c in cells(r)) + " |")
         parts.append("")
+        parts.extend(f"**Warning** {w}\n" for w in coverage_warnings(rows))
     return "\n".join(parts)
 
 
@@ -102,7 +125,8 @@ def csv_text(records: list[dict[str, Any]]) -> str:
                         "tau": r.get("tau"), "retention": r.get("retention"), "delta_tau": p.get("delta_tau"),
                         "ci_low": ci[0], "ci_high": ci[1], "resolved": p.get("resolved"), "acc1": acc[0],
                         "speedup": r.get("speedup"), "lossless_mismatches": r.get("lossless_mismatches"),
-                        "prompts": r.get("prompts"), "pareto": r.get("pareto"),
+                        "eval_coverage": r.get("eval_coverage"),
+                        "calibration_coverage": r.get("calibration_coverage"), "prompts": r.get("prompts"), "pareto": r.get("pareto"),
                         "steps": " -> ".join(next(iter(s)) + " " + str(next(iter(s.values()))) for s in r["steps"]),
                         "error": r.get("error")})
     return buf.getvalue()
@@ -127,5 +151,9 @@ def rich_tables(records: list[dict[str, Any]]) -> list[Any]:
         for r in rows:
             style = "red" if r["status"] != "ok" else ("bold" if r.get("pareto") else None)
             t.add_row(*(escape(c) for c in cells(r)), style=style)
+        warnings = coverage_warnings(rows)
+        if warnings:
+            t.caption = "\n".join("warning: " + w for w in warnings)
+            t.caption_justify, t.caption_style = "left", "yellow"
         tables.append(t)
     return tables
