@@ -49,3 +49,11 @@ def test_sweep_points_report_eval_and_calibration_coverage(tmp_path):
     rows = {r["point"]: r for r in csv.DictReader(io.StringIO((tmp_path / "out" / "table.csv").read_text()))}
     assert float(rows["vocab6-vdata-vt1024"]["eval_coverage"]) == pruned["eval_coverage"]
     assert "warning: vocab6-vdata-vt1024: the draft vocabulary covers" in " ".join(res.output.split())
+
+
+def test_tables_without_a_reduced_vocabulary_have_no_coverage_column():
+    from specpress.sweep.report import COVERAGE, markdown
+
+    row = {"point": "base", "status": "ok", "policy": "chain:3", "temperature": 0.0, "backend": "torch",
+           "steps": [], "eval_coverage": None}
+    assert COVERAGE not in markdown([row]) and COVERAGE in markdown([{**row, "eval_coverage": 0.9}])
