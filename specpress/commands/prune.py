@@ -136,8 +136,9 @@ def prune(drafter_dir: Path, out: Path, ffn: float | None, heads: float | None, 
     if vocab_rec:
         on = (f"the target's continuations of {cal['traffic']['prompts']} prompts" if "traffic" in cal else
               "the calibration data")
+        before, after = vocab_rec["coverage_before"], vocab_rec["coverage_after"]
         click.echo(f"  draft vocabulary ranked on {vocab_rec['counted_tokens']:,} tokens of {on}: it covers "
-                   f"{100 * vocab_rec['coverage_after']:.1f} % of them (was {100 * vocab_rec['coverage_before']:.1f} %)")
+                   f"{100 * after:.1f} % of them (was {100 * before:.1f} %)")
     if "agreement_before" in cal:
         click.echo(f"  calibration top-1 agreement {cal['agreement_before']:.3f} -> {cal['agreement_after']:.3f}, "
                    f"KL {cal['kl_before']:.4f} -> {cal['kl_after']:.4f} ({cal['tokens']} tokens, before recovery)")

@@ -4,8 +4,8 @@ A draft vocabulary ranked on one kind of text covers another kind worse (runtime
 `prune --vocab --data PROMPTS.jsonl` ranks on what the user serves instead. The prompts file is bench's format
 (JSON lines of {"prompt": "text"} or {"input_ids": [...]}); each prompt is decoded greedily by the target for
 `new_tokens` tokens (stopping at EOS) and prompt + continuation become one document of the calibration stream,
-documents joined by the target's first EOS (if it has one), so the vocab stage counts the target's predictions on exactly the
-text it produces for this traffic.
+documents joined by the target's first EOS (if it has one), so the vocab stage counts the target's predictions
+on exactly the text it produces for this traffic.
 """
 
 from __future__ import annotations

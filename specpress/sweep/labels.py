@@ -13,7 +13,7 @@ FONT = 7
 
 def _offsets() -> list[tuple[float, float, str]]:
     """(dx, dy) in points and horizontal alignment: beside the point first, then further above / below."""
-    out = [(5, 3, "left"), (5, -10, "left"), (-5, 3, "right"), (-5, -10, "right")]
+    out: list[tuple[float, float, str]] = [(5, 3, "left"), (5, -10, "left"), (-5, 3, "right"), (-5, -10, "right")]
     for step in range(1, 6):
         d = 10 * step
         out += [(5, 3 + d, "left"), (5, -10 - d, "left"), (-5, 3 + d, "right"), (-5, -10 - d, "right")]

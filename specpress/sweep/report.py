@@ -135,7 +135,8 @@ def csv_text(records: list[dict[str, Any]]) -> str:
                         "ci_low": ci[0], "ci_high": ci[1], "resolved": p.get("resolved"), "acc1": acc[0],
                         "speedup": r.get("speedup"), "lossless_mismatches": r.get("lossless_mismatches"),
                         "eval_coverage": r.get("eval_coverage"),
-                        "calibration_coverage": r.get("calibration_coverage"), "prompts": r.get("prompts"), "pareto": r.get("pareto"),
+                        "calibration_coverage": r.get("calibration_coverage"), "prompts": r.get("prompts"),
+                        "pareto": r.get("pareto"),
                         "steps": " -> ".join(next(iter(s)) + " " + str(next(iter(s.values()))) for s in r["steps"]),
                         "error": r.get("error")})
     return buf.getvalue()

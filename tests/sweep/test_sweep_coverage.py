@@ -48,7 +48,9 @@ def test_sweep_points_report_eval_and_calibration_coverage(tmp_path):
     assert "**Warning** vocab6-vdata-vt1024: the draft vocabulary covers" in md and "**Warning** base" not in md
     rows = {r["point"]: r for r in csv.DictReader(io.StringIO((tmp_path / "out" / "table.csv").read_text()))}
     assert float(rows["vocab6-vdata-vt1024"]["eval_coverage"]) == pruned["eval_coverage"]
-    assert "warning: vocab6-vdata-vt1024: the draft vocabulary covers" in " ".join(res.output.split())
+    text = " ".join(res.output.split())
+    assert "warning: vocab6-vdata-vt1024: the draft vocabulary covers" in text
+    assert f"vocab coverage {100 * pruned['eval_coverage']:.1f} % (calibration " in text  # the per-point line
 
 
 def test_tables_without_a_reduced_vocabulary_have_no_coverage_column():
