@@ -174,6 +174,10 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
     own compute within a round), overhead_ms and overhead_fraction (the loop's own time outside the
     drafter's and the target's forwards, and its share of a round), tokens_per_s,
     baseline_tokens_per_s, speedup, lossless_mismatches, drafter_bytes, per_prompt, outputs and config.
+    A drafter with a reduced draft vocabulary (EAGLE-3) adds eval_coverage, the share of the emitted
+    tokens its vocabulary holds, and calibration_coverage, the share `prune --vocab` recorded on its
+    ranking data (null when no prune chose the vocabulary); bench warns when eval_coverage is more than
+    3 points lower: the prompts differ from the ranking data (re-rank with prune --data PROMPTS.jsonl).
     Policies: chain:K, tree:[[0],[0,0],[1],...] (EAGLE / TensorRT-LLM eagle_choices; vLLM's tuple form
     parses too), dynamic:depth=D,topk=K,budget=N (EAGLE-2), block:B (DFlash), mtp:K.
 
@@ -260,6 +264,12 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
     result["machine"] = meter.stop()
     if warning := load_warning(result["machine"]):
         console.print(warning, style="yellow", highlight=False)
+    if drafter is not None:
+        from specpress.runtime.coverage import calibration_coverage, coverage_warning, drafter_provenance
+
+        result["calibration_coverage"] = calibration_coverage(drafter_provenance(drafter_dir))
+        if warning := coverage_warning(result["eval_coverage"], result["calibration_coverage"]):
+            console.print("warning: " + warning, style="yellow", highlight=False)
     report(console, result, len(prompts), pol)
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
@@ -284,6 +294,10 @@ def report(console, result: dict, n_prompts: int, pol) -> None:
                   f"{result['verify_ms']:.2f} / other {result['other_ms']:.2f}; loop overhead "
                   f"{100 * result['overhead_fraction']:.0f}%"
                   + ("" if lossless is None else f"; lossless mismatches {lossless}"))
+    if result.get("eval_coverage") is not None:
+        cal = result.get("calibration_coverage")
+        console.print(f"draft vocabulary covers {100 * result['eval_coverage']:.1f} % of the emitted tokens"
+                      + ("" if cal is None else f" (calibration coverage {100 * cal:.1f} %, from prune --vocab)"))
     c = result.get("compare")
     if c:
         console.print(f"compare {c['drafter']} ({c['backend']}): tau {c['tau']:.2f}, speedup {c['speedup']:.2f}x; "

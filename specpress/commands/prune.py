@@ -23,7 +23,13 @@ import click
 @click.option("--target", "target_dir", type=click.Path(path_type=Path),
               help="Target model directory (HF format with tokenizer.json): calibration and recovery.")
 @click.option("--data", "data_path", type=click.Path(path_type=Path),
-              help="Calibration text: a text file, .jsonl, or a directory of text/code files.")
+              help="Calibration data: a text file, a .jsonl of {\"text\": ...} lines, a directory of text/code "
+                   "files, zoo:train / zoo:val, or a prompts file in bench's format (JSON lines of "
+                   "{\"prompt\": ...} or {\"input_ids\": [...]}): the target's greedy continuations of those "
+                   "prompts (--continuation-tokens each) are then the data. It should look like your traffic.")
+@click.option("--continuation-tokens", type=click.IntRange(min=1), default=None,
+              help="With a prompts file as --data: tokens the target generates greedily per prompt (stopping at "
+                   "EOS).  [default: 128]")
 @click.option("--recover-steps", type=int, default=0, show_default=True,
               help="Distillation steps against the target after pruning (0 = none).")
 @click.option("--recover-lr", type=float, default=1e-4, show_default=True)
@@ -39,8 +45,8 @@ import click
 @click.option("--force", is_flag=True, help="Replace an existing --out.")
 def prune(drafter_dir: Path, out: Path, ffn: float | None, heads: float | None, layers: int | None,
           vocab: int | None, importance: str, vocab_source: str, target_dir: Path | None, data_path: Path | None,
-          recover_steps: int, recover_lr: float, batch: int, seq_len: int, calib_batches: int, vocab_tokens: int | None,
-          kl_group: int,
+          continuation_tokens: int | None, recover_steps: int, recover_lr: float, batch: int, seq_len: int,
+          calib_batches: int, vocab_tokens: int | None, kl_group: int,
           seed: int, force: bool) -> None:
     """Remove FFN channels, KV groups, layers or draft-vocabulary tokens: a smaller dense drafter.
 
@@ -55,11 +61,18 @@ def prune(drafter_dir: Path, out: Path, ffn: float | None, heads: float | None, 
     quarter of the vocabulary ranked on 2,048 predictions kept 94.5 % of tau, ranked on 262,144 (the
     default, ~10 s of target forwards) 102.7 % (BENCHMARKS.md, "Compression").
 
+    Rank on data that looks like your traffic: a vocabulary ranked on one kind of text covers another
+    worse, and tau falls with it (`bench` reports eval_coverage beside the calibration coverage recorded
+    here, and warns when it is more than 3 points lower). Give your own prompts as --data (bench's
+    prompts file) and --vocab ranks on the target's continuations of them.
+
     \b
     Examples:
       specpress prune --drafter drafters/eagle3 --out drafters/eagle3-ffn50 --ffn 0.5
       specpress prune --drafter drafters/eagle3 --out drafters/eagle3-p --ffn 0.5 --heads 0.25 --vocab 2048 \\
           --importance kl --target ~/.cache/specpress/zoo/small --data zoo:train --recover-steps 200
+      specpress prune --drafter drafters/eagle3 --out drafters/eagle3-v1024 --vocab 1024 \\
+          --target ~/.cache/specpress/zoo/small --data my_prompts.jsonl --continuation-tokens 128
     """
     import torch
 
@@ -67,6 +80,7 @@ def prune(drafter_dir: Path, out: Path, ffn: float | None, heads: float | None, 
     from specpress.commands.guards import check_seq_len
     from specpress.compress.data import data_stream
     from specpress.compress.prune import PruneConfig, check_request, prune as prune_drafter
+    from specpress.compress.traffic import CONTINUATION_TOKENS, is_prompts_file, traffic_stream
     from specpress.errors import UsageError
     from specpress.models.drafter import build_drafter
     from specpress.models.drafter_io import load_drafter, read_drafter_config, save_drafter
@@ -80,6 +94,11 @@ def prune(drafter_dir: Path, out: Path, ffn: float | None, heads: float | None, 
     out = out.expanduser()
     if data_path is not None and target_dir is None:
         raise UsageError("--data needs --target DIR: its tokenizer encodes the data")
+    traffic = data_path is not None and is_prompts_file(data_path)
+    if continuation_tokens is not None and not traffic:
+        raise UsageError("--continuation-tokens sets how much the target generates per prompt of a prompts file "
+                         "given as --data; --data is not one (a .jsonl of {\"prompt\": ...} or {\"input_ids\": "
+                         "[...]} lines): drop --continuation-tokens or give a prompts file")
     inputs = {"--drafter": drafter_dir, "--target": target_dir, "--data": data_path}
     with claim_output(out, force=force, inputs=inputs):
         with torch.device("meta"):  # every shape / flag error first, from config.json alone
@@ -91,9 +110,17 @@ def prune(drafter_dir: Path, out: Path, ffn: float | None, heads: float | None, 
         stream, extra = None, {}
         if data_path is not None:
             assert target is not None and target_dir is not None
-            stream = data_stream(data_path, load_tokenizer(target_dir), target.config.eos_ids,
-                                 target.config.vocab_size, target_dir)
             extra = {"source": str(data_path), "target": str(target_dir)}
+            if traffic:
+                tok = load_tokenizer(target_dir) if (target_dir.expanduser() / "tokenizer.json").is_file() else None
+                stream, record = traffic_stream(
+                    target, data_path, tok, continuation_tokens or CONTINUATION_TOKENS,
+                    on_prompt=lambda i, n: click.echo(f"\r  continuations {i + 1}/{n}", err=True,
+                                                      nl=i + 1 == n))
+                extra["traffic"] = record
+            else:
+                stream = data_stream(data_path, load_tokenizer(target_dir), target.config.eos_ids,
+                                     target.config.vocab_size, target_dir)
         pruned = prune_drafter(load_drafter(drafter_dir, target), config, target=target, calib=stream,
                                provenance_extra=extra, progress=True)
         save_drafter(pruned, out, force=force)
@@ -105,6 +132,13 @@ def prune(drafter_dir: Path, out: Path, ffn: float | None, heads: float | None, 
     click.echo(f"  params {step['params_before']:,} -> {step['params_after']:,}  bytes {step['bytes_before']:,} -> "
                f"{step['bytes_after']:,} ({step['bytes_after'] / step['bytes_before']:.1%})")
     cal = step["calibration"]
+    vocab_rec = step["importance"].get("vocab")
+    if vocab_rec:
+        on = (f"the target's continuations of {cal['traffic']['prompts']} prompts" if "traffic" in cal else
+              "the calibration data")
+        before, after = vocab_rec["coverage_before"], vocab_rec["coverage_after"]
+        click.echo(f"  draft vocabulary ranked on {vocab_rec['counted_tokens']:,} tokens of {on}: it covers "
+                   f"{100 * after:.1f} % of them (was {100 * before:.1f} %)")
     if "agreement_before" in cal:
         click.echo(f"  calibration top-1 agreement {cal['agreement_before']:.3f} -> {cal['agreement_after']:.3f}, "
                    f"KL {cal['kl_before']:.4f} -> {cal['kl_after']:.4f} ({cal['tokens']} tokens, before recovery)")

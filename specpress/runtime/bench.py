@@ -9,6 +9,7 @@ import torch
 
 from specpress.models.target import TargetModel, load_target
 from specpress.models.tokenizer import load_tokenizer
+from specpress.runtime.coverage import eval_coverage
 from specpress.runtime.metrics import compare_metrics, plain_metrics, spec_metrics
 from specpress.runtime.plain import check_fits, decode_plain
 from specpress.runtime.prompts import Prompt, load_prompts
@@ -88,6 +89,8 @@ def bench_speculative(target: TargetModel, drafter: Any, prompts: list[Prompt], 
     every prompt too, in the same interleave (plain, drafter, compare; reversed on odd prompts), and the
     JSON gains "compare": its metrics against the same plain runs, labelled by `compare_label`, and the
     two drafters' forward and round times (medians over prompts) with their ratio compare / drafter.
+    "eval_coverage" (and compare's): the share of the emitted tokens in a reduced draft vocabulary
+    (runtime/coverage.py), None when the drafter drafts the target's whole vocabulary.
     """
     from specpress.runtime.backends.torch import as_drafter_runner
     from specpress.runtime.drafting import check_policy
@@ -126,7 +129,10 @@ def bench_speculative(target: TargetModel, drafter: Any, prompts: list[Prompt], 
            "policy": str(policy), "threads": torch.get_num_threads(), "warmup_prompts": warmup_prompts,
            **(config or {})}
     result = spec_metrics(specs[0], plain, cfg, drafter_bytes, greedy=params.greedy)
+    result["eval_coverage"] = eval_coverage(result["outputs"], getattr(drafters[0], "token_map", None))
     if compare is not None:
         result["compare"] = {**(compare_label or {}),
-                             **compare_metrics(specs[0], specs[1], plain, compare_bytes, greedy=params.greedy)}
+                             **compare_metrics(specs[0], specs[1], plain, compare_bytes, greedy=params.greedy),
+                             "eval_coverage": eval_coverage([s.tokens for s in specs[1]],
+                                                            getattr(drafters[1], "token_map", None))}
     return result

@@ -133,8 +133,11 @@ class Sweep:
             f" [{ci[0]:+.3f}, {ci[1]:+.3f}]{' resolved' if p['resolved'] else ''}" if ci else "")
         ret = "" if r.get("retention") is None else f" ({100 * r['retention']:.1f} %)"
         acc = f"  acc@1 {r['agreement'][0]:.3f}" if r.get("agreement") else ""
+        ev, cal = r.get("eval_coverage"), r.get("calibration_coverage")
+        cov = "" if ev is None else f"  vocab coverage {100 * ev:.1f} %" + (
+            "" if cal is None else f" (calibration {100 * cal:.1f} %)")
         self.log(f"{head}: τ {r['tau']:.3f}{ret}{delta}  {fmt_bytes(r['bytes'])}{acc}  speedup {r['speedup']:.2f}×"
-                 f"  [{r['wall_s']:.0f} s]")
+                 f"{cov}  [{r['wall_s']:.0f} s]")
 
     # ------------------------------------------------------------------ running
 

@@ -21,6 +21,7 @@ from specpress.artifacts import write_json
 from specpress.runtime.backends import BACKENDS, load_runner
 from specpress.runtime.backends.torch import TorchDrafterRunner, TorchTarget
 from specpress.runtime.bench import bench_speculative, load_drafter_for
+from specpress.runtime.coverage import calibration_coverage
 from specpress.runtime.sampling import SamplingParams
 from specpress.sweep.context import SweepContext, file_digest, open_context
 from specpress.sweep.grid import Point, Step
@@ -143,7 +144,8 @@ def measure_point(ctx: SweepContext, point: Point, runs: list[RunSpec], *, log: 
               "bytes": int(info["bytes"]), "params": int(info["params"]), "bits_per_param": info["bits_per_param"],
               "dtype": info["dtype"], "provenance": info["provenance"], "agreement": acc,
               "agreement_windows": None if sampler is None else ctx.recipe.agreement_batches * sampler.batch,
-              "build_s": build_s, "agreement_s": agreement_s}
+              "build_s": build_s, "agreement_s": agreement_s,
+              "calibration_coverage": calibration_coverage(info["provenance"])}
     records = []
     runners = {"torch": TorchDrafterRunner(drafter)}  # the module acc@k measured; other backends load per run
     for run in runs:
@@ -173,7 +175,8 @@ def measure_point(ctx: SweepContext, point: Point, runs: list[RunSpec], *, log: 
             "draft_acceptance_rate": res.get("draft_acceptance_rate"), "tokens_per_s": res["tokens_per_s"],
             "baseline_tokens_per_s": res["baseline_tokens_per_s"], "speedup": res["speedup"],
             "draft_ms": res["draft_ms"], "verify_ms": res["verify_ms"], "other_ms": res["other_ms"],
-            "overhead_fraction": res["overhead_fraction"], "lossless_mismatches": res["lossless_mismatches"], "bench_config": res["config"],
+            "overhead_fraction": res["overhead_fraction"], "lossless_mismatches": res["lossless_mismatches"],
+            "eval_coverage": res.get("eval_coverage"), "bench_config": res["config"],
             "bench_s": time.monotonic() - t2})
         rec["wall_s"] = build_s + agreement_s + rec["bench_s"]
         records.append(rec)
