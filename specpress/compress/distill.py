@@ -48,8 +48,8 @@ from specpress.compress.progress import TrainProgress
 from specpress.compress.students import init_student, student_config
 from specpress.compress.teacher import Teacher, needed_taps
 from specpress.compress.training import (STATE_FILE, all_reduce_mean, data_fingerprint, from_rank0, load_state,
-                                         lr_at, lr_at_progress, module_fingerprint, partial_dir, save_state,
-                                         step_generator, world_info)
+                                         lr_at, lr_at_progress, module_fingerprint, partial_dir, Periodic,
+                                         save_state, step_generator, world_info)
 from specpress.artifacts import check_new
 from specpress.errors import DataError, UsageError
 from specpress.models.drafter import Drafter, target_fingerprint
@@ -92,167 +92,214 @@ def distill(target: TargetModel, config: DistillConfig, data: WindowSampler, out
     out=None trains without writing anything (no checkpoints).
     """
 
-    t0_total = time.monotonic()
-    out = Path(out).expanduser() if out is not None else None
-    if out is not None:
-        check_new(out, force)
-    if (data.seq_len, data.batch, data.seed) != (config.seq_len, config.batch, config.seed):
-        raise UsageError(f"the sampler draws [{data.batch}, {data.seq_len}] windows with seed {data.seed}, but the "
-                         f"config asks for batch {config.batch}, seq_len {config.seq_len}, seed {config.seed}; build "
-                         f"it with WindowSampler(stream, config.seq_len, config.batch, config.seed)")
-    rank, world = world_info()
-    if config.batch % world:
-        raise UsageError(f"batch {config.batch} is not divisible by the {world} data-parallel ranks")
-    for d, what in ((init, "init drafter"), (teacher_drafter, "--from drafter")):
-        if d is not None and d.family != config.family:
-            raise UsageError(f"the {what} is a {d.family!r} drafter but --family is {config.family!r}; "
-                             f"distillation between families is not supported")
-        if d is not None:
-            d.attach_target(target)  # dims / vocab checked against the target (CheckpointError)
-    dev = target.lm_head.weight.device
-    student = init_student(config, target, data.stream, init=init, teacher=teacher_drafter).to(dev)
-    if teacher_drafter is not None:
-        teacher_drafter.to(dev).eval().requires_grad_(False)
-    dfp = data_fingerprint(data.stream)
-    key = {"config": config.resume_key(), "student": student.config.to_dict(),
-           "target": target_fingerprint(target.config, target), "data": dfp,
-           "init": module_fingerprint(init) if init is not None else None,
-           "teacher_drafter": module_fingerprint(teacher_drafter) if teacher_drafter is not None else None,
-           "world_size": world}
+    return _Trainer(target, config, data, out, init=init, teacher_drafter=teacher_drafter, resume=resume,
+                    force=force, cache_dir=cache_dir).run(progress, heldout, on_step, provenance_extra)
 
-    params = [p for p in student.parameters() if p.requires_grad]
-    opt = build_optimizer(student.named_parameters(), config.optimizer, config.lr, config.weight_decay, (0.9, 0.95),
-                          fused=True)
-    loss_fn = get_loss(config.family)
-    n_pos = positions_scored(config, student)
-    state_path = partial_dir(out) / STATE_FILE if out is not None else None
-    step, seconds, planned = 0, 0.0, config.steps
-    recent: list[tuple[float, Tensor, Tensor]] = []
-    if resume and state_path is not None and state_path.is_file():
-        state = load_state(state_path, key)
-        student.load_state_dict(state["student"])
-        opt.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng"])
-        step, seconds, planned = int(state["step"]), float(state["seconds"]), int(state["planned"])
-        recent = [(float(l), h, c) for l, h, c in state["recent"]]
-    resumed_from = step
-    frozen = [p for p in target.parameters() if p.requires_grad]
-    for p in frozen:
-        p.requires_grad_(False)
-    target.eval()
-    rows = config.batch // world
-    lo = rank * rows
-    teacher = Teacher(target, needed_taps(student, teacher_drafter), cache_dir,
-                      {"target": key["target"], "data": dfp, "seed": config.seed, "batch": config.batch,
-                       "seq_len": config.seq_len, "bf16": config.bf16, "compile": config.compile},
-                      compile=config.compile)
 
-    def one_step(s: int, *, update: bool) -> LossOut:
-        ids = data.batch_at(s)[lo:lo + rows].to(dev)
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=config.bf16):
+class _Trainer:
+    """One distill run, in the order it runs: `setup` (checks, student, optimizer, resumed state, teacher),
+    `warm_up` (the --minutes-alone estimate), `step` (one optimizer step, gradients averaged over ranks),
+    `checkpoint` (the `.partial` state), `finish` (agreement, provenance, atomic write). `run` drives them."""
+
+    def __init__(self, target: TargetModel, config: DistillConfig, data: WindowSampler, out: str | Path | None, *,
+                 init: Drafter | None, teacher_drafter: Drafter | None, resume: bool, force: bool,
+                 cache_dir: str | Path | None) -> None:
+        self.t0_total = time.monotonic()
+        self.target, self.config, self.data, self.init, self.teacher_drafter = target, config, data, init, teacher_drafter
+        self.force = force
+        self.out = Path(out).expanduser() if out is not None else None
+        if self.out is not None:
+            check_new(self.out, force)
+        self.setup(resume, cache_dir)
+
+    def setup(self, resume: bool, cache_dir: str | Path | None) -> None:
+        """Validate, build the student and its optimizer, load a matching checkpoint, freeze the target."""
+        config, data, target, init, teacher_drafter = self.config, self.data, self.target, self.init, self.teacher_drafter
+        if (data.seq_len, data.batch, data.seed) != (config.seq_len, config.batch, config.seed):
+            raise UsageError(f"the sampler draws [{data.batch}, {data.seq_len}] windows with seed {data.seed}, but the "
+                             f"config asks for batch {config.batch}, seq_len {config.seq_len}, seed {config.seed}; "
+                             f"build it with WindowSampler(stream, config.seq_len, config.batch, config.seed)")
+        self.rank, self.world = world_info()
+        if config.batch % self.world:
+            raise UsageError(f"batch {config.batch} is not divisible by the {self.world} data-parallel ranks")
+        for d, what in ((init, "init drafter"), (teacher_drafter, "--from drafter")):
+            if d is not None and d.family != config.family:
+                raise UsageError(f"the {what} is a {d.family!r} drafter but --family is {config.family!r}; "
+                                 f"distillation between families is not supported")
+            if d is not None:
+                d.attach_target(target)  # dims / vocab checked against the target (CheckpointError)
+        self.dev = dev = target.lm_head.weight.device
+        self.student = student = init_student(config, target, data.stream, init=init, teacher=teacher_drafter).to(dev)
+        if teacher_drafter is not None:
+            teacher_drafter.to(dev).eval().requires_grad_(False)
+        self.dfp = data_fingerprint(data.stream)
+        self.key = {"config": config.resume_key(), "student": student.config.to_dict(),
+                    "target": target_fingerprint(target.config, target), "data": self.dfp,
+                    "init": module_fingerprint(init) if init is not None else None,
+                    "teacher_drafter": module_fingerprint(teacher_drafter) if teacher_drafter is not None else None,
+                    "world_size": self.world}
+        self.params = [p for p in student.parameters() if p.requires_grad]
+        self.opt = build_optimizer(student.named_parameters(), config.optimizer, config.lr, config.weight_decay,
+                                   (0.9, 0.95), fused=True)
+        self.loss_fn = get_loss(config.family)
+        self.n_pos = positions_scored(config, student)
+        self.state_path = partial_dir(self.out) / STATE_FILE if self.out is not None else None
+        self.steps, self.seconds, self.planned = 0, 0.0, config.steps
+        self.recent: list[tuple[float, Tensor, Tensor]] = []  # (loss, hits[k], counts[k]) of the last <= 20 steps
+        if resume and self.state_path is not None and self.state_path.is_file():
+            state = load_state(self.state_path, self.key)
+            student.load_state_dict(state["student"])
+            self.opt.load_state_dict(state["optimizer"])
+            torch.set_rng_state(state["rng"])
+            self.steps, self.seconds, self.planned = int(state["step"]), float(state["seconds"]), int(state["planned"])
+            self.recent = [(float(l), h, c) for l, h, c in state["recent"]]
+        self.resumed_from = self.steps
+        self.frozen = [p for p in target.parameters() if p.requires_grad]
+        for p in self.frozen:
+            p.requires_grad_(False)
+        target.eval()
+        self.rows = config.batch // self.world
+        self.lo = self.rank * self.rows
+        self.teacher = Teacher(target, needed_taps(student, teacher_drafter), cache_dir,
+                               {"target": self.key["target"], "data": self.dfp, "seed": config.seed,
+                                "batch": config.batch, "seq_len": config.seq_len, "bf16": config.bf16,
+                                "compile": config.compile},
+                               compile=config.compile)
+
+    def forward_backward(self, s: int, *, update: bool) -> LossOut:
+        """Step `s`'s loss on this rank's rows [lo, lo + rows) of the global batch, backpropagated; with
+        `update`, gradients averaged over ranks, clipped and applied."""
+        config, lo, rows = self.config, self.lo, self.rows
+        ids = self.data.batch_at(s)[lo:lo + rows].to(self.dev)
+        with torch.autocast(self.dev.type, dtype=torch.bfloat16, enabled=config.bf16):
             with compile_errors(config.compile, "the teacher (the target's forward)"):
-                batch = teacher.signals(s, ids, (lo, lo + rows))
-            ctx = LossContext(student, batch, config, step_generator(config.seed, s), teacher_drafter, True,
+                batch = self.teacher.signals(s, ids, (lo, lo + rows))
+            ctx = LossContext(self.student, batch, config, step_generator(config.seed, s), self.teacher_drafter, True,
                               (lo, config.batch))
-            res = loss_fn(ctx)
+            res = self.loss_fn(ctx)
         res.loss.backward()
         if update:
-            all_reduce_mean([p.grad for p in params if p.grad is not None], world)
+            all_reduce_mean([p.grad for p in self.params if p.grad is not None], self.world)
             if config.resolved_grad_clip() > 0:
-                nn.utils.clip_grad_norm_(params, config.resolved_grad_clip())
-            opt.step()
-        opt.zero_grad(set_to_none=True)
+                nn.utils.clip_grad_norm_(self.params, config.resolved_grad_clip())
+            self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
         return res
 
-    def checkpoint() -> None:
-        if state_path is None or rank != 0:
-            return
-        save_state(state_path, {"student": student.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                                "seconds": seconds, "planned": planned, "rng": torch.get_rng_state(),
-                                "recent": [[l, h, c] for l, h, c in recent], "key": key})
+    def warm_up(self, budget_s: float) -> None:
+        """--minutes alone: a warm-up pass (and, with compile, the compilation), then the progress bar's
+        first estimate of `planned` from the median of 3 timed passes (no update); all of it counts."""
+        t_warm = time.monotonic()
+        self.forward_backward(0, update=False)
+        times = []
+        for s in (1, 2, 3):
+            t1 = time.monotonic()
+            self.forward_backward(s, update=False)
+            times.append(time.monotonic() - t1)
+        self.seconds += time.monotonic() - t_warm
+        self.planned = max(2, int((budget_s - self.seconds) / max(sorted(times)[1], 1e-6)))
 
-    student.train()
-    stopped_by = "steps"
-    consistent = True  # False while an optimizer step is half-booked (weights updated, step not yet)
-    try:
+    def step(self, lr: float) -> None:
+        """Optimizer step `self.steps` at learning rate `lr`; its rank-averaged (loss, hits, counts) join
+        `recent`."""
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        res = self.forward_backward(self.steps, update=True)
+        stats = torch.cat([res.loss.detach().float().reshape(1).cpu(), res.hits, res.counts]).to(self.dev)
+        all_reduce_mean([stats], self.world)  # on the device: NCCL reduces only CUDA tensors
+        stats = stats.cpu()
+        k = res.hits.numel()
+        self.recent = (self.recent + [(float(stats[0]), stats[1:1 + k], stats[1 + k:])])[-20:]
+        self.steps += 1
+
+    def checkpoint(self) -> None:
+        """Rank 0 writes the resumable state to `<out>.partial/state.pt` (nothing when out is None)."""
+        if self.state_path is None or self.rank != 0:
+            return
+        save_state(self.state_path, {"student": self.student.state_dict(), "optimizer": self.opt.state_dict(),
+                                     "step": self.steps, "seconds": self.seconds, "planned": self.planned,
+                                     "rng": torch.get_rng_state(), "recent": [[l, h, c] for l, h, c in self.recent],
+                                     "key": self.key})
+
+    def run(self, progress: bool, heldout: WindowSampler | None,
+            on_step: Callable[[int, float, list[float]], None] | None,
+            provenance_extra: Mapping[str, Any] | None) -> DistillReport:
+        config, world, dev = self.config, self.world, self.dev
+        self.student.train()
+        stopped_by = "steps"
+        consistent = True  # False while an optimizer step is half-booked (weights updated, step not yet)
         budget_s = config.minutes * 60 if config.minutes is not None else None
         timed = config.steps is None  # --minutes alone: the lr follows the share of the budget used
-        if planned is None:  # the progress bar's first estimate: the median of 3 timed passes (no update)
-            t_warm = time.monotonic()
-            one_step(0, update=False)  # warm-up (and, with compile, the compilation)
-            times = []
-            for s in (1, 2, 3):
-                t1 = time.monotonic()
-                one_step(s, update=False)
-                times.append(time.monotonic() - t1)
-            assert budget_s is not None
-            seconds += time.monotonic() - t_warm  # the warm-up and a compile count against the budget
-            planned = max(2, int((budget_s - seconds) / max(sorted(times)[1], 1e-6)))
-        durations: deque[float] = deque(maxlen=50)  # the last steps' wall times
-        with TrainProgress(progress and rank == 0, planned, f"distill {config.family}", n_pos) as bar:
-            bar.update(step, recent)
-            last_ckpt = time.monotonic()
-            while timed or step < planned:
-                if budget_s is not None and from_rank0(int(seconds >= budget_s), world, dev):
-                    stopped_by = "minutes"
-                    break
-                t0 = time.monotonic()
-                if timed:
-                    assert budget_s is not None  # every rank uses rank 0's clock, in millionths of the budget
-                    lr = lr_at_progress(from_rank0(int(1e6 * seconds / budget_s), world, dev) / 1e6, config)
-                else:
-                    lr = lr_at(step, planned, config)
-                for g in opt.param_groups:
-                    g["lr"] = lr
-                consistent = False
-                res = one_step(step, update=True)
-                stats = torch.cat([res.loss.detach().float().reshape(1).cpu(), res.hits, res.counts]).to(dev)
-                all_reduce_mean([stats], world)  # on the device: NCCL reduces only CUDA tensors
-                stats = stats.cpu()
-                k = res.hits.numel()
-                recent = (recent + [(float(stats[0]), stats[1:1 + k], stats[1 + k:])])[-20:]
-                step += 1
-                consistent = True
-                dt = time.monotonic() - t0
-                seconds += dt
-                durations.append(dt)
-                if timed and step % 25 == 0:  # re-estimate the bar's total from the recent steps
-                    assert budget_s is not None
-                    per_step = max(statistics.median(durations), 1e-6)
-                    planned = step + max(0, int((budget_s - seconds) / per_step))
-                    bar.set_total(planned)
-                bar.update(step, recent)
-                if on_step is not None:
-                    on_step(step, recent[-1][0], [float(h / max(c, 1)) for h, c in zip(recent[-1][1], recent[-1][2])])
-                if config.checkpoint_minutes == 0 or time.monotonic() - last_ckpt >= config.checkpoint_minutes * 60:
-                    checkpoint()
-                    last_ckpt = time.monotonic()
-    except KeyboardInterrupt:
-        if consistent:
-            checkpoint()  # Ctrl-C loses nothing: the next --resume starts at this step
-        raise
-    finally:
-        for p in frozen:
-            p.requires_grad_(True)
-    checkpoint()
-    if timed:
-        planned = step  # the schedule ran to the end of the budget
-    student.eval()
-    final_loss = sum(r[0] for r in recent) / len(recent) if recent else float("nan")
-    h = sum((r[1] for r in recent), torch.zeros(n_pos))
-    c = sum((r[2] for r in recent), torch.zeros(n_pos))
-    train_acc = [float(a / max(b, 1.0)) for a, b in zip(h, c)]
-    acc = agreement(target, student, heldout or data, config.eval_batches, config=_eval_cfg(config, heldout or data),
-                    first_step=0 if heldout is not None else FRESH_WINDOWS)
-    student.provenance = tuple(student.provenance) + ({
-        "step": "distill", "config": config.to_dict(), "data": {**dfp, **dict(provenance_extra or {})},
-        "steps": step, "final_loss": final_loss, "agreement": acc, "heldout": heldout is not None,
-        "teacher_drafter": key["teacher_drafter"], "init": key["init"]},)
-    if out is not None and rank == 0:
-        save_drafter(student, out, force=force)
-        shutil.rmtree(partial_dir(out), ignore_errors=True)
-    return DistillReport(out, student, step, int(planned), final_loss, train_acc, acc, heldout is not None,
-                         time.monotonic() - t0_total, stopped_by, resumed_from, dfp)
+        try:
+            if self.planned is None:
+                assert budget_s is not None
+                self.warm_up(budget_s)
+            durations: deque[float] = deque(maxlen=50)  # the last steps' wall times
+            with TrainProgress(progress and self.rank == 0, self.planned, f"distill {config.family}",
+                               self.n_pos) as bar:
+                bar.update(self.steps, self.recent)
+                every = Periodic(config.checkpoint_minutes * 60)
+                while timed or self.steps < self.planned:
+                    if budget_s is not None and from_rank0(int(self.seconds >= budget_s), world, dev):
+                        stopped_by = "minutes"
+                        break
+                    t0 = time.monotonic()
+                    if timed:
+                        assert budget_s is not None  # every rank uses rank 0's clock, in millionths of the budget
+                        lr = lr_at_progress(from_rank0(int(1e6 * self.seconds / budget_s), world, dev) / 1e6, config)
+                    else:
+                        lr = lr_at(self.steps, self.planned, config)
+                    consistent = False
+                    self.step(lr)
+                    consistent = True
+                    dt = time.monotonic() - t0
+                    self.seconds += dt
+                    durations.append(dt)
+                    if timed and self.steps % 25 == 0:  # re-estimate the bar's total from the recent steps
+                        assert budget_s is not None
+                        per_step = max(statistics.median(durations), 1e-6)
+                        self.planned = self.steps + max(0, int((budget_s - self.seconds) / per_step))
+                        bar.set_total(self.planned)
+                    bar.update(self.steps, self.recent)
+                    if on_step is not None:
+                        loss, hits, counts = self.recent[-1]
+                        on_step(self.steps, loss, [float(h / max(c, 1)) for h, c in zip(hits, counts)])
+                    if every.due():
+                        self.checkpoint()
+        except KeyboardInterrupt:
+            if consistent:
+                self.checkpoint()  # Ctrl-C loses nothing: the next --resume starts at this step
+            raise
+        finally:
+            for p in self.frozen:
+                p.requires_grad_(True)
+        self.checkpoint()
+        if timed:
+            self.planned = self.steps  # the schedule ran to the end of the budget
+        return self.finish(heldout, stopped_by, provenance_extra)
+
+    def finish(self, heldout: WindowSampler | None, stopped_by: str,
+               provenance_extra: Mapping[str, Any] | None) -> DistillReport:
+        """Agreement on held-out (or fresh) windows, the provenance step, and rank 0's atomic write."""
+        config, student, recent, n_pos = self.config, self.student, self.recent, self.n_pos
+        student.eval()
+        final_loss = sum(r[0] for r in recent) / len(recent) if recent else float("nan")
+        h = sum((r[1] for r in recent), torch.zeros(n_pos))
+        c = sum((r[2] for r in recent), torch.zeros(n_pos))
+        train_acc = [float(a / max(b, 1.0)) for a, b in zip(h, c)]
+        evaluated = heldout or self.data
+        acc = agreement(self.target, student, evaluated, config.eval_batches, config=_eval_cfg(config, evaluated),
+                        first_step=0 if heldout is not None else FRESH_WINDOWS)
+        student.provenance = tuple(student.provenance) + ({
+            "step": "distill", "config": config.to_dict(), "data": {**self.dfp, **dict(provenance_extra or {})},
+            "steps": self.steps, "final_loss": final_loss, "agreement": acc, "heldout": heldout is not None,
+            "teacher_drafter": self.key["teacher_drafter"], "init": self.key["init"]},)
+        if self.out is not None and self.rank == 0:
+            save_drafter(student, self.out, force=self.force)
+            shutil.rmtree(partial_dir(self.out), ignore_errors=True)
+        return DistillReport(self.out, student, self.steps, int(self.planned), final_loss, train_acc, acc,
+                             heldout is not None, time.monotonic() - self.t0_total, stopped_by, self.resumed_from,
+                             self.dfp)
 
 
 def _eval_cfg(config: DistillConfig, sampler: WindowSampler) -> DistillConfig:

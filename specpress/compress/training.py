@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -84,7 +85,23 @@ def partial_dir(out: Path) -> Path:
     return out.with_name(out.name + ".partial")
 
 
+class Periodic:
+    """A wall-clock timer for periodic checkpoints: `due()` is True (and restarts the timer) once
+    `seconds` have passed since it was made or last due; with seconds 0, after every step."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.last = time.monotonic()
+
+    def due(self) -> bool:
+        if time.monotonic() - self.last < self.seconds:
+            return False
+        self.last = time.monotonic()
+        return True
+
+
 def save_state(path: Path, state: dict[str, Any]) -> None:
+    """torch.save to a temp file beside `path`, then an atomic rename (a crash leaves the old state)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     torch.save(state, tmp)

@@ -9,7 +9,6 @@ uninterrupted one. A checkpoint (model, optimizer, step, clock, RNG) lands in `s
 from __future__ import annotations
 
 import math
-import os
 import time
 import warnings
 from dataclasses import asdict, dataclass
@@ -21,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from specpress.compress.training import Periodic
+from specpress.compress.training import save_state as atomic_save
 from specpress.errors import CheckpointError, DataError, UsageError
 from specpress.optim import OPTIMIZERS, Optimizer, build_optimizer
 
@@ -141,12 +142,10 @@ def lm_loss(logits: Tensor, labels: Tensor) -> Tensor:
 
 def save_state(path: Path, model: nn.Module, opt: Optimizer, *, step: int, tokens_seen: int,
                seconds: float, key: Mapping[str, Any]) -> None:
-    """Atomic checkpoint: temp file, then rename."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                "tokens_seen": tokens_seen, "seconds": seconds, "rng": torch.get_rng_state(),
-                "key": dict(key)}, tmp)
-    os.replace(tmp, path)
+    """Atomic checkpoint (compress.training.save_state: temp file, then rename)."""
+    atomic_save(path, {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                       "tokens_seen": tokens_seen, "seconds": seconds, "rng": torch.get_rng_state(),
+                       "key": dict(key)})
 
 
 def load_state(path: Path) -> dict[str, Any]:
@@ -196,7 +195,7 @@ def _train(model: nn.Module, batches: TokenBatches, cfg: TrainConfig, *, state_d
     forward: Callable[[Tensor], Any] = torch.compile(model) if cfg.compile else model
     compiled = cfg.compile
     recent: list[float] = []
-    last_ckpt = time.monotonic()
+    every = Periodic(cfg.checkpoint_every_s)
     stopped_by = "steps"
     while step < cfg.steps:
         if cfg.max_seconds is not None and seconds >= cfg.max_seconds:
@@ -226,9 +225,8 @@ def _train(model: nn.Module, batches: TokenBatches, cfg: TrainConfig, *, state_d
         dt = time.monotonic() - t0
         seconds += dt
         recent = (recent + [loss])[-20:]
-        if state_path is not None and time.monotonic() - last_ckpt >= cfg.checkpoint_every_s:
+        if state_path is not None and every.due():
             save_state(state_path, model, opt, step=step, tokens_seen=tokens_seen, seconds=seconds, key=key)
-            last_ckpt = time.monotonic()
         if on_step is not None:
             on_step(step, loss, n_tok / max(dt, 1e-9))
     if state_path is not None and step > resumed_from:

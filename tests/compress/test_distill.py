@@ -456,7 +456,8 @@ def test_torchrun_data_parallel_matches_one_process(target, tmp_path):
         port = s.getsockname()[1]
     script = tmp_path / "worker.py"
     script.write_text(DDP_WORKER.format(tests=str(Path(__file__).parent), out=str(tmp_path / "w.pt")))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    here = Path(__file__).resolve()  # the ranks import this checkout's specpress (root first), not an installed one
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(here.parents[2]), str(here.parents[1])])}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                            "--master_addr", "127.0.0.1", "--master_port", str(port), str(script)],
                           capture_output=True, text=True, env=env, timeout=120)
