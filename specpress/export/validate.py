@@ -124,8 +124,7 @@ def case(d: Any, graph: str, form: str, seed: int = 0) -> tuple[dict[str, Tensor
     cache = _cache(d, P, P + T, gen, fdt)
     hidden = torch.randn(1, T, cfg.hidden_size, generator=gen).to(fdt)
     feeds = {"hidden": hidden, "ids": ids(T), "positions": pos, **_attn_feeds(form, mask, cache, layers)}
-    kw = {"step": k} if d.family == "mtp" else {}
-    logits, g = d(hidden, feeds["ids"], cache=cache, positions=pos[0], mask=mask, **kw)
+    logits, g = d(hidden, feeds["ids"], cache=cache, positions=pos[0], mask=mask, **d.step_kwargs(k))
     return feeds, {"logits": logits, "hidden_out": g, **_presents(cache, layers, P + T)}
 
 
