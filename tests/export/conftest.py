@@ -20,6 +20,14 @@ def target():
     return tiny_target()
 
 
+@pytest.fixture(scope="session")
+def target_dir(target, tmp_path_factory):
+    """The tiny target saved as an HF directory (the verifier the serving-format exports name)."""
+    from specpress.models.target import save_target
+
+    return save_target(target, tmp_path_factory.mktemp("verifier") / "target")
+
+
 def make_drafter(name: str, target):
     """A tiny random drafter: the families of drafters_common, plus `dflash_markov` (a Markov head)."""
     if name == "dflash_markov":

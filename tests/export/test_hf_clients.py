@@ -23,26 +23,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from drafters_common import make, tiny_target
+from drafters_common import make
 from specpress.compress.quantize import config_for, quantize
 from specpress.models.quantized.modules import quantized_modules
 from specpress.export.hf import export_hf
 from specpress.models.formats.speculators import rename_out
 from specpress.models.drafter_io import save_drafter
-from specpress.models.target import save_target
 
 SCHEMES = {"int4": dict(group_size=8), "int4-asym": dict(group_size=8, symmetric=False), "int8": {},
            "int8-asym": dict(group_size=8, symmetric=False), "fp8": {}}
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_target()
-
-
-@pytest.fixture(scope="module")
-def target_dir(target, tmp_path_factory):
-    return save_target(target, tmp_path_factory.mktemp("verifier") / "target")
 
 
 def exported(family, scheme, target, target_dir, tmp_path):

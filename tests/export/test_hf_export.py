@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from drafters_common import IDS, L, make, run, tiny_target
+from drafters_common import IDS, L, make, run
 from specpress.compress.quantize import config_for, quantize
 from specpress.errors import CheckpointError, ConfigError, UsageError
 from specpress.export.hf import export_hf
@@ -23,16 +23,6 @@ SCHEMES = {  # name -> config_for(...) kwargs
     "int8-asym": dict(scheme="int8", group_size=8, symmetric=False),
     "fp8": dict(scheme="fp8"),
 }
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_target()
-
-
-@pytest.fixture(scope="module")
-def target_dir(target, tmp_path_factory):
-    return save_target(target, tmp_path_factory.mktemp("verifier") / "target")
 
 
 def drafter_dir(family, target, tmp_path, scheme=None, seed=1):
