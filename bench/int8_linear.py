@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=2 python bench/int8_linear.py            # weights evicted before every call
     OMP_NUM_THREADS=2 python bench/int8_linear.py --warm     # weights left in cache between calls
 
-For each of the session-4 EAGLE-3 recipe drafter's Linear shapes (hidden 512, FFN 688, 1024 draft tokens,
+For each of the medium-target EAGLE-3 speed drafter's Linear shapes (hidden 512, FFN 688, 1024 draft tokens,
 2H-wide attention inputs, 3 taps) it times, interleaved, median of `--reps`: an fp32 nn.Linear (how the
 runtime runs a drafter), a bf16 one, specpress's per-row int8 IntLinear on fp32 inputs (aten's weight-only
 int8 kernel on bf16-rounded activations), the same module's dequantize-then-matmul fallback, and aten's
