@@ -36,17 +36,35 @@ def heldout_code_prompts(tokenizer: Any, n: int = 100, prompt_tokens: int = 64, 
     files = package_files(packages)
     if not files:
         raise DataError(f"none of the packages {', '.join(packages)} is installed; cannot build held-out prompts")
+    return document_prompts([f.read_text(errors="replace") for f in files], tokenizer, n, prompt_tokens, seed)
+
+
+def document_prompts(texts: Sequence[str], tokenizer: Any, n: int, prompt_tokens: int = 64,
+                     seed: int = 0) -> list[Prompt]:
+    """`n` prompts of `prompt_tokens` tokens cut at random places of `texts` (deterministic in `seed`).
+
+    One pass over the documents in a seeded order takes one prompt from each long enough; only when
+    that gives fewer than `n` do further passes take more from the same documents (other places, no
+    prompt repeated).
+    """
     rng = np.random.default_rng(seed)
-    order = rng.permutation(len(files))
+    order = rng.permutation(len(texts))
+    encoded: dict[int, list[int]] = {}
     prompts: list[Prompt] = []
-    for idx in order:
-        ids = tokenizer.encode(files[idx].read_text(errors="replace")).ids
-        if len(ids) < prompt_tokens + 32:
-            continue
-        start = int(rng.integers(0, len(ids) - prompt_tokens - 32))
-        prompts.append(Prompt(tuple(ids[start:start + prompt_tokens])))
-        if len(prompts) == n:
-            break
-    if len(prompts) < n:
-        raise DataError(f"only {len(prompts)} held-out prompts of {prompt_tokens} tokens could be built, {n} asked")
-    return prompts
+    seen: set[tuple[int, ...]] = set()
+    for rep in range(8):
+        for idx in order.tolist():
+            if idx not in encoded:
+                encoded[idx] = tokenizer.encode(texts[idx]).ids
+            ids = encoded[idx]
+            if len(ids) <= prompt_tokens + 32:
+                continue
+            start = int(rng.integers(0, len(ids) - prompt_tokens - 32))
+            cut = tuple(ids[start:start + prompt_tokens])
+            if rep == 0 or cut not in seen:  # later passes must not repeat a prompt
+                seen.add(cut)
+                prompts.append(Prompt(cut))
+            if len(prompts) == n:
+                return prompts
+    raise DataError(f"only {len(prompts)} distinct prompts of {prompt_tokens} tokens could be cut from "
+                    f"{len(texts)} documents, {n} asked; give more or longer documents, or ask fewer")

@@ -109,3 +109,49 @@ def test_resume_after_the_driver_is_killed_redoes_only_missing_points(cluster):
     for pid, rec in before.items():  # finished points were not redone: their records are the same lines
         assert after[pid]["time"] == rec["time"] and after[pid]["wall_s"] == rec["wall_s"]
     assert json.loads((out / "recipe.json").read_text())["hash"]
+
+
+def test_ctrl_c_cancels_the_running_tasks(cluster):
+    """A KeyboardInterrupt in the driver's loop (raised from the progress callback once both points' workers
+    have started) force-cancels the tasks: their worker processes die, no result is delivered, and the
+    interrupt propagates."""
+    import io
+
+    from rich.console import Console
+
+    from specpress.sweep.driver import Sweep
+    from specpress.sweep.executors import WorkerSetup
+    from specpress.sweep.ray_executor import RayExecutor
+    from specpress.sweep.recipe import load_recipe
+
+    root, _ = cluster
+    out = root / "ctrlc"
+    s = Sweep(load_recipe(root / "two.yaml"), out, Console(file=io.StringIO()))
+    s.open()
+    ws = WorkerSetup(s.recipe, out, s.ctx.target_dir, s.ctx.base_dir, s.ctx.base_digest, 1)
+    pids: list[int] = []
+
+    def interrupt(running: int, failed: int) -> None:
+        deadline = time.monotonic() + 300
+        while len(pids) < 2 and time.monotonic() < deadline:
+            pids[:] = [json.loads(f.read_text())["pid"] for f in (out / "running").glob("*.json")]
+            time.sleep(0.05)
+        assert len(pids) == 2, "both points' workers should have started"
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        RayExecutor(ExecutorSpec(kind="ray"), 2).run(
+            ws, [(p, [("chain:3", 0.0, "torch")]) for p in s.recipe.points[1:]],
+            lambda *a: pytest.fail("no result expected after Ctrl-C"), interrupt)
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    deadline = time.monotonic() + 60
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(p) for p in pids), "a cancelled point's worker is still running"
