@@ -17,8 +17,9 @@ unpruned base over the same prompts):
 - ranking `thirdparty`: the source of other installed packages (RANK_PACKAGES, none of them in the
   evaluation set), about as many tokens as zoo:train;
 - ranking `mix`: both of the above together (about half each);
-- ranking `traffic`: the target's own greedy continuations of prompts cut from RANK_PACKAGES (what
-  `prune --data PROMPTS.jsonl` does for a user's traffic), as a tokenized .jsonl the sweep reads.
+- ranking `traffic`: the target's own greedy continuations (TRAFFIC_TOKENS each) of TRAFFIC_PROMPTS prompts
+  cut from RANK_PACKAGES — what `prune --data PROMPTS.jsonl` ranks on for a user's traffic — written as
+  one tokenized .jsonl line that the sweep reads as data.
 
 `table` prints one markdown table of every finished sweep under OUT/runs.
 """
@@ -66,33 +67,33 @@ def _rank_texts() -> list[str]:
 
 
 def prepare(args: argparse.Namespace) -> None:
-    import torch
-
+    """Writes what is missing under OUT (a rerun after an interruption keeps what is there)."""
+    from specpress.compress.traffic import traffic_stream
     from specpress.models.target import load_target
     from specpress.models.tokenizer import load_tokenizer
-    from specpress.runtime.plain import decode_plain
 
     out = Path(args.out)
-    (out / "data").mkdir(parents=True, exist_ok=True)
+    data = out / "data"
+    data.mkdir(parents=True, exist_ok=True)
     (out / "recipes").mkdir(exist_ok=True)
     tok = load_tokenizer(args.target)
-    evals = {"stdlib": document_prompts(read_texts("zoo:val"), tok, args.prompts, 64, seed=0),
-             "thirdparty": heldout_code_prompts(tok, args.prompts, 64, seed=0)}
-    for name, prompts in evals.items():
-        _write_prompts(out / "data" / f"eval-{name}.jsonl", prompts)
+    evals = {"stdlib": lambda: document_prompts(read_texts("zoo:val"), tok, args.prompts, 64, seed=0),
+             "thirdparty": lambda: heldout_code_prompts(tok, args.prompts, 64, seed=0)}
+    for name, make in evals.items():
+        if not (data / f"eval-{name}.jsonl").is_file():
+            _write_prompts(data / f"eval-{name}.jsonl", make())
     third = _rank_texts()
-    with open(out / "data" / "rank-thirdparty.jsonl", "w") as f:
-        f.writelines(json.dumps({"text": t}) + "\n" for t in third)
-    with open(out / "data" / "rank-mix.jsonl", "w") as f:
-        f.writelines(json.dumps({"text": t}) + "\n" for t in third + read_texts("zoo:train"))
-    target = load_target(args.target).eval()
-    eos = list(target.config.eos_ids)[:1]
-    with open(out / "data" / "rank-traffic.jsonl", "w") as f, torch.inference_mode():
-        for i, p in enumerate(document_prompts(third, tok, TRAFFIC_PROMPTS, 64, seed=1)):
-            g = decode_plain(target, p.ids, TRAFFIC_TOKENS)
-            f.write(json.dumps({"input_ids": list(p.ids) + list(g.tokens) + eos}) + "\n")
-            print(f"\r  traffic continuations {i + 1}/{TRAFFIC_PROMPTS}", end="", flush=True)
-    print()
+    if not (data / "rank-thirdparty.jsonl").is_file():
+        (data / "rank-thirdparty.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in third))
+    if not (data / "rank-mix.jsonl").is_file():
+        (data / "rank-mix.jsonl").write_text("".join(json.dumps({"text": t}) + "\n"
+                                                     for t in third + read_texts("zoo:train")))
+    if not (data / "rank-traffic.jsonl").is_file():
+        _write_prompts(data / "traffic-prompts.jsonl", document_prompts(third, tok, TRAFFIC_PROMPTS, 64, seed=1))
+        stream, record = traffic_stream(load_target(args.target).eval(), data / "traffic-prompts.jsonl", tok,
+                                        TRAFFIC_TOKENS)
+        (data / "rank-traffic.jsonl").write_text(json.dumps({"input_ids": stream.tolist()}) + "\n")
+        print(f"traffic: {record['prompts']} prompts, {record['generated']} tokens generated, {len(stream)} in all")
     ranks = {"stdlib": "zoo-train", "thirdparty": "data/rank-thirdparty.jsonl", "mix": "data/rank-mix.jsonl",
              "traffic": "data/rank-traffic.jsonl"}
     for rank, cal in ranks.items():

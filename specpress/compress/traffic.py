@@ -3,7 +3,7 @@
 A draft vocabulary ranked on one kind of text covers another kind worse (runtime/coverage.py measures it);
 `prune --vocab --data PROMPTS.jsonl` ranks on what the user serves instead. The prompts file is bench's format
 (JSON lines of {"prompt": "text"} or {"input_ids": [...]}); each prompt is decoded greedily by the target for
-`new_tokens` tokens (stopping at EOS) and prompt + continuation become one document of the calibration stream,
+`new_tokens` tokens (stopping before EOS) and prompt + continuation become one document of the calibration stream,
 documents joined by the target's first EOS (if it has one), so the vocab stage counts the target's predictions
 on exactly the text it produces for this traffic.
 """
@@ -19,6 +19,7 @@ import numpy as np
 from specpress.models.target import TargetModel
 
 CONTINUATION_TOKENS = 128  # greedy tokens the target generates per prompt of a prompts file given as --data
+BATCH = 64  # prompts of one length continued together
 
 
 def is_prompts_file(path: str | Path) -> bool:
@@ -37,28 +38,40 @@ def is_prompts_file(path: str | Path) -> bool:
 
 
 def traffic_stream(target: TargetModel, path: str | Path, tokenizer: Any | None, new_tokens: int = CONTINUATION_TOKENS,
-                   on_prompt: Callable[[int, int], None] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+                   on_prompt: Callable[[int, int], None] | None = None,
+                   batch: int = BATCH) -> tuple[np.ndarray, dict[str, Any]]:
     """The calibration stream [N] int32 of prompt + greedy continuation per prompt (joined by EOS), and a record
     for provenance: prompts, continuation_tokens (the budget), generated (tokens the target produced).
-    on_prompt(i, n): called after each prompt."""
+
+    Prompts of equal length are continued together, `batch` rows at a time (one KV cache each batch), in
+    the file's order in the stream; each continuation stops before its first EOS (the join puts one after
+    it). on_prompt(i, n): called after each prompt is continued (i counts up to n - 1)."""
     import torch
 
-    from specpress.runtime.plain import decode_plain
+    from specpress.compress.regen import continue_batch
     from specpress.runtime.prompts import load_prompts
+    from specpress.runtime.sampling import SamplingParams
 
     prompts = load_prompts(path, tokenizer, target.config.vocab_size)
-    sep = list(target.config.eos_ids)[:1]  # a target without eos_token_id: documents simply follow each other
-    ids: list[int] = []
-    generated = 0
+    eos = list(target.config.eos_ids)
+    by_len: dict[int, list[int]] = {}
+    for i, p in enumerate(prompts):
+        by_len.setdefault(len(p.ids), []).append(i)
+    conts: dict[int, list[int]] = {}
     with torch.inference_mode():
-        for i, p in enumerate(prompts):
-            g = decode_plain(target, p.ids, new_tokens)  # greedy, to EOS or the budget, as bench decodes
-            ids += list(p.ids) + list(g.tokens) + sep
-            generated += len(g.tokens)
-            if on_prompt:
-                on_prompt(i, len(prompts))
-    return np.asarray(ids, dtype=np.int32), {"prompts": len(prompts), "continuation_tokens": new_tokens,
-                                             "generated": generated}
+        for idx in by_len.values():
+            for k in range(0, len(idx), batch):
+                rows = idx[k:k + batch]
+                ids = torch.tensor([list(prompts[i].ids) for i in rows])
+                for i, c in zip(rows, continue_batch(target, ids, new_tokens, SamplingParams(), None, eos)):
+                    conts[i] = c
+                    if on_prompt:
+                        on_prompt(len(conts) - 1, len(prompts))
+    out: list[int] = []
+    for i, p in enumerate(prompts):  # a target without eos_token_id: documents simply follow each other
+        out += list(p.ids) + conts[i] + eos[:1]
+    return np.asarray(out, dtype=np.int32), {"prompts": len(prompts), "continuation_tokens": new_tokens,
+                                             "generated": sum(len(c) for c in conts.values())}
 
 
 __all__ = ["CONTINUATION_TOKENS", "is_prompts_file", "traffic_stream"]

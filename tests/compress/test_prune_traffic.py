@@ -36,14 +36,26 @@ def test_prompts_file_is_recognized_by_its_lines(tmp_path):
     assert is_prompts_file(tmp_path / "p.jsonl") and not is_prompts_file(tmp_path / "t.jsonl")
 
 
+def plain_continuation(target, prompt, n):
+    """decode_plain's greedy tokens up to (not including) the first EOS: what the stream holds."""
+    eos = set(target.config.eos_ids)
+    toks = decode_plain(target, prompt, n).tokens
+    return toks[:next((i for i, t in enumerate(toks) if t in eos), len(toks))]
+
+
 def test_stream_holds_each_prompt_and_its_greedy_continuation(tmp_path):
     target, _, _, prompts, rows = setup(tmp_path)
-    stream, record = traffic_stream(target, prompts, None, new_tokens=12)
+    rows += [[3, 5, 7], [9, 11, 13], [1, 2, 3, 4, 5, 6]]  # equal lengths: continued as one batch
+    prompts.write_text("\n".join(json.dumps({"input_ids": r}) for r in rows))
+    seen = []
+    stream, record = traffic_stream(target, prompts, None, new_tokens=12, batch=2,
+                                    on_prompt=lambda i, n: seen.append((i, n)))
     sep = list(target.config.eos_ids)[:1]
     expected = []
-    for r in rows:
-        expected += r + decode_plain(target, r, 12).tokens + sep
-    assert stream.tolist() == expected and record["prompts"] == 3 and record["continuation_tokens"] == 12
+    for r in rows:  # the file's order, whatever order the batches ran in
+        expected += r + plain_continuation(target, r, 12) + sep
+    assert stream.tolist() == expected and record["prompts"] == 6 and record["continuation_tokens"] == 12
+    assert seen == [(i, 6) for i in range(6)]
 
 
 def test_prune_ranks_the_vocabulary_on_the_prompts_continuations(tmp_path):
@@ -60,7 +72,7 @@ def test_prune_ranks_the_vocabulary_on_the_prompts_continuations(tmp_path):
     assert 41 in kept  # what the target emits, not the prompts' tokens
     step = load_drafter(out, target).provenance[-1]
     assert step["calibration"]["traffic"] == {"prompts": 3, "continuation_tokens": 24,
-                                              "generated": sum(len(decode_plain(target, r, 24).tokens) for r in rows)}
+                                              "generated": sum(len(plain_continuation(target, r, 24)) for r in rows)}
     assert "ranked on" in res.output and "continuations of 3 prompts" in res.output
 
 
