@@ -134,6 +134,7 @@ def build_graph(lib: TensorRT, path: Path, options: BuildOptions, echo: Echo, ve
         raise TensorRTBuildError(f"{lib.flavour} {lib.version} could not parse {path.name}: {errs}")
     layers = [network.get_layer(i) for i in range(network.num_layers)]
     plugins = sum(1 for layer in layers if layer.type == trt.LayerType.PLUGIN_V3)
+    dequantize = sum(1 for layer in layers if layer.type == trt.LayerType.DEQUANTIZE)
     expected = _tree_attention_nodes(path)
     if plugins < expected:
         raise TensorRTBuildError(
@@ -166,6 +167,7 @@ def build_graph(lib: TensorRT, path: Path, options: BuildOptions, echo: Echo, ve
                      for ph, shp in phases.items()},
         "layers": len(layers),
         "plugin_layers": plugins,
+        "dequantize_layers": dequantize,  # the export's DequantizeLinear nodes as parsed (before fusion)
         "compute_capabilities": targets,
         "bytes": len(data),
         "build_seconds": round(time.perf_counter() - t0, 3),
