@@ -116,10 +116,36 @@ def _tree_attention_nodes(path: Path) -> int:
     return sum(1 for n in graph.node if n.op_type == NAME and n.domain == NAMESPACE)
 
 
+def _check_zero_points(path: Path) -> None:
+    """Refuse asymmetric integer Q/DQ before the parser does, with the fix: TensorRT's ONNX parser takes
+    signed int8 / int4 codes with zero point 0 only (TensorRT for RTX 1.7.1: "Found unsupported input type
+    of UINT8", "Non-zero zero point is not supported"; uint4 initializers do not import)."""
+    import onnx
+
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    inits = {i.name: i for i in graph.initializer}
+    unsigned = (onnx.TensorProto.UINT8, onnx.TensorProto.UINT4)
+
+    def shifted(node: Any) -> bool:
+        w = inits.get(node.input[0])
+        z = inits.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        return (w is not None and w.data_type in unsigned) or (z is not None and bool(numpy_helper.to_array(z).any()))
+
+    bad = [n.input[0] for n in graph.node if n.op_type == "DequantizeLinear" and shifted(n)]
+    if bad:
+        raise TensorRTBuildError(
+            f"{path.name} dequantizes {len(bad)} weight(s) with zero points (asymmetric integer codes, e.g. "
+            f"{bad[0]}); TensorRT's ONNX parser takes signed codes with zero point 0 only. Quantize with "
+            f"--symmetric for TensorRT (onnxruntime runs the asymmetric export as it is)")
+
+
 def build_graph(lib: TensorRT, path: Path, options: BuildOptions, echo: Echo, verbose: bool = False
                 ) -> tuple[bytes, dict[str, Any]]:
     """Parse and build one ONNX file -> (serialized engine, its manifest entry)."""
     trt = lib.module
+    _check_zero_points(path)
     register_tree_attention(trt)
     logger = _logger(trt, echo, verbose)
     builder: tensorrt.Builder = trt.Builder(logger)
