@@ -161,6 +161,8 @@ def build_graph(lib: TensorRT, path: Path, options: BuildOptions, echo: Echo, ve
     layers = [network.get_layer(i) for i in range(network.num_layers)]
     plugins = sum(1 for layer in layers if layer.type == trt.LayerType.PLUGIN_V3)
     dequantize = sum(1 for layer in layers if layer.type == trt.LayerType.DEQUANTIZE)
+    attention_kind = getattr(trt.LayerType, "ATTENTION_OUTPUT", None)  # IAttention (TensorRT >= 10.14 / RTX)
+    attention = sum(1 for layer in layers if attention_kind is not None and layer.type == attention_kind)
     expected = _tree_attention_nodes(path)
     if plugins < expected:
         raise TensorRTBuildError(
@@ -194,6 +196,7 @@ def build_graph(lib: TensorRT, path: Path, options: BuildOptions, echo: Echo, ve
         "layers": len(layers),
         "plugin_layers": plugins,
         "dequantize_layers": dequantize,  # the export's DequantizeLinear nodes as parsed (before fusion)
+        "attention_layers": attention,  # ONNX Attention nodes (--attention standard) as IAttention layers
         "compute_capabilities": targets,
         "bytes": len(data),
         "build_seconds": round(time.perf_counter() - t0, 3),
