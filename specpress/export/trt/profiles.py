@@ -157,13 +157,12 @@ def profile_shapes(inputs: InputShapes, budget: Budget, overrides: Mapping[str, 
     overrides = overrides or {}
     axes = {d for dims in inputs.values() for d in dims if isinstance(d, str)}
     ranges: dict[str, AxisRange] = {}
-    for d in sorted(axes):
-        parts = None if d in overrides else sum_parts(d, axes)
-        if parts is None:
-            ranges[d] = overrides.get(d) or axis_range(d, budget, phase)
-    for d in sorted(axes - set(ranges)):  # sums of axes, once their parts are sized
-        rs = [ranges[p] for p in sum_parts(d, axes) or ()]
-        ranges[d] = AxisRange(sum(r.min for r in rs), sum(r.opt for r in rs), sum(r.max for r in rs))
+    sums = {axis: parts for axis in axes if axis not in overrides and (parts := sum_parts(axis, axes))}
+    for axis in sorted(axes - set(sums)):
+        ranges[axis] = overrides.get(axis) or axis_range(axis, budget, phase)
+    for axis, parts in sorted(sums.items()):  # parts hold no "_", so none is a sum: all sized above
+        rs = [ranges[p] for p in parts]
+        ranges[axis] = AxisRange(sum(r.min for r in rs), sum(r.opt for r in rs), sum(r.max for r in rs))
     out = {}
     for name, dims in inputs.items():
         lo: list[int] = []
