@@ -4,8 +4,8 @@
 
 Each case is an ONNX graph built with the onnx helper API and compiled ahead of time (sm89, strongly typed)
 in its own subprocess, so an abort of the builder does not end this script; it prints one line per case.
-- qdq-*:      y0 = MatMul(x, DQ(int8 W0)); y1..y3 = MatMul(y0, DQ(int8 Wi)) (an fc feeding q / k / v, then split into heads), scales
-              per output channel, written
+- qdq-*:      y0 = MatMul(x, DQ(int8 W0)); y1..y3 = MatMul(y0, DQ(int8 Wi)) split into heads (an fc feeding
+              q / k / v), scales per output channel, written
               as a one-block blocked DequantizeLinear (scale [1, N], axis 0, block_size K: what the export
               wrote before) or per-axis (scale [N], axis 1: what it writes now).
 - profile-*:  q = Concat(a [1,1,C,64], b [1,1,B,64]) + p [1,1,CB,64] -> specpress::TreeAttention(q, q, q),
@@ -60,7 +60,8 @@ def profile_graph(path: Path) -> None:
                          num_heads=1, num_kv_heads=1, head_size=64, scale=0.125, plugin_version="1",
                          plugin_namespace="specpress")]
     ins = [h.make_tensor_value_info(n, f16, [1, 1, d, 64]) for n, d in (("a", "c"), ("b", "b"), ("p", "cb"))]
-    ins += [h.make_tensor_value_info("committed", TP.INT32, [1]), h.make_tensor_value_info("tree_mask", TP.INT32, ["cb", "w"])]
+    ins += [h.make_tensor_value_info("committed", TP.INT32, [1]),
+            h.make_tensor_value_info("tree_mask", TP.INT32, ["cb", "w"])]
     g = h.make_graph(nodes, "profile", ins, [h.make_tensor_value_info("y", f16, [1, 1, "cb", 64])])
     onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 23), h.make_opsetid("specpress", 1)]), str(path))
 
