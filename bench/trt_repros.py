@@ -115,6 +115,10 @@ def main() -> None:
     if args.child:
         build(*args.child)
         return
+    try:
+        import tensorrt_rtx  # noqa: F401
+    except ImportError as exc:
+        raise SystemExit(f"these repros need TensorRT for RTX ({exc}); pip install 'specpress[trt-rtx]'") from exc
     out = args.out or Path(tempfile.mkdtemp(prefix="trt-repros-"))
     out.mkdir(parents=True, exist_ok=True)
     cases = {"qdq-blocked": lambda p: qdq_graph(p, "blocked"), "qdq-per-axis": lambda p: qdq_graph(p, "axis"),
