@@ -243,7 +243,9 @@ def build_engines(onnx_dir: Path, out: Path, options: BuildOptions = BuildOption
             (tmp / f"{path.stem}.engine").write_bytes(data)
             entry["file"] = f"{path.stem}.engine"
             engines[path.stem] = entry
-            echo(f"  -> {entry['file']} ({entry['bytes']:,} B, {entry['plugin_layers']} plugin layer(s), "
+            extra = "".join(f", {entry[k]} {k.replace('_layers', '')} layer(s)"
+                            for k in ("attention_layers", "dequantize_layers") if entry[k])
+            echo(f"  -> {entry['file']} ({entry['bytes']:,} B, {entry['plugin_layers']} plugin layer(s){extra}, "
                  f"{entry['build_seconds']:.1f} s)")
         source = read_source_manifest(onnx_dir)
         if source is not None:
