@@ -4,8 +4,9 @@ Both take q [B, Hq, T, D] after RoPE and the new k/v [B, Hkv, T, D] plus the pas
 and return (out [B, Hq, T, D], present_k, present_v [B, Hkv, P+T, D]); GQA: head h reads kv head
 h // (Hq / Hkv); scale 1/sqrt(D) as torch's SDPA.
 
-- `standard`: one ONNX `Attention` node (opset 23) with a boolean mask [T, P+T] (True = may attend)
-  and the past k/v as its past inputs (its present outputs are the concatenation).
+- `standard`: past and new k/v concatenated (the presents), then one ONNX `Attention` node (opset 23)
+  over them with a boolean mask [T, P+T] (True = may attend) and its one output (TensorRT's parser takes
+  no Attention with past inputs / present outputs).
 - `plugin`: past and new k/v are concatenated outside the node, then one `specpress::TreeAttention`
   node (the contract TensorRT's plugin is built against; /DESIGN.md § Export):
       inputs  q [B,Hq,T,D], k [B,Hkv,S,D], v [B,Hkv,S,D], committed int32 [1],
@@ -36,9 +37,14 @@ MIN_OPSET = {"standard": 23, "plugin": 18}
 
 def attention_standard(g: Graph, q: str, k: str, v: str, past_k: str, past_v: str, mask: str,
                        scale: float) -> tuple[str, str, str]:
-    """ONNX Attention (opset 23): mask bool [T, P+T]. Returns (out, present_k, present_v)."""
-    out, pk, pv = g.op("Attention", q, k, v, mask, past_k, past_v, outputs=3, scale=float(scale))
-    return out, pk, pv
+    """ONNX Attention (opset 23): mask bool [T, P+T]. Returns (out, present_k, present_v).
+
+    The past is concatenated explicitly and Attention has its one output: the same numbers as its optional
+    past / present inputs and outputs, which TensorRT's ONNX parser refuses ("TensorRT only supports
+    Attention nodes with one output", TensorRT for RTX 1.7.1)."""
+    pk = g.op("Concat", past_k, k, axis=2)
+    pv = g.op("Concat", past_v, v, axis=2)
+    return g.op("Attention", q, pk, pv, mask, scale=float(scale)), pk, pv
 
 
 def attention_plugin(g: Graph, q: str, k: str, v: str, past_k: str, past_v: str, committed: str,

@@ -3,7 +3,8 @@
 | stored (compress/quantize/modules.py)   | --quant-format matmulnbits (default)   | --quant-format qdq (opset >= 21)     |
 |-----------------------------------------|----------------------------------------|--------------------------------------|
 | int4 / int8 codes, groups G (IntLinear) | com.microsoft MatMulNBits, block = G   | DequantizeLinear (blocked, int4/uint4|
-| bnb int8 rows + SCB (Bnb8bitLinear)     | (per-row scales: repeated over blocks) | /int8/uint8 [K, N]) + MatMul         |
+| bnb int8 rows + SCB (Bnb8bitLinear)     | (per-row scales: repeated over blocks) | /int8/uint8 [K, N]; per-row: per-axis|
+|                                         |                                        | scale [N], axis 1) + MatMul          |
 | nf4 / fp4 (Bnb4bitLinear)               | com.microsoft MatMulBnb4               | refused: no standard ONNX 4-bit float|
 | fp8 e4m3 (Fp8Linear)                    | DequantizeLinear(float8e4m3fn) + MatMul (per output channel; both formats)    |
 
@@ -126,13 +127,20 @@ def _qdq_int(c: Ctx, x: str, codes: torch.Tensor, scales: torch.Tensor, zeros: t
         elem = TensorProto.UINT4 if bits == 4 else TensorProto.UINT8
         vals = codes.t().contiguous()
     w = c.g.init(helper.make_tensor("w", elem, [k, n], vals.reshape(-1).tolist()), f"{hint}.qweight_t")
-    s = c.g.init(scales.t().contiguous().numpy().astype(NP_TYPES[c.g.ft]), f"{hint}.scales_t")
+    # one scale per output channel (per-row, or a group spanning all of K) is the per-axis form: scale [N] on
+    # axis 1. The same numbers as a one-block blocked DQ (scale [1, N], block_size K), which TensorRT for
+    # RTX 1.7's Myelin fails to compile (CHECK(is_value())) once such a MatMul feeds another one.
+    per_axis = g >= k
+    sdims, zdims = ([n], [n]) if per_axis else (None, [k // g, n])
+    s_np = scales.t().contiguous().numpy().astype(NP_TYPES[c.g.ft])
+    s = c.g.init(s_np.reshape(sdims) if sdims else s_np, f"{hint}.scales_t")
     inputs = [w, s]
     if not symmetric:
         ztype = TensorProto.UINT4 if bits == 4 else TensorProto.UINT8
-        inputs.append(c.g.init(helper.make_tensor("z", ztype, [k // g, n], zeros.t().reshape(-1).int().tolist()),
+        inputs.append(c.g.init(helper.make_tensor("z", ztype, zdims, zeros.t().reshape(-1).int().tolist()),
                                f"{hint}.zero_points_t"))
-    wt = c.g.op("DequantizeLinear", *inputs, axis=0, block_size=g)
+    wt = (c.g.op("DequantizeLinear", *inputs, axis=1) if per_axis
+          else c.g.op("DequantizeLinear", *inputs, axis=0, block_size=g))
     return c.g.op("MatMul", x, wt)
 
 

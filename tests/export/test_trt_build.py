@@ -131,3 +131,28 @@ def test_enqueue_feeds_the_kernel_in_the_node_order(rtx, monkeypatch):
     assert p.clone().fields == p.fields
     # what the engine stores and hands the creator when it is deserialized
     assert plugin_mod.decode_fields(p.get_fields_to_serialize()) == p.fields
+
+
+@pytest.mark.parametrize("codes,zero,refused", [("uint8", 128, True), ("int8", 3, True), ("int8", 0, False),
+                                                ("int8", None, False)])
+def test_asymmetric_qdq_is_refused_with_the_fix(tmp_path, codes, zero, refused):
+    # TensorRT for RTX 1.7.1's parser: "Found unsupported input type of UINT8" / "Non-zero zero point is not
+    # supported": the builder says so first, naming the flag that makes a TensorRT-ready export
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    elem = TensorProto.UINT8 if codes == "uint8" else TensorProto.INT8
+    inits = [helper.make_tensor("w", elem, [4, 2], [1] * 8), numpy_helper.from_array(np.ones(2, np.float16), "s")]
+    if zero is not None:
+        inits.append(helper.make_tensor("z", elem, [2], [zero, zero]))
+    nodes = [helper.make_node("DequantizeLinear", ["w", "s"] + (["z"] if zero is not None else []), ["wd"], axis=1),
+             helper.make_node("MatMul", ["x", "wd"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [1, 2])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)]), str(tmp_path / "g.onnx"))
+    if refused:
+        with pytest.raises(TensorRTBuildError, match="zero points.*--symmetric"):
+            builder_mod._check_zero_points(tmp_path / "g.onnx")
+    else:
+        builder_mod._check_zero_points(tmp_path / "g.onnx")

@@ -1,12 +1,14 @@
-"""Every family's plugin-form export parses and builds with TensorRT for RTX (the builder's own parser and AOT
-compiler), each TreeAttention node becoming a plugin layer. One export + one build per case (about 15 s in
-all); skipped with the reason where TensorRT for RTX is missing (CI installs it)."""
+"""Every family's export parses and builds with TensorRT for RTX (the builder's own parser and AOT compiler):
+in the plugin form each TreeAttention node becomes a plugin layer, in the standard form each ONNX Attention an
+IAttention layer, and in int8 Q/DQ exports each DequantizeLinear a dequantize layer. One export + one build per
+case; skipped with the reason where TensorRT for RTX is missing."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 
+import onnx
 import pytest
 import torch
 
@@ -32,18 +34,28 @@ def _ok(main, args: list[str]) -> None:
         assert exc.code in (0, None), f"specpress {' '.join(args)} failed"
 
 
-# What TensorRT for RTX 1.7.1.116 does with these exports on CPU (2026-12-01): the float plugin exports of
-# eagle / eagle3 / mtp / lm build; the DFlash block graph aborts the whole process inside the builder
-# (not yet diagnosed: skipped so the other cases still report); every int8 Q/DQ step graph fails in
-# Myelin with "CHECK(is_value()) failed" (strict xfail: it turns red the day the build succeeds).
-DFLASH_ABORTS = "TensorRT for RTX 1.7.1 aborts the process building the DFlash block graph (undiagnosed)"
-QDQ_MYELIN = "TensorRT for RTX 1.7.1: Myelin CHECK(is_value()) fails on the int8 Q/DQ graphs"
+# What TensorRT for RTX 1.7.1.116 did with these exports on CPU (2026-12-01), all fixed on our side:
+# - the DFlash block graph aborted the process (malloc_consolidate: invalid chunk size): its optimization
+#   profile sized `positions` [1, context_block] apart from `features` [1, context] and `block_ids` [1, block],
+#   so the opt / max shapes broke the graph's Concat(context, block) + positions constraint. Without a plugin
+#   layer TensorRT reports that as "Error Code 4: kOPT values ... violate shape constraints"; with the Python
+#   IPluginV3 layer it corrupts the heap. Profiles now size `context_block` as context + block.
+# - the int8 Q/DQ graphs failed in Myelin with "CHECK(is_value()) failed" when a MatMul whose weight was a
+#   one-block blocked DequantizeLinear (per-row scales [1, N], block_size K) fed further such MatMuls. The
+#   same scales as a per-axis DequantizeLinear (scale [N], axis 1) build; quant.py now writes that form.
+# - the standard form did not parse: "TensorRT only supports Attention nodes with one output" (Attention with
+#   past_key / past_value inputs and present outputs); ops.py now concatenates the past and uses one output.
 
 
-@pytest.mark.parametrize("family", ["eagle", "eagle3", "mtp",
-                                    pytest.param("dflash", marks=pytest.mark.skip(reason=DFLASH_ABORTS)), "lm"])
-@pytest.mark.parametrize("quant", [None, pytest.param("int8", marks=pytest.mark.xfail(reason=QDQ_MYELIN, strict=True))])
-def test_plugin_export_builds(family, quant, tmp_path):
+FAMILIES = ["eagle", "eagle3", "mtp", "dflash", "lm"]
+# the standard form's int8 builds repeat what the plugin form's prove for Q/DQ: marked slow
+CASES = ([("plugin", q) for q in (None, "int8")] + [("standard", None)]
+         + [pytest.param("standard", "int8", marks=pytest.mark.slow)])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("attention,quant", CASES)
+def test_export_builds(family, attention, quant, tmp_path):
     try:
         load_tensorrt("tensorrt_rtx")
     except TensorRTUnavailable as exc:
@@ -60,8 +72,8 @@ def test_plugin_export_builds(family, quant, tmp_path):
     torch.manual_seed(0)
     target = TargetModel(TargetConfig(vocab_size=61, num_hidden_layers=L, max_position_embeddings=128, **shape))
     names = {f.name for f in dataclasses.fields(CONFIGS[family])}
-    cfg = dataclasses.replace(CONFIGS[family], **shape, **({"target_hidden_size": 128} if "target_hidden_size" in names
-                                                             else {}))
+    extra = {k: v for k, v in (("target_hidden_size", 128), ("head_dim", 64)) if k in names}
+    cfg = dataclasses.replace(CONFIGS[family], **shape, **extra)  # CONFIGS carry head_dim 32 / 4 = 8
     drafter = randomize(build_drafter(cfg), 1).attach_target(target)
     if family == "eagle3":
         drafter.set_draft_vocab(torch.arange(24))
@@ -71,10 +83,21 @@ def test_plugin_export_builds(family, quant, tmp_path):
         _ok(main, ["quantize", "--drafter", str(ddir), "--out", str(tmp_path / "q"), "--scheme", quant])
         ddir = tmp_path / "q"
     args = ["export", "onnx", "--drafter", str(ddir), "--target", str(tdir), "--out", str(tmp_path / "onnx"),
-            "--attention", "plugin", "--dtype", "fp16"] + (["--quant-format", "qdq"] if quant else [])
+            "--attention", attention, "--dtype", "fp16"] + (["--quant-format", "qdq"] if quant else [])
     _ok(main, args)
     manifest = build_engines(tmp_path / "onnx", tmp_path / "engines",
                              BuildOptions(budget=Budget(max_tree=32, max_context=128), targets=("sm89",)),
                              echo=lambda _m: None)
-    assert manifest["engines"] and sum(e["plugin_layers"] for e in manifest["engines"].values()) > 0
+    graphs = {p.stem: onnx.load(str(p), load_external_data=False).graph for p in (tmp_path / "onnx").glob("*.onnx")}
+    assert set(manifest["engines"]) == set(graphs)
+    for name, graph in graphs.items():
+        entry = manifest["engines"][name]
+        ops = [n.op_type for n in graph.node]
+        assert entry["plugin_layers"] == ops.count("TreeAttention"), name
+        assert entry["attention_layers"] == ops.count("Attention"), name
+        assert entry["dequantize_layers"] == ops.count("DequantizeLinear"), name
+    kind = "plugin_layers" if attention == "plugin" else "attention_layers"
+    assert sum(e[kind] for e in manifest["engines"].values()) > 0
+    if quant:  # the weights stay int8 in the network: one dequantize layer per quantized Linear
+        assert sum(e["dequantize_layers"] for e in manifest["engines"].values()) > 0
     assert json.loads((tmp_path / "engines" / "manifest.json").read_text()) == manifest

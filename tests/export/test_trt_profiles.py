@@ -63,3 +63,21 @@ def test_overrides_win_and_single_profile_when_phases_agree():
     got = profiles(shapes, Budget(), {"past_len": AxisRange(2, 3, 5)})
     assert got == {"draft": {"x": ((2, 4), (3, 4), (5, 4))}}
     assert profile_shapes({"y": ("tree",)}, Budget(max_tree=8, max_context=8), phase="draft")["y"][2] == (8,)
+
+
+def test_a_sum_axis_is_sized_as_the_sum_of_its_parts():
+    # DFlash's block graph: positions [1, context_block] covers features [1, context] then block_ids [1, block];
+    # sized on its own, the profile's opt / max shapes contradict the graph (TensorRT for RTX aborted on it)
+    shapes = {"features": (1, "context", 8), "block_ids": (1, "block"), "positions": (1, "context_block"),
+              "past_key.0": (1, 1, "past", 8)}
+    b = Budget(max_tree=32, max_context=128)
+    for phase, shp in profiles(shapes, b).items():
+        for i in range(3):  # min, opt, max
+            assert shp["positions"][i][1] == shp["features"][i][1] + shp["block_ids"][i][1], phase
+    assert profiles(shapes, b)["draft"]["positions"] == ((1, 2), (1, 144), (1, 160))
+    # an override of a part carries into the sum; an override of the sum itself wins
+    over = profile_shapes(shapes, b, {"context": AxisRange(4, 8, 16)})
+    assert over["positions"] == ((1, 5), (1, 24), (1, 48))
+    assert profile_shapes(shapes, b, {"context_block": AxisRange(3, 3, 3)})["positions"] == ((1, 3), (1, 3), (1, 3))
+    # names that merely contain underscores are not sums unless every part is an axis of the graph
+    assert profile_shapes({"x": ("past_len",)}, b)["x"] == ((0,), (128,), (128,))

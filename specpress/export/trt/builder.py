@@ -116,10 +116,36 @@ def _tree_attention_nodes(path: Path) -> int:
     return sum(1 for n in graph.node if n.op_type == NAME and n.domain == NAMESPACE)
 
 
+def _check_zero_points(path: Path) -> None:
+    """Refuse asymmetric integer Q/DQ before the parser does, with the fix: TensorRT's ONNX parser takes
+    signed int8 / int4 codes with zero point 0 only (TensorRT for RTX 1.7.1: "Found unsupported input type
+    of UINT8", "Non-zero zero point is not supported"; uint4 initializers do not import)."""
+    import onnx
+
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    inits = {i.name: i for i in graph.initializer}
+    unsigned = (onnx.TensorProto.UINT8, onnx.TensorProto.UINT4)
+
+    def shifted(node: Any) -> bool:
+        w = inits.get(node.input[0])
+        z = inits.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        return (w is not None and w.data_type in unsigned) or (z is not None and bool(numpy_helper.to_array(z).any()))
+
+    bad = [n.input[0] for n in graph.node if n.op_type == "DequantizeLinear" and shifted(n)]
+    if bad:
+        raise TensorRTBuildError(
+            f"{path.name} dequantizes {len(bad)} weight(s) with zero points (asymmetric integer codes, e.g. "
+            f"{bad[0]}); TensorRT's ONNX parser takes signed codes with zero point 0 only. Quantize with "
+            f"--symmetric for TensorRT (onnxruntime runs the asymmetric export as it is)")
+
+
 def build_graph(lib: TensorRT, path: Path, options: BuildOptions, echo: Echo, verbose: bool = False
                 ) -> tuple[bytes, dict[str, Any]]:
     """Parse and build one ONNX file -> (serialized engine, its manifest entry)."""
     trt = lib.module
+    _check_zero_points(path)
     register_tree_attention(trt)
     logger = _logger(trt, echo, verbose)
     builder: tensorrt.Builder = trt.Builder(logger)
@@ -134,6 +160,9 @@ def build_graph(lib: TensorRT, path: Path, options: BuildOptions, echo: Echo, ve
         raise TensorRTBuildError(f"{lib.flavour} {lib.version} could not parse {path.name}: {errs}")
     layers = [network.get_layer(i) for i in range(network.num_layers)]
     plugins = sum(1 for layer in layers if layer.type == trt.LayerType.PLUGIN_V3)
+    dequantize = sum(1 for layer in layers if layer.type == trt.LayerType.DEQUANTIZE)
+    attention_kind = getattr(trt.LayerType, "ATTENTION_OUTPUT", None)  # IAttention (TensorRT >= 10.14 / RTX)
+    attention = sum(1 for layer in layers if attention_kind is not None and layer.type == attention_kind)
     expected = _tree_attention_nodes(path)
     if plugins < expected:
         raise TensorRTBuildError(
@@ -166,6 +195,8 @@ def build_graph(lib: TensorRT, path: Path, options: BuildOptions, echo: Echo, ve
                      for ph, shp in phases.items()},
         "layers": len(layers),
         "plugin_layers": plugins,
+        "dequantize_layers": dequantize,  # the export's DequantizeLinear nodes as parsed (before fusion)
+        "attention_layers": attention,  # ONNX Attention nodes (--attention standard) as IAttention layers
         "compute_capabilities": targets,
         "bytes": len(data),
         "build_seconds": round(time.perf_counter() - t0, 3),
@@ -212,7 +243,9 @@ def build_engines(onnx_dir: Path, out: Path, options: BuildOptions = BuildOption
             (tmp / f"{path.stem}.engine").write_bytes(data)
             entry["file"] = f"{path.stem}.engine"
             engines[path.stem] = entry
-            echo(f"  -> {entry['file']} ({entry['bytes']:,} B, {entry['plugin_layers']} plugin layer(s), "
+            extra = "".join(f", {entry[k]} {k.replace('_layers', '')} layer(s)"
+                            for k in ("attention_layers", "dequantize_layers") if entry[k])
+            echo(f"  -> {entry['file']} ({entry['bytes']:,} B, {entry['plugin_layers']} plugin layer(s){extra}, "
                  f"{entry['build_seconds']:.1f} s)")
         source = read_source_manifest(onnx_dir)
         if source is not None:

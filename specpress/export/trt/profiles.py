@@ -114,6 +114,15 @@ def axis_range(axis: str, budget: Budget, phase: str = "draft") -> AxisRange:
 InputShapes = Mapping[str, tuple[int | str, ...]]  # input name -> dims (int, or the axis name when dynamic)
 
 
+def sum_parts(axis: str, axes: set[str]) -> tuple[str, ...] | None:
+    """'context_block' -> ('context', 'block') when both are axes of the same graph: a length that is their
+    sum (DFlash's positions cover the context and then the block). Its range must be the sum of theirs,
+    or the profile's min / opt / max shapes contradict the graph (a Concat of the two against it), which
+    TensorRT for RTX 1.7 does not report but aborts on (heap corruption in the builder)."""
+    parts = tuple(axis.split("_"))
+    return parts if len(parts) > 1 and all(p in axes for p in parts) else None
+
+
 def onnx_input_shapes(path: Path) -> dict[str, tuple[int | str, ...]]:
     """The graph inputs of an ONNX file (not initializers) -> dims, dynamic ones as their axis name."""
     import onnx
@@ -143,9 +152,17 @@ Shapes = dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]
 def profile_shapes(inputs: InputShapes, budget: Budget, overrides: Mapping[str, AxisRange] | None = None,
                    phase: str = "draft") -> Shapes:
     """input name -> (min, opt, max) shapes for the optimization profile of `phase`. Fixed inputs are
-    included too (the manifest records every binding). `overrides` (axis -> range) apply to every phase."""
+    included too (the manifest records every binding). `overrides` (axis -> range) apply to every phase.
+    An axis named `a_b` after two other axes of the graph is sized as their sum (`sum_parts`)."""
     overrides = overrides or {}
+    axes = {d for dims in inputs.values() for d in dims if isinstance(d, str)}
     ranges: dict[str, AxisRange] = {}
+    sums = {axis: parts for axis in axes if axis not in overrides and (parts := sum_parts(axis, axes))}
+    for axis in sorted(axes - set(sums)):
+        ranges[axis] = overrides.get(axis) or axis_range(axis, budget, phase)
+    for axis, parts in sorted(sums.items()):  # parts hold no "_", so none is a sum: all sized above
+        rs = [ranges[p] for p in parts]
+        ranges[axis] = AxisRange(sum(r.min for r in rs), sum(r.opt for r in rs), sum(r.max for r in rs))
     out = {}
     for name, dims in inputs.items():
         lo: list[int] = []
@@ -153,7 +170,7 @@ def profile_shapes(inputs: InputShapes, budget: Budget, overrides: Mapping[str, 
         hi: list[int] = []
         for d in dims:
             if isinstance(d, str):
-                r = ranges.setdefault(d, overrides.get(d) or axis_range(d, budget, phase))
+                r = ranges[d]
                 lo.append(r.min)
                 mid.append(r.opt)
                 hi.append(r.max)
