@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specpress.models.quantized import int4_cpu, primitives as P
+from specpress.models.quantized import bnb_cpu, int4_cpu, primitives as P
 from specpress.errors import CheckpointError, UsageError
 
 
@@ -345,6 +345,25 @@ class Bnb4bitLinear(QuantizedLinear):
         self.KEYS = {"weight": "packed", "weight.absmax": "absmax", "weight.quant_map": "quant_map",
                      f"weight.quant_state.bitsandbytes__{quant_type}": "quant_state"}
         self._register_quant({"packed": packed, "absmax": absmax, "quant_map": quant_map, "quant_state": quant_state})
+        self._refresh()
+
+    def _refresh(self) -> None:
+        # On an AVX512-BF16 CPU: the nibbles repacked once for bitsandbytes' fused CPU kernel (bnb_cpu.py),
+        # beside the stored ones (which the state dict and export read): N·K/2 more bytes in memory.
+        packed, self.cpu_state = None, None
+        why = "weights not loaded yet" if self.packed.is_meta else None
+        if why is None:
+            try:
+                bnb = import_bnb()
+            except UsageError as exc:
+                why = str(exc)
+            else:
+                why = bnb_cpu.kernel_unavailable(bnb, self.out_features, self.in_features, self.blocksize,
+                                                 self.packed.device, self.compute_dtype)
+                if why is None:
+                    packed, self.cpu_state = bnb_cpu.pack(bnb, self.packed, self.quant_state_obj())
+        self.kernel_note = bnb_cpu.NAME if why is None else f"bitsandbytes matmul_4bit (dequantizes): {why}"
+        self.register_buffer("cpu_packed", packed, persistent=False)
 
     @property
     def scheme(self) -> str:  # type: ignore[override]
@@ -399,13 +418,19 @@ class Bnb4bitLinear(QuantizedLinear):
         return bnb.functional.dequantize_4bit(self.packed, self.quant_state_obj()).to(dtype or self.compute_dtype)
 
     def forward(self, x: Tensor) -> Tensor:
+        """x [..., K] -> [..., N] in x's dtype: bitsandbytes' fused CPU kernel on bf16-rounded fp32 / bf16
+        inputs where it applies (`kernel_note`), else matmul_4bit in the stored compute dtype."""
         bnb = import_bnb()
+        if self.cpu_packed is not None and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) \
+                and not (x.requires_grad and torch.is_grad_enabled()):
+            y = bnb_cpu.matmul(bnb, x, self.cpu_packed, self.cpu_state)
+            return y if self.bias is None else y + self.bias.to(x.dtype)
         bias = None if self.bias is None else self.bias.to(self.qs_dtype)
         y = bnb.matmul_4bit(x.to(self.qs_dtype), self.packed, quant_state=self.quant_state_obj(), bias=bias)
         return y.to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, blocksize={self.blocksize}"
+        return f"{super().extra_repr()}, blocksize={self.blocksize}, {self.kernel_note}"
 
 
 class Bnb8bitLinear(QuantizedLinear):
