@@ -90,7 +90,10 @@ def test_runner_drafts_with_the_quantized_graph(tmp_path, target, key):
     with torch.no_grad():
         lt, _ = d(hidden[:, :-1], ids[:, 1:], cache=d.new_cache(16))
     lo, _ = runner.feature_step(hidden[:, :-1], ids[:, 1:], runner.new_cache(16), None, None)
-    torch.testing.assert_close(lo, lt, atol=1e-4, rtol=1e-4)
+    # int4 in groups of 32+ runs aten's int4 kernel in torch (bf16 activations: IntLinear.forward); the graph
+    # computes the exact fp32 dequantization, so those two agree to bf16 precision only
+    tol = 1e-2 if key[0] == "int4" and key[1] >= 32 else 1e-4
+    torch.testing.assert_close(lo, lt, atol=tol, rtol=tol)
 
 
 def test_nf4_has_no_qdq_form(tmp_path, target):

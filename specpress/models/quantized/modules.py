@@ -19,8 +19,9 @@ Key scheme in model.safetensors (for a Linear named `<name>`; `<name>.bias` stay
 N = out_features, K = in_features, G = group size; w ≈ (q - zero) · scale (primitives.py).
 
 Every module computes y = x · dequantize()ᵀ + bias in the input's dtype (the CPU reference; nf4/fp4 go
-through bitsandbytes.matmul_4bit), except per-row symmetric int8 given fp32 inputs on CPU, which
-multiplies the int8 codes with bf16-rounded activations (IntLinear.forward). `module.weight` is the
+through bitsandbytes.matmul_4bit), except on CPU per-row symmetric int8 given fp32 inputs and int4 with
+groups of 32-256 given fp32 / bf16 inputs, which multiply the codes with bf16-rounded activations in aten's
+weight-only kernels (IntLinear.forward, int4_cpu.py); `kernel_note` on an IntLinear names its path. `module.weight` is the
 dequantised weight (for code that reads `.weight.dtype` / `.device`); it is computed on each access.
 Quantized tensors keep their stored dtype through `.to(dtype)` / `.half()`: only their device follows
 (the float bias converts as usual).
@@ -35,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specpress.models.quantized import primitives as P
+from specpress.models.quantized import bnb_cpu, int4_cpu, primitives as P
 from specpress.errors import CheckpointError, UsageError
 
 
@@ -194,6 +195,18 @@ class IntLinear(QuantizedLinear):
             self.qweight = self.qweight.clone()
         self.register_buffer("row_scales", self.scales[:, 0].to(torch.bfloat16) if per_row else None,
                              persistent=False)
+        # int4 on CPU: the codes re-packed once into aten's int4 kernel layout (int4_cpu.py), beside the
+        # stored qweight (which the state dict and export read): N·K/2 more bytes in memory, none on disk.
+        self.kernel_note = "aten._weight_int8pack_mm on CPU (bf16 activations)" if per_row else "dequantize per forward"
+        packed = sz = None
+        if self.bits == 4:
+            why = "weights not loaded yet" if self.qweight.is_meta else int4_cpu.kernel_unavailable(
+                self.out_features, self.in_features, self.group_size, self.qweight.device, self.compute_dtype)
+            if why is None:
+                packed, sz = int4_cpu.pack(self.codes(), self.scales, self.zeros())
+            self.kernel_note = int4_cpu.NAME if why is None else f"dequantize per forward: {why}"
+        self.register_buffer("int4_packed", packed, persistent=False)
+        self.register_buffer("int4_sz", sz, persistent=False)
 
     @property
     def scheme(self) -> str:  # type: ignore[override]
@@ -206,8 +219,14 @@ class IntLinear(QuantizedLinear):
         int8 codes directly with aten's weight-only int8 kernel: the activations are rounded to bf16 for
         this product (the kernel wants bf16; given fp32 it is several times slower than an fp32 Linear)
         and the result is returned in fp32. The bf16 copy is a fresh allocation, so it is aligned as the
-        kernel needs. Other layouts, dtypes and devices and grad-tracking inputs dequantize the weight
-        first. bench/int8_linear.py times it against float Linears."""
+        kernel needs. int4 with groups of 32-256 and N a multiple of 16, fp32 or bf16 inputs on CPU, goes
+        through aten's int4 kernel the same way (int4_cpu.py). Other layouts, dtypes and devices and
+        grad-tracking inputs dequantize the weight first (`kernel_note` says which path and why).
+        bench/int8_linear.py and bench/int4_linear.py time them against float Linears."""
+        if self.int4_packed is not None and x.device.type == "cpu" and x.dtype in int4_cpu.ACTIVATION_DTYPES \
+                and not (x.requires_grad and torch.is_grad_enabled()):
+            y = int4_cpu.matmul(x, self.int4_packed, int4_cpu.group_of(self.in_features, self.group_size), self.int4_sz)
+            return y if self.bias is None else y + self.bias.to(x.dtype)
         s = self.row_scales
         if (s is None or x.dtype != torch.float32 or x.device.type != "cpu"
                 or (x.requires_grad and torch.is_grad_enabled())):
@@ -269,7 +288,7 @@ class IntLinear(QuantizedLinear):
 
     def extra_repr(self) -> str:
         g = "per-channel" if self.group_size is None else f"group_size={self.group_size}"
-        return f"{super().extra_repr()}, {g}, {'symmetric' if self.symmetric else 'asymmetric'}"
+        return f"{super().extra_repr()}, {g}, {'symmetric' if self.symmetric else 'asymmetric'}, {self.kernel_note}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -281,7 +300,9 @@ class Fp8Linear(QuantizedLinear):
     """float8_e4m3fn weights with per-output-channel float32 scales.
 
     Computed by dequantising to the input's dtype, on every device: no native fp8 matmul is used here
-    (torch._scaled_mm on sm89+ GPUs would be the native path; not wired in).
+    (torch._scaled_mm on sm89+ GPUs would be the native path; not wired in). On CPU torch 2.13 has no
+    weight-only fp8 kernel: its _scaled_mm wants fp8 activations too and is a reference loop (121 ms for
+    8 x 256 x 768, against 33 us for an fp32 Linear).
     """
 
     scheme: ClassVar[str] = "fp8"
@@ -326,6 +347,25 @@ class Bnb4bitLinear(QuantizedLinear):
         self.KEYS = {"weight": "packed", "weight.absmax": "absmax", "weight.quant_map": "quant_map",
                      f"weight.quant_state.bitsandbytes__{quant_type}": "quant_state"}
         self._register_quant({"packed": packed, "absmax": absmax, "quant_map": quant_map, "quant_state": quant_state})
+        self._refresh()
+
+    def _refresh(self) -> None:
+        # On an AVX512-BF16 CPU: the nibbles repacked once for bitsandbytes' fused CPU kernel (bnb_cpu.py),
+        # beside the stored ones (which the state dict and export read): N·K/2 more bytes in memory.
+        packed, self.cpu_state = None, None
+        why = "weights not loaded yet" if self.packed.is_meta else None
+        if why is None:
+            try:
+                bnb = import_bnb()
+            except UsageError as exc:
+                why = str(exc)
+            else:
+                why = bnb_cpu.kernel_unavailable(bnb, self.out_features, self.in_features, self.blocksize,
+                                                 self.packed.device, self.compute_dtype)
+                if why is None:
+                    packed, self.cpu_state = bnb_cpu.pack(bnb, self.packed, self.quant_state_obj())
+        self.kernel_note = bnb_cpu.NAME if why is None else f"bitsandbytes matmul_4bit (dequantizes): {why}"
+        self.register_buffer("cpu_packed", packed, persistent=False)
 
     @property
     def scheme(self) -> str:  # type: ignore[override]
@@ -380,13 +420,19 @@ class Bnb4bitLinear(QuantizedLinear):
         return bnb.functional.dequantize_4bit(self.packed, self.quant_state_obj()).to(dtype or self.compute_dtype)
 
     def forward(self, x: Tensor) -> Tensor:
+        """x [..., K] -> [..., N] in x's dtype: bitsandbytes' fused CPU kernel on bf16-rounded fp32 / bf16
+        inputs where it applies (`kernel_note`), else matmul_4bit in the stored compute dtype."""
         bnb = import_bnb()
+        if self.cpu_packed is not None and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) \
+                and not (x.requires_grad and torch.is_grad_enabled()):
+            y = bnb_cpu.matmul(bnb, x, self.cpu_packed, self.cpu_state)
+            return y if self.bias is None else y + self.bias.to(x.dtype)
         bias = None if self.bias is None else self.bias.to(self.qs_dtype)
         y = bnb.matmul_4bit(x.to(self.qs_dtype), self.packed, quant_state=self.quant_state_obj(), bias=bias)
         return y.to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, blocksize={self.blocksize}"
+        return f"{super().extra_repr()}, blocksize={self.blocksize}, {self.kernel_note}"
 
 
 class Bnb8bitLinear(QuantizedLinear):
