@@ -143,6 +143,8 @@ def real(a: argparse.Namespace) -> None:
             outputs[name].append(gen.tokens)
         lockstep(target, runners["torch"], runners["onnxruntime"], prompt, a.max_new_tokens, policy, same.append,
                  follow=True)
+        if (i + 1) % 10 == 0:
+            print(f"  {i + 1}/{len(prompts)} prompts", file=sys.stderr, flush=True)
     med = {n: statistics.median(v) for n, v in ms.items()}
     art = sum(f.stat().st_size for f in Path(a.drafter).glob("*.safetensors"))
     res = {"drafter": a.drafter, "export": str(export), "policy": a.policy, "prompts": len(prompts),
