@@ -129,8 +129,9 @@ def ranks_read(policy: Policy) -> int:
 def near_tie(logits: Sequence[tuple[Tensor, float]], policy: Policy) -> bool:
     """Whether a row of `logits` ([..., V] torch outputs with the max_abs error of their export) has two of
     its top ranks_read(policy) values within max(NEAR_TIE_REL x the row's largest |logit|, 2 x max_abs):
-    an order that error can flip. (A dynamic tree also ranks nodes across rows by path score: a flip there
-    between rows without a near tie inside one row counts as a disagreement.)"""
+    an order that error can flip. Conservative where a choice is not one row's ranking: a dynamic tree's
+    budget cut across rows by path score, and DFlash's Markov head (block logits + bias), count a flip
+    without a near tie inside a row as a disagreement."""
     k = ranks_read(policy)
     for lg, max_abs in logits:
         rows = lg.detach().float().reshape(-1, lg.shape[-1])
