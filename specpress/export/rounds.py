@@ -41,7 +41,7 @@ from specpress.runtime.sampling import SamplingParams
 from specpress.runtime.tree import tree_for_policy
 from specpress.runtime.verify import verify
 
-PROMPTS, PROMPT_LEN, NEW_TOKENS = 3, 8, 16
+PROMPTS, PROMPT_LEN, NEW_TOKENS, ROUNDS = 3, 8, 32, 4  # ROUNDS per prompt: 12 rounds, a second or so on tiny models
 NEAR_TIE_REL = 1e-4  # a gap under this share of the row's largest |logit| is a tie whatever the error
 MAX_DISAGREE = 0.01  # share of rounds whose drafts may differ without a near tie (the backend's >= 99 %)
 
@@ -148,13 +148,13 @@ def _same(a: Any, b: Any) -> bool:
 
 @torch.inference_mode()
 def lockstep(target: Any, first: Any, second: Any, prompt: Sequence[int], new_tokens: int, policy: Policy,
-             judge: Callable[[bool], None], follow: bool = False) -> list[int]:
+             judge: Callable[[bool], None], follow: bool = False, max_rounds: int | None = None) -> list[int]:
     """Decode `prompt` at temperature 0 with one draft session per runner (DrafterRunner) in lockstep: each
     round both propose under the same root, `judge(same_tree)` is told whether they drafted the same tree,
     the first tree is verified and both sessions accept its result. Trees that differ end the prompt, or
     with `follow` (feature and block sessions only: their accept re-feeds the committed tokens and keeps
-    nothing of their own proposal) the second session follows the first's committed path. Returns the
-    emitted tokens."""
+    nothing of their own proposal) the second session follows the first's committed path. Stops after
+    `new_tokens` tokens or `max_rounds` rounds. Returns the emitted tokens."""
     tgt = as_target_runner(target)
     kind = get_family(first.family).session
     if follow and kind not in ("feature", "block"):
@@ -169,7 +169,9 @@ def lockstep(target: Any, first: Any, second: Any, prompt: Sequence[int], new_to
     tokens = [int(out.logits[0, -1].argmax())]
     for s in sessions:
         s.start(prompt, out, tokens[0])
-    while len(tokens) < new_tokens:
+    rounds = 0
+    while len(tokens) < new_tokens and (max_rounds is None or rounds < max_rounds):
+        rounds += 1
         ours, theirs = (s.propose(tokens[-1], policy, params, None) for s in sessions)
         same = _same(ours.tree, theirs.tree)
         judge(same)
@@ -188,9 +190,11 @@ def lockstep(target: Any, first: Any, second: Any, prompt: Sequence[int], new_to
 
 
 def validate_rounds(ref: Any, target: Any, export_dir: str | Path, *, policy: str | Policy | None = None,
-                    prompts: Sequence[Sequence[int]] | None = None, new_tokens: int = NEW_TOKENS) -> RoundsReport:
+                    prompts: Sequence[Sequence[int]] | None = None, new_tokens: int = NEW_TOKENS,
+                    rounds: int = ROUNDS) -> RoundsReport:
     """Real drafting rounds of the export at `export_dir` against `ref` (the torch drafter in the export's
-    float type, attached to `target`); see the module docstring. Errors are reported, not raised."""
+    float type, attached to `target`): up to `rounds` rounds of `new_tokens` per prompt; see the module
+    docstring. Errors are reported, not raised."""
     name = str(policy or get_family(ref.family).default_policy)
     pol = parse_policy(policy or name)
     runner = load_runner(export_dir, target, "cpu", warn=lambda s: None)
@@ -209,5 +213,5 @@ def validate_rounds(ref: Any, target: Any, export_dir: str | Path, *, policy: st
 
     for prompt in prompts:
         log.logits.clear()
-        lockstep(target, TorchDrafterRunner(ref), runner, prompt, new_tokens, pol, judge)
+        lockstep(target, TorchDrafterRunner(ref), runner, prompt, new_tokens, pol, judge, max_rounds=rounds)
     return RoundsReport(name, len(prompts), counts["rounds"], counts["agree"], counts["ties"], log.errors)
