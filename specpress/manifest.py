@@ -81,6 +81,8 @@ class ExportManifest:
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
     plugin: Mapping[str, Any] = field(default_factory=dict)  # the TreeAttention contract when attention=plugin
+    # the real-round check (export/rounds.py): policy, prompts, rounds, agree, near_ties, errors per graph
+    validation_rounds: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def drafter_bytes(self) -> int:

@@ -37,7 +37,9 @@ def onnx(drafter_dir: Path, target_dir: Path, out: Path, attention: str, opset: 
 
     One graph per computation the runtime calls (the drafting step with past K/V in and present K/V
     out, the tap fusion, DFlash's block pass, each MTP module, the lm forward). Every graph is run in
-    onnxruntime against the torch drafter on random inputs; over tolerance nothing is written.
+    onnxruntime against the torch drafter on random inputs, then on real drafting rounds (the family's
+    default policy, greedy, prompts the target writes itself) in which the onnxruntime backend must draft
+    what the torch drafter drafts, near ties aside; over tolerance nothing is written.
 
     \b
     Example:
@@ -52,10 +54,14 @@ def onnx(drafter_dir: Path, target_dir: Path, out: Path, attention: str, opset: 
     own = sum(rep.graphs.values())
     click.echo(f"exported {len(rep.graphs)} graph(s) -> {rep.out}  ({rep.seconds:.1f} s, attention {attention}, "
                f"{dtype})")
+    rounds = rep.rounds.errors if rep.rounds else {}
+    click.echo(f"  {'graph':<10} {'bytes':>14}   max_rel / max_abs over outputs: random inputs | real rounds")
     for name, size in rep.graphs.items():
-        worst = max(rep.errors[name].items(), key=lambda kv: kv[1]["max_rel"])
-        click.echo(f"  {name:<10} {size:>12,} B   max_rel {worst[1]['max_rel']:.2e}  max_abs "
-                   f"{max(e['max_abs'] for e in rep.errors[name].values()):.2e}  (worst: {worst[0]})")
+        click.echo(f"  {name:<10} {size:>12,} B   {_worst(rep.errors[name])} | {_worst(rounds.get(name))}")
+    if rep.rounds:
+        r = rep.rounds
+        click.echo(f"  real rounds: {r.policy} greedy, {r.prompts} prompts, {r.rounds} rounds: {r.agree} drafted the "
+                   f"same tokens, {r.near_ties} near ties, {r.disagree} differ")
     click.echo(f"  drafter graphs {own:,} B; shared target embeddings/head {rep.shared_bytes:,} B (counted apart); "
                f"tolerance max_rel {rep.tolerance:g}")
     if rep.quantization:
@@ -64,6 +70,14 @@ def onnx(drafter_dir: Path, target_dir: Path, out: Path, attention: str, opset: 
         for note in q["linears"]:
             if "fallback" in note or "refused" in note:
                 click.echo(f"    {note}")
+
+
+def _worst(errors: dict | None) -> str:
+    """'max_rel / max_abs (output)' of the output with the largest max_rel; '-' when not run."""
+    if not errors:
+        return "-"
+    name, e = max(errors.items(), key=lambda kv: kv[1]["max_rel"])
+    return f"{e['max_rel']:.1e} / {max(x['max_abs'] for x in errors.values()):.1e} ({name})"
 
 
 export_hf.register(export)

@@ -2,14 +2,17 @@
 
     export_onnx(drafter, out, ExportOptions(...)) -> ExportReport
 
-The drafter must be attached to its target (load_drafter(path, target=...)): the target's embeddings
-and head are written once, beside the graphs (`target_shared.bin`, referenced by each graph as external
-data) and counted apart from the drafter's own bytes. The directory appears atomically, and only when
-every graph passed validation (export/validate.py).
+The drafter must be attached to its target (load_drafter(path, target=...)), and the target is passed
+too: the target's embeddings and head are written once, beside the graphs (`target_shared.bin`,
+referenced by each graph as external data) and counted apart from the drafter's own bytes; the target
+verifies the real drafting rounds of the validation. The directory appears atomically, and only when
+every graph passed both checks: random inputs (export/validate.py), then real drafting rounds through the
+onnxruntime backend against the torch drafter (export/rounds.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,8 +30,10 @@ from specpress.export import ops
 from specpress.export.blocks import Ctx
 from specpress.export.families import build_graphs
 from specpress.export.graph import Graph
+from specpress.export.rounds import RoundsReport, validate_rounds
 from specpress.export.validate import QUANT_TOLERANCE, TOLERANCE, case, check, compare, reference_copy
 from specpress.manifest import DrafterInfo, ExportManifest, GraphSpec, TensorSpec
+from specpress.models.drafter import get_family
 
 SHARED_FILE = "target_shared.bin"
 DTYPES = ("fp32", "fp16")
@@ -75,11 +80,12 @@ class ExportReport:
     out: Path
     graphs: dict[str, int]  # graph -> its own bytes
     shared_bytes: int
-    errors: dict[str, dict[str, dict[str, float]]]  # graph -> output -> {max_abs, max_rel}
+    errors: dict[str, dict[str, dict[str, float]]]  # graph -> output -> {max_abs, max_rel} on random inputs
     tolerance: float
     seconds: float
     quantization: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
+    rounds: RoundsReport | None = None  # the real-round check: draft agreement, errors per graph and output
 
 
 def require_onnxruntime() -> Any:
@@ -148,8 +154,11 @@ def _specs(vis: Any) -> tuple[TensorSpec, ...]:
 
 
 def export_onnx(drafter: Any, out: str | Path, options: ExportOptions = ExportOptions(),
-                progress: Callable[[str], None] = lambda s: None) -> ExportReport:
-    """Export `drafter` (attached to its target) to `out`; see the module docstring."""
+                progress: Callable[[str], None] = lambda s: None, *, target: Any = None) -> ExportReport:
+    """Export `drafter` (attached to `target`, a TargetModel) to `out`; see the module docstring."""
+    if target is None:
+        raise UsageError("export_onnx validates the export on real drafting rounds, which the target verifies: "
+                         "pass target=<the TargetModel the drafter is attached to>")
     ort = require_onnxruntime()
     t0 = time.perf_counter()
     o = options
@@ -194,7 +203,11 @@ def export_onnx(drafter: Any, out: str | Path, options: ExportOptions = ExportOp
             target=drafter.target_fingerprint, validation=errors, specpress_version=__version__,
             plugin=_plugin_contract() if o.attention == "plugin" else {})
         manifest.save(tmp)
-    return ExportReport(Path(out), sizes, shared_bytes, errors, tol, time.perf_counter() - t0, quant)
+        progress(f"validating on real drafting rounds ({get_family(drafter.family).default_policy}, greedy)")
+        rounds = validate_rounds(ref, target, tmp)
+        rounds.check(tol)
+        dataclasses.replace(manifest, validation_rounds=rounds.summary()).save(tmp)
+    return ExportReport(Path(out), sizes, shared_bytes, errors, tol, time.perf_counter() - t0, quant, rounds=rounds)
 
 
 def _plugin_contract() -> dict[str, Any]:
@@ -225,4 +238,4 @@ def export_from_dirs(drafter_dir: str | Path, target_dir: str | Path, out: str |
     target = load_target(target_dir, device="cpu")
     progress(f"loading drafter {drafter_dir}")
     drafter = load_drafter(drafter_dir, target=target, device="cpu").eval()
-    return export_onnx(drafter, out, options, progress)
+    return export_onnx(drafter, out, options, progress, target=target)

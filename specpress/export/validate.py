@@ -1,8 +1,9 @@
-"""Validation of every exported graph: onnxruntime against the drafter's torch forward on random inputs.
+"""Validation of every exported graph: onnxruntime against the drafter's torch forward on given inputs.
 
-Each graph gets random inputs of its family's shapes (a past of P slots, T new tokens under a random
-tree mask, C context positions for DFlash); the torch reference is the module's own forward with a
-KVCache preloaded with the same past. Errors per output: max_abs = max |ort - torch|, max_rel =
+`case` draws random inputs of a graph's shapes (a past of P slots, T new tokens under a random tree mask,
+C context positions for DFlash); export/rounds.py records the inputs real drafting rounds feed each graph.
+Either way `reference` computes the torch outputs from the same inputs: the module's own forward with a
+KVCache preloaded with the fed past. Errors per output: max_abs = max |ort - torch|, max_rel =
 max_abs / max |torch| (scale-free). Every graph is compared before any verdict, then one typed error
 lists each output over tolerance.
 """
@@ -10,7 +11,7 @@ lists each output over tolerance.
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -19,6 +20,7 @@ from torch import Tensor
 from specpress.errors import CheckpointError
 from specpress.models.drafter import SharedModules
 from specpress.runtime.backends.exported import plugin_mask
+from specpress.runtime.tree import unpack_mask
 
 P, T, C = 5, 4, 3  # past slots, new tokens, new context positions (dflash)
 TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2}  # max_rel per output
@@ -79,7 +81,7 @@ def _presents(cache: Any, layers: list[int], total: int) -> dict[str, Tensor]:
 
 @torch.no_grad()
 def case(d: Any, graph: str, form: str, seed: int = 0) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """(inputs, torch reference outputs) of graph `graph` of drafter `d` (already in the export dtype)."""
+    """(random inputs, torch reference outputs) of graph `graph` of drafter `d` (already in the export dtype)."""
     gen = torch.Generator().manual_seed(seed)
     cfg = d.config
     fdt = d.compute_param().dtype
@@ -92,49 +94,94 @@ def case(d: Any, graph: str, form: str, seed: int = 0) -> tuple[dict[str, Tensor
         return past + torch.randint(0, n, (1, n), generator=gen).sort().values
 
     if graph == "fuse":
-        width = d.fc.weight.shape[1]
-        taps = torch.randn(1, C, width, generator=gen).to(fdt)
-        ref = d.fc(taps) if d.family == "eagle3" else d.hidden_norm(d.fc(taps))
-        return {"taps": taps}, {"features": ref}
+        taps = torch.randn(1, C, d.fc.weight.shape[1], generator=gen).to(fdt)
+        return {"taps": taps}, reference(d, graph, {"taps": taps})
     if graph == "markov":
-        prev = torch.randint(0, V, (3,), generator=gen)
-        return {"prev_ids": prev}, {"bias": d.markov_head(prev)}
+        feeds = {"prev_ids": torch.randint(0, V, (3,), generator=gen)}
+        return feeds, reference(d, graph, feeds)
     if graph == "block":
         bk = cfg.block_size
         cache = _cache(d, P, P + C + bk, gen, fdt)
         taps = torch.randn(1, C, d.fc.weight.shape[1], generator=gen).to(fdt)
-        block = d.make_block(ids(1)[0], bk)
-        pos = positions(C + bk, P)
         mask = _tree_mask(gen, bk, P + C, bk, full=True)
-        feeds = {"features": d.hidden_norm(d.fc(taps)), "block_ids": block, "positions": pos,
-                 **_attn_feeds(form, mask, cache, list(range(cfg.num_hidden_layers)))}
-        logits = d(taps, block, cache=cache, positions=pos[0], mask=mask, keep_block=True)
-        return feeds, {"logits": logits, **_presents(cache, list(range(cfg.num_hidden_layers)), P + C + bk)}
+        feeds = {"features": d.hidden_norm(d.fc(taps)), "block_ids": d.make_block(ids(1)[0], bk),
+                 "positions": positions(C + bk, P), **_attn_feeds(form, mask, cache, list(range(cfg.num_hidden_layers)))}
+        return feeds, reference(d, graph, feeds, taps=taps)
     mask = _tree_mask(gen, T, P, T, full=False)
     pos = positions(T, P)
-    if graph == "lm":
-        layers = list(range(cfg.num_hidden_layers))
-        cache = _cache(d, P, P + T, gen, fdt)
-        feeds = {"ids": ids(T), "positions": pos, **_attn_feeds(form, mask, cache, layers)}
-        out = d(feeds["ids"], cache=cache, positions=pos[0], mask=mask)
-        return feeds, {"logits": out.logits, **_presents(cache, layers, P + T)}
-    # feature steps: eagle / eagle3 "step", mtp "step.{k}"
     k = int(graph.split(".")[1]) if "." in graph else 0
-    layers = [k] if d.family == "mtp" else list(range(d.cache_dims()[0]))
+    layers = list(range(cfg.num_hidden_layers)) if graph == "lm" else [k] if d.family == "mtp" else \
+        list(range(d.cache_dims()[0]))
     cache = _cache(d, P, P + T, gen, fdt)
-    hidden = torch.randn(1, T, cfg.hidden_size, generator=gen).to(fdt)
-    feeds = {"hidden": hidden, "ids": ids(T), "positions": pos, **_attn_feeds(form, mask, cache, layers)}
-    logits, g = d(hidden, feeds["ids"], cache=cache, positions=pos[0], mask=mask, **d.step_kwargs(k))
-    return feeds, {"logits": logits, "hidden_out": g, **_presents(cache, layers, P + T)}
+    feeds = {"ids": ids(T), "positions": pos, **_attn_feeds(form, mask, cache, layers)}
+    if graph != "lm":  # feature steps: eagle / eagle3 "step", mtp "step.{k}"
+        feeds["hidden"] = torch.randn(1, T, cfg.hidden_size, generator=gen).to(fdt)
+    return feeds, reference(d, graph, feeds)
+
+
+def feed_mask(feeds: Mapping[str, Tensor], queries: int, slots: int) -> Tensor:
+    """The bool mask [queries, slots] a graph was fed: `mask` (standard form) or committed + tree_mask (plugin)."""
+    if "mask" in feeds:
+        return feeds["mask"].to(torch.bool)
+    c = int(feeds["committed"].reshape(-1)[0])
+    mask = torch.ones(queries, slots, dtype=torch.bool)
+    mask[:, c:] = unpack_mask(feeds["tree_mask"].cpu(), slots - c)
+    return mask
+
+
+def _graph_layers(d: Any, graph: str) -> list[int]:
+    if d.family == "mtp":
+        return [int(graph.split(".")[1])]
+    return list(range(d.cache_dims()[0] if d.family != "lm" else d.config.num_hidden_layers))
+
+
+@torch.no_grad()
+def reference(d: Any, graph: str, feeds: Mapping[str, Tensor], taps: Tensor | None = None) -> dict[str, Tensor]:
+    """The torch drafter's outputs for graph `graph` given its ONNX inputs `feeds` (past K/V preloaded into a
+    fresh KVCache). `block` takes the context as features (fc + hidden_norm applied) but the module fuses
+    taps itself: pass the taps [1, C, n*H] those features came from (None when C = 0)."""
+    feeds = {n: t.cpu() for n, t in feeds.items()}
+    if graph == "fuse":
+        x = feeds["taps"]
+        return {"features": d.fc(x) if d.family == "eagle3" else d.hidden_norm(d.fc(x))}
+    if graph == "markov":
+        return {"bias": d.markov_head(feeds["prev_ids"])}
+    layers = _graph_layers(d, graph)
+    past = feeds["past_key.0"].shape[2]
+    new = feeds["positions"].shape[1]
+    cache = d.new_cache(past + new)
+    for j, layer in enumerate(layers):
+        cache.k[layer, :, :, :past] = feeds[f"past_key.{j}"]
+        cache.v[layer, :, :, :past] = feeds[f"past_value.{j}"]
+    cache.length = past
+    queries = feeds["block_ids"].shape[1] if graph == "block" else new
+    mask = feed_mask(feeds, queries, past + new)
+    pos = feeds["positions"][0]
+    if graph == "block":
+        logits = d(taps, feeds["block_ids"], cache=cache, positions=pos, mask=mask, keep_block=True)
+        return {"logits": logits, **_presents(cache, layers, past + new)}
+    if graph == "lm":
+        out = d(feeds["ids"], cache=cache, positions=pos, mask=mask)
+        return {"logits": out.logits, **_presents(cache, layers, past + new)}
+    k = layers[0] if d.family == "mtp" else 0
+    logits, g = d(feeds["hidden"], feeds["ids"], cache=cache, positions=pos, mask=mask, **d.step_kwargs(k))
+    return {"logits": logits, "hidden_out": g, **_presents(cache, layers, past + new)}
 
 
 def compare(run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]], feeds: dict[str, Tensor],
             ref: dict[str, Tensor]) -> dict[str, dict[str, float]]:
     """{output: {max_abs, max_rel}} of `run` (an onnxruntime call) against the torch reference."""
-    got = run({n: t.cpu().numpy() for n, t in feeds.items()})
+    return errors_of(run({n: t.cpu().numpy() for n, t in feeds.items()}), ref)
+
+
+def errors_of(got: Mapping[str, Any], ref: Mapping[str, Tensor]) -> dict[str, dict[str, float]]:
+    """{output: {max_abs, max_rel}} of outputs `got` (arrays or tensors) against `ref`; a shape mismatch is
+    inf, a NaN/inf where the reference is finite (or the reverse) is NaN - both fail `check`."""
     out = {}
     for name, r in ref.items():
-        a, b = np.asarray(got[name], np.float64), r.detach().double().cpu().numpy()
+        g = got[name]
+        a = g.detach().double().cpu().numpy() if isinstance(g, Tensor) else np.asarray(g, np.float64)
+        b = r.detach().double().cpu().numpy()
         if a.shape != b.shape:
             out[name] = {"max_abs": float("inf"), "max_rel": float("inf")}
             continue
@@ -148,12 +195,22 @@ def compare(run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]], feeds
     return out
 
 
-def check(errors: dict[str, dict[str, dict[str, float]]], tolerance: float) -> None:
+def worst(into: dict[str, dict[str, float]], new: Mapping[str, Mapping[str, float]]) -> None:
+    """Fold one call's {output: {max_abs, max_rel}} into `into`, keeping the largest (NaN wins: it fails)."""
+    for name, e in new.items():
+        old = into.setdefault(name, {"max_abs": 0.0, "max_rel": 0.0})
+        for k in ("max_abs", "max_rel"):
+            if not e[k] <= old[k]:
+                old[k] = float(e[k])
+
+
+def check(errors: Mapping[str, Mapping[str, Mapping[str, float]]], tolerance: float,
+          stage: str = "random inputs") -> None:
     """Raise ExportValidationError naming every output over `tolerance` (NaN/inf count as over)."""
     bad = [f"{g}.{o}: max_rel {e['max_rel']:.3g} (max_abs {e['max_abs']:.3g})"
            for g, outs in errors.items() for o, e in outs.items() if not e["max_rel"] <= tolerance]
     if bad:
         raise ExportValidationError(
-            f"onnxruntime disagrees with the torch drafter beyond max_rel {tolerance:g}: {'; '.join(bad)}; "
-            f"nothing was written. This is a bug in the exporter for this drafter: please report it with "
-            f"the drafter's config.json")
+            f"onnxruntime disagrees with the torch drafter beyond max_rel {tolerance:g} on {stage}: "
+            f"{'; '.join(bad)}; nothing was written. This is a bug in the exporter for this drafter: please "
+            f"report it with the drafter's config.json")

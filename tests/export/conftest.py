@@ -51,7 +51,7 @@ def exported(tmp_path_factory, target):
         if key not in cache:
             d = make_drafter(name, target)
             out = tmp_path_factory.mktemp("onnx") / f"{name}-{form}"
-            report = export_onnx(d, out, ExportOptions(attention=form, **opts))
+            report = export_onnx(d, out, ExportOptions(attention=form, **opts), target=target)
             cache[key] = (d, out, report)
         return cache[key]
 

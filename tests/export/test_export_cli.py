@@ -46,6 +46,9 @@ def test_export_onnx_command_writes_a_validated_directory(dirs):
     step = m.graph("step")
     assert {"hidden", "ids", "positions", "committed", "tree_mask", "past_key.0"} <= set(step.input_names())
     assert all(e["max_rel"] < 1e-4 for g in m.validation.values() for e in g.values())
+    assert "real rounds: chain:4" in res.output
+    r = m.validation_rounds
+    assert r["rounds"] > 0 and r["agree"] + r["near_ties"] == r["rounds"] and set(r["errors"]) == {"fuse", "step"}
 
 
 def test_refusals_name_the_fix(dirs, exported, monkeypatch):
@@ -70,7 +73,7 @@ def test_over_tolerance_writes_nothing(tmp_path, target, monkeypatch):
 
     monkeypatch.setitem(exp.TOLERANCE, "fp32", 0.0)  # every float graph differs from torch by a rounding error
     with pytest.raises(ExportValidationError, match="step"):
-        export_onnx(make_drafter("eagle", target), tmp_path / "out")
+        export_onnx(make_drafter("eagle", target), tmp_path / "out", target=target)
     assert not (tmp_path / "out").exists() and list(tmp_path.iterdir()) == []
 
 
@@ -110,7 +113,7 @@ def test_a_bf16_drafter_exports_against_its_fp32_copy(tmp_path):
     target = tiny_target().to(torch.bfloat16)
     d = make("mtp", target.float()).to(torch.bfloat16)
     d.attach_target(target)
-    rep = export_onnx(d, tmp_path / "o")
+    rep = export_onnx(d, tmp_path / "o", target=target)
     assert max(e["max_rel"] for e in rep.errors["step.0"].values()) <= rep.tolerance
 
 

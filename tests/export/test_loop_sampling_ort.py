@@ -26,7 +26,7 @@ def test_onnxruntime_drafter_sampling_matches_target_law(tmp_path, form):
     d = LMDrafter(LMConfig.from_target_config(target.config))
     d.load_state_dict(tiny(1, 2).state_dict())
     d.eval().attach_target(target)
-    export_onnx(d, tmp_path / "lm", ExportOptions(attention=form))
+    export_onnx(d, tmp_path / "lm", ExportOptions(attention=form), target=target)
     runner = load_runner(tmp_path / "lm", target, torch.device("cpu"))
     stat = chi2(target, runner, "chain:2")
     assert stat < CRIT, f"speculative sampling law through onnxruntime differs from the target's (chi2 {stat:.1f})"

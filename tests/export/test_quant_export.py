@@ -48,7 +48,7 @@ def quantized_eagle(target, scheme, group, symmetric):
 def run_case(tmp_path, target, key):
     scheme, group, sym, fmt = key
     d = quantized_eagle(target, scheme, group, sym)
-    rep = export_onnx(d, tmp_path / "q", ExportOptions(quant_format=fmt))
+    rep = export_onnx(d, tmp_path / "q", ExportOptions(quant_format=fmt), target=target)
     ops = {n.op_type for n in onnx.load(str(tmp_path / "q" / "step.onnx"), load_external_data=False).graph.node}
     assert CASES[key] in ops, ops
     assert rep.quantization["schemes"] == [scheme] and len(rep.quantization["linears"]) == 8
@@ -59,7 +59,7 @@ def run_case(tmp_path, target, key):
 @pytest.mark.parametrize("key", DEFAULT, ids=lambda k: "-".join(map(str, k)))
 def test_quantized_export_default(tmp_path, target, key):
     _, rep = run_case(tmp_path, target, key)
-    float_rep = export_onnx(_float_eagle(target), tmp_path / "f")
+    float_rep = export_onnx(_float_eagle(target), tmp_path / "f", target=target)
     assert rep.graphs["step"] < float_rep.graphs["step"]  # the codes are stored, not dequantized floats
 
 
@@ -99,7 +99,7 @@ def test_runner_drafts_with_the_quantized_graph(tmp_path, target, key):
 def test_nf4_has_no_qdq_form(tmp_path, target):
     d = quantized_eagle(target, "nf4", 32, None)
     with pytest.raises(UsageError, match="matmulnbits"):
-        export_onnx(d, tmp_path / "q", ExportOptions(quant_format="qdq"))
+        export_onnx(d, tmp_path / "q", ExportOptions(quant_format="qdq"), target=target)
     assert not (tmp_path / "q").exists()
 
 
@@ -110,6 +110,6 @@ def test_bitsandbytes_int8_rows_become_matmulnbits(tmp_path, target):
     from specpress.models.quantized.configs import config_for
 
     d = quantize(_float_eagle(target), config_for("int8", "bnb"))
-    rep = export_onnx(d, tmp_path / "q")
+    rep = export_onnx(d, tmp_path / "q", target=target)
     assert all("MatMulNBits" in note for note in rep.quantization["linears"])
     assert max(e["max_rel"] for e in rep.errors["step"].values()) <= rep.tolerance
