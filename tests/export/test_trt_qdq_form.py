@@ -36,7 +36,7 @@ def test_per_row_scales_are_per_axis_and_groups_blocked(tmp_path, target, scheme
     base = make("eagle", target)  # intermediate 64: every Linear's K is a multiple of 16
     d = randomize(build_drafter(dataclasses.replace(base.config, intermediate_size=64)), 1).attach_target(target)
     d = quantize(d, config_for(scheme, group_size=group, symmetric=symmetric))
-    rep = export_onnx(d, tmp_path / "q", ExportOptions(quant_format="qdq"))
+    rep = export_onnx(d, tmp_path / "q", ExportOptions(quant_format="qdq"), target=target)
     assert max(e["max_rel"] for e in rep.errors["step"].values()) <= rep.tolerance
     nodes = _dequantize_nodes(tmp_path / "q" / "step.onnx")
     assert len(nodes) == 8
