@@ -7,8 +7,9 @@
 `run` writes two evaluation prompt sets and four ranking sources under OUT/data, prunes the drafter's
 draft vocabulary to 1/4 and 1/2 on each source with `specpress prune --vocab` (exactly the command a
 user runs), then decodes every drafter (the base and the eight pruned ones) on both prompt sets with
-the same target in one process and records per-prompt τ, the coverage of the target's emitted tokens
-and lossless mismatches against plain greedy decoding. Everything already written is kept on a rerun.
+the same target in one process and records per-prompt τ, the share of the target's greedy output that
+the draft vocabulary holds (what it emits at T=0, every run being lossless) and lossless mismatches
+against plain greedy decoding. Everything already written is kept on a rerun.
 
 - evaluation `stdlib`: 100 prompts from the zoo's validation files (stdlib modules neither the target
   nor the drafter trained on, the origin of their training data): in-domain;
@@ -76,6 +77,7 @@ def run(args: argparse.Namespace) -> None:
 
     from specpress.models.drafter_io import load_drafter
     from specpress.models.target import load_target
+    from specpress.runtime.backends.torch import as_drafter_runner
     from specpress.runtime.coverage import calibration_coverage, eval_coverage
     from specpress.runtime.loop import speculative_generate
     from specpress.runtime.plain import decode_plain
@@ -101,16 +103,18 @@ def run(args: argparse.Namespace) -> None:
         with torch.inference_mode():
             plain = [decode_plain(target, p.ids, NEW_TOKENS).tokens for p in prompts]
             for name in names:
-                if name in results:
-                    continue
                 path = args.drafter if name == "base" else out / "drafters" / name
                 drafter = load_drafter(path, target).eval()
+                if name in results:  # coverage of the target's greedy output (= what it emits: lossless)
+                    results[name]["eval_coverage"] = eval_coverage(plain, as_drafter_runner(drafter).token_map)
+                    res_path.write_text(json.dumps(results))
+                    continue
                 gens = [speculative_generate(target, drafter, p.ids, NEW_TOKENS, policy) for p in prompts]
                 results[name] = {
                     "per_prompt_tau": [1 + sum(r.accepted for r in g.rounds) / len(g.rounds) for g in gens],
                     "rounds": sum(len(g.rounds) for g in gens),
                     "accepted": sum(r.accepted for g in gens for r in g.rounds),
-                    "eval_coverage": eval_coverage([g.tokens for g in gens], getattr(drafter, "token_map", None)),
+                    "eval_coverage": eval_coverage(plain, as_drafter_runner(drafter).token_map),
                     "calibration_coverage": calibration_coverage(drafter.provenance),
                     "lossless_mismatches": sum(g.tokens != p for g, p in zip(gens, plain))}
                 res_path.write_text(json.dumps(results))
