@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from specpress.compress.quantize import config_for, quantize
 from specpress.models.drafter import build_drafter
@@ -26,15 +25,7 @@ needs_kernel = pytest.mark.skipif(not bnb.functional.has_avx512bf16(),
                                   reason="bitsandbytes' fused 4-bit CPU kernel needs AVX512-BF16")
 OP = "bitsandbytes.gemv_4bit.default"
 
-
-class _Ops(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
+from test_quantize import _Ops  # noqa: E402  (records the aten ops a block dispatches)
 
 
 def module(n: int, k: int, quant_type: str, blocksize: int) -> Bnb4bitLinear:

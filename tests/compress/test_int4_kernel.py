@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import specpress.runtime.loop as loop
 from specpress.compress.quantize import config_for, quantize
@@ -23,19 +22,9 @@ from specpress.runtime.loop import speculative_generate
 from specpress.runtime.plain import decode_plain
 from specpress.runtime.policy import parse_policy
 
+from test_quantize import _Ops  # records the aten ops a block dispatches
+
 OP = "aten._weight_int4pack_mm_for_cpu.default"
-
-
-class _Ops(TorchDispatchMode):
-    """Records the aten ops a block of code dispatches."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 def module(n: int, k: int, group_size: int | None, symmetric: bool, seed: int = 0) -> IntLinear:
