@@ -27,7 +27,8 @@ def export() -> None:
 @click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32", show_default=True,
               help="Float type of the graphs (bf16 is refused: onnxruntime's CPU kernels lack it).")
 @click.option("--quant-format", type=click.Choice(["matmulnbits", "qdq"]), default="matmulnbits",
-              show_default=True, help="Quantized Linears: onnxruntime's MatMulNBits, or DequantizeLinear + MatMul.")
+              show_default=True, help="Quantized Linears: onnxruntime's MatMulNBits (int4; int8 stays DequantizeLinear + MatMul, "
+                   "faster there), or DequantizeLinear + MatMul for all (TensorRT).")
 @click.option("--accuracy-level", type=click.IntRange(0, 4), default=0, show_default=True,
               help="MatMulNBits activations: 0 = fp32 (drafts what torch drafts), 4 = int8 (faster CPU kernels).")
 @click.option("--force", is_flag=True, help="Replace an existing --out.")

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from onnx import TensorProto
+from onnx import TensorProto, helper
 from torch import nn
 
 from specpress.export import ops
@@ -32,8 +32,26 @@ class Ctx:
     quant_notes: list[str] = field(default_factory=list)  # what each quantized Linear became, for the manifest
 
     def weight(self, t: torch.Tensor, hint: str) -> str:
-        """A float weight in the graph's float type."""
-        return self.g.init(t.detach().float().cpu().numpy().astype(NP_TYPES[self.g.ft]), hint)
+        """A float weight in the graph's float type.
+
+        In an fp32 graph, a weight whose every value is a bf16 number (a quantized artifact keeps the
+        floats it does not quantize, e.g. the draft head, in bf16) is stored as a bf16 initializer and
+        Cast to float: half the bytes, the same values; onnxruntime folds the Cast when a session loads.
+        fp16 graphs (TensorRT's) keep plain initializers."""
+        t = t.detach().cpu()
+        if self.g.ft == TensorProto.FLOAT and t.numel() >= BF16_MIN_NUMEL and _bf16_exact(t):
+            raw = t.to(torch.bfloat16).contiguous().view(torch.int16).numpy().tobytes()
+            w = self.g.init(helper.make_tensor("w", TensorProto.BFLOAT16, list(t.shape), raw, raw=True), f"{hint}_bf16")
+            return self.g.op("Cast", w, to=TensorProto.FLOAT)
+        return self.g.init(t.float().numpy().astype(NP_TYPES[self.g.ft]), hint)
+
+
+BF16_MIN_NUMEL = 1024  # smaller weights (norms, biases) stay plain: a Cast node would save a few bytes
+
+
+def _bf16_exact(t: torch.Tensor) -> bool:
+    f = t.float()
+    return bool(torch.equal(f.to(torch.bfloat16).float(), f))
 
 
 def linear(c: Ctx, x: str, mod: nn.Module, hint: str) -> str:

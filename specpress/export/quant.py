@@ -2,14 +2,17 @@
 
 | stored (compress/quantize/modules.py)   | --quant-format matmulnbits (default)   | --quant-format qdq (opset >= 21)     |
 |-----------------------------------------|----------------------------------------|--------------------------------------|
-| int4 / int8 codes, groups G (IntLinear) | com.microsoft MatMulNBits, block = G   | DequantizeLinear (blocked, int4/uint4|
-| bnb int8 rows + SCB (Bnb8bitLinear)     | (per-row scales: repeated over blocks) | /int8/uint8 [K, N]; per-row: per-axis|
-|                                         |                                        | scale [N], axis 1) + MatMul          |
+| int4 codes, groups G (IntLinear)        | com.microsoft MatMulNBits, block = G   | DequantizeLinear (blocked, int4/uint4|
+| int8 codes per row (IntLinear), bnb     | DequantizeLinear (int8/uint8 [K, N],   | /int8/uint8 [K, N]; per-row: per-axis|
+| int8 rows + SCB (Bnb8bitLinear)         | per-axis scale [N]) + MatMul           | scale [N], axis 1) + MatMul          |
 | nf4 / fp4 (Bnb4bitLinear)               | com.microsoft MatMulBnb4               | refused: no standard ONNX 4-bit float|
 | fp8 e4m3 (Fp8Linear)                    | DequantizeLinear(float8e4m3fn) + MatMul (per output channel; both formats)    |
 
-MatMulNBits needs a power-of-two block >= 16. A per-row (per-output-channel) layout uses the largest
-such block <= K and repeats each row's scale over its blocks (codes past K padded with the zero point,
+8-bit codes take the Q/DQ form in both formats: onnxruntime 1.2x's 8-bit MatMulNBits at accuracy_level 0
+measured 3-8x slower on the CPU than DequantizeLinear + MatMul, which the onnxruntime backend folds into
+an fp32 weight at session load (8-bit bytes on disk, fp32 in memory).
+MatMulNBits needs a power-of-two block >= 16. A per-row (per-output-channel) 4-bit layout uses the
+largest such block <= K and repeats each row's scale over its blocks (codes past K padded with the zero point,
 so they contribute 0): exact. A group the op cannot hold (e.g. int4 g24) falls back to Q/DQ, noted in
 the manifest. accuracy_level defaults to 0 (fp32 activations: the torch reference's arithmetic, so the
 export drafts what torch drafts); 4 quantizes activations to int8 per block for onnxruntime's int8
@@ -19,6 +22,7 @@ kernels (faster on CPU; an error the torch drafter never makes, validated at the
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import torch
 from onnx import TensorProto, helper
 from torch import nn
@@ -42,19 +46,23 @@ def quantized_linear(c: Ctx, x: str, mod: nn.Module, hint: str) -> str:
                              f"export it with --quant-format matmulnbits (onnxruntime's MatMulBnb4)")
         return _bnb4(c, x, mod, hint)
     codes, scales, zeros, bits, group, symmetric = int_layout(mod)
+    if c.quant_format == "matmulnbits" and bits == 8:
+        # 8-bit codes take the Q/DQ form in both formats: onnxruntime's 8-bit MatMulNBits (accuracy_level 0)
+        # ran 3-8x slower on the CPU than DequantizeLinear + MatMul, which the backend folds into an fp32
+        # weight when the session loads (bytes on disk stay 8-bit; memory at run time is fp32)
+        c.quant_notes.append(f"{hint}: {scheme} {_group_name(group)} -> Q/DQ (8-bit MatMulNBits is slower on CPU)")
+        if getattr(mod, "row_scales", None) is None or c.g.ft != TensorProto.FLOAT:
+            return _qdq_int(c, x, codes, scales, zeros, bits, group, symmetric, hint)
+        # torch's per-row int8 path (IntLinear.forward): aten's int8 kernel on bf16-rounded activations
+        # with bf16 scales, returning bf16; the same roundings here draft the same tokens
+        c.quant_notes[-1] += " (bf16 activations, as torch's int8 kernel)"
+        sb = mod.row_scales.float()[:, None]
+        return _round_bf16(c, _qdq_int(c, _round_bf16(c, x), codes, sb, zeros, bits, group, symmetric, hint))
     if c.quant_format == "matmulnbits":
         block = _nbits_block(mod.in_features, group)
         if block is not None:
-            bf16 = getattr(mod, "row_scales", None) is not None and c.g.ft == TensorProto.FLOAT
-            c.quant_notes.append(f"{hint}: {scheme} {_group_name(group)} -> MatMulNBits block {block}"
-                                 + (" (bf16 activations, as torch's int8 kernel)" if bf16 else ""))
-            if not bf16:
-                return _nbits(c, x, codes, scales, zeros, bits, group, symmetric, block, hint)
-            # torch's per-row int8 path (IntLinear.forward): aten's int8 kernel on bf16-rounded
-            # activations with bf16 scales, returning bf16; the same roundings here draft the same tokens
-            xb = _round_bf16(c, x)
-            sb = mod.row_scales.float()[:, None]
-            return _round_bf16(c, _nbits(c, xb, codes, sb, zeros, bits, group, symmetric, block, hint))
+            c.quant_notes.append(f"{hint}: {scheme} {_group_name(group)} -> MatMulNBits block {block}")
+            return _nbits(c, x, codes, scales, zeros, bits, group, symmetric, block, hint)
         c.quant_notes.append(f"{hint}: {scheme} g{group} -> Q/DQ fallback (MatMulNBits needs a power-of-two "
                              f"block >= 16)")
     else:
@@ -126,7 +134,7 @@ def _qdq_int(c: Ctx, x: str, codes: torch.Tensor, scales: torch.Tensor, zeros: t
     else:
         elem = TensorProto.UINT4 if bits == 4 else TensorProto.UINT8
         vals = codes.t().contiguous()
-    w = c.g.init(helper.make_tensor("w", elem, [k, n], vals.reshape(-1).tolist()), f"{hint}.qweight_t")
+    w = c.g.init(_int_tensor(vals, elem, [k, n]), f"{hint}.qweight_t")
     # one scale per output channel (per-row, or a group spanning all of K) is the per-axis form: scale [N] on
     # axis 1. The same numbers as a one-block blocked DQ (scale [1, N], block_size K), which TensorRT for
     # RTX 1.7's Myelin fails to compile (CHECK(is_value())) once such a MatMul feeds another one.
@@ -137,11 +145,23 @@ def _qdq_int(c: Ctx, x: str, codes: torch.Tensor, scales: torch.Tensor, zeros: t
     inputs = [w, s]
     if not symmetric:
         ztype = TensorProto.UINT4 if bits == 4 else TensorProto.UINT8
-        inputs.append(c.g.init(helper.make_tensor("z", ztype, zdims, zeros.t().reshape(-1).int().tolist()),
-                               f"{hint}.zero_points_t"))
+        inputs.append(c.g.init(_int_tensor(zeros.t().contiguous(), ztype, zdims), f"{hint}.zero_points_t"))
     wt = (c.g.op("DequantizeLinear", *inputs, axis=1) if per_axis
           else c.g.op("DequantizeLinear", *inputs, axis=0, block_size=g))
     return c.g.op("MatMul", x, wt)
+
+
+_NP_INT = {TensorProto.INT8: np.int8, TensorProto.UINT8: np.uint8, TensorProto.INT4: np.int8, TensorProto.UINT4: np.uint8}
+
+
+def _int_tensor(vals: torch.Tensor, elem: int, dims: list[int]) -> onnx.TensorProto:
+    """Integer codes as raw bytes (int4 / uint4: two per byte, the first in the low nibble), as stored:
+    a list of ints would land in int32_data at up to 10 bytes a value."""
+    q = vals.reshape(-1).int().numpy().astype(_NP_INT[elem])
+    if elem in (TensorProto.INT4, TensorProto.UINT4):
+        u = np.pad(q.view(np.uint8) & 0x0F, (0, q.size % 2))
+        q = u[0::2] | (u[1::2] << 4)
+    return helper.make_tensor("q", elem, dims, q.tobytes(), raw=True)
 
 
 def _fp8(c: Ctx, x: str, mod: nn.Module, hint: str) -> str:
