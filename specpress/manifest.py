@@ -166,8 +166,11 @@ def _tensor(d: Mapping[str, Any], where: str) -> TensorSpec:
 
 def _role(d: Mapping[str, Any], where: str) -> GraphRole:
     d = _strict(GraphRole, d, where)
+    layers = d.get("cache_layers", ())
+    if not isinstance(layers, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
+        raise CheckpointError(f"{where}: cache_layers must be a list of layer indices, found {layers!r}")
     try:
-        return GraphRole(str(d["call"]), tuple(int(i) for i in d.get("cache_layers", ())))
+        return GraphRole(str(d["call"]), tuple(layers))
     except CheckpointError as exc:
         raise CheckpointError(f"{where}: {exc}") from None
 

@@ -116,7 +116,11 @@ def test_format1_manifest_loads_and_drives_the_same_graphs(exported, target, tmp
     del old["graphs"][0]["file"]
     with pytest.raises(CheckpointError, match=r"graphs\[0\]: missing key\(s\) file"):
         manifest_from_dict(old)
+    raw["graphs"][0]["role"]["cache_layers"] = ["0"]
+    with pytest.raises(CheckpointError, match=r"graphs.0..role: cache_layers must be a list of layer indices"):
+        manifest_from_dict(raw)
     raw["graphs"][0]["role"]["call"] = "beam"
+    raw["graphs"][0]["role"]["cache_layers"] = []
     with pytest.raises(CheckpointError, match="graphs.0..role: graph role call 'beam' is not one of"):
         manifest_from_dict(raw)
     runner = load_runner(path, target, "cpu")
