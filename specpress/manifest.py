@@ -3,6 +3,10 @@
 Written by specpress/export, read by the runtime backends (onnxruntime, TensorRT), which never import
 export/. Loading is strict: an unknown key, a missing key or a newer format version is an error that
 says what was expected and how to fix it.
+
+Each graph records its `role`: the runner call it serves and the drafter cache layers it holds, so a
+backend drives the graphs of any family without knowing the family. Format 1 manifests (before roles)
+still load: their roles follow from the graph names every family used then (`format1_role`).
 """
 
 from __future__ import annotations
@@ -17,7 +21,10 @@ from specpress.errors import CheckpointError
 
 MANIFEST = "manifest.json"
 FORMAT = "specpress-onnx"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: every graph records its role
+# the DrafterRunner call a graph serves (runtime/backends/base.py): fuse_taps, feature_step, block_drafts (its
+# block pass, then its Markov head's bias per position), lm_step
+CALLS = ("fuse", "feature", "block", "markov", "lm")
 
 
 @dataclass(frozen=True)
@@ -31,14 +38,42 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
+class GraphRole:
+    """What a graph is for. `call`: the runner call it serves (CALLS). `cache_layers`: the drafter cache
+    layers its past_key.{j} / present_key.{j} hold, j-th entry for j (() = no attention). A family with
+    several `feature` graphs has one per draft module: draft level l runs the (l mod n)-th, in manifest order."""
+
+    call: str
+    cache_layers: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.call not in CALLS:
+            raise CheckpointError(f"graph role call {self.call!r} is not one of {', '.join(CALLS)}")
+
+
+def format1_role(graph: str, cache_layers: int) -> GraphRole:
+    """The role of graph `graph` of a format-1 manifest, from the names every family used then: `fuse` and
+    `markov` hold no cache, `step.{k}` (mtp) holds cache layer k, `step`, `block` and `lm` hold all of them."""
+    base, _, module = graph.partition(".")
+    call = {"fuse": "fuse", "markov": "markov", "step": "feature", "block": "block", "lm": "lm"}.get(base)
+    if call is None or (module and not (base == "step" and module.isdigit())):
+        raise CheckpointError(f"graph {graph!r} of a format-1 manifest has no known role; re-export with "
+                              f"`specpress export onnx`")
+    if call in ("fuse", "markov"):
+        return GraphRole(call)
+    return GraphRole(call, (int(module),) if module else tuple(range(cache_layers)))
+
+
+@dataclass(frozen=True)
 class GraphSpec:
-    """One exported graph: its file, its I/O, and its own bytes (shared tensors excluded)."""
+    """One exported graph: its file, its I/O, its own bytes (shared tensors excluded) and its role."""
 
     name: str
     file: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     bytes: int
+    role: GraphRole
     uses_shared: bool = False
 
     def input_names(self) -> list[str]:
@@ -89,6 +124,10 @@ class ExportManifest:
         """The drafter's own bytes: its graphs, without the target's shared embeddings/head."""
         return sum(g.bytes for g in self.graphs)
 
+    def graphs_for(self, call: str) -> list[GraphSpec]:
+        """The graphs serving runner call `call` (CALLS), in manifest order; [] when the export has none."""
+        return [g for g in self.graphs if g.role.call == call]
+
     def graph(self, name: str) -> GraphSpec:
         for g in self.graphs:
             if g.name == name:
@@ -125,6 +164,17 @@ def _tensor(d: Mapping[str, Any], where: str) -> TensorSpec:
     return TensorSpec(str(d["name"]), str(d["dtype"]), tuple(d["shape"]))
 
 
+def _role(d: Mapping[str, Any], where: str) -> GraphRole:
+    d = _strict(GraphRole, d, where)
+    layers = d.get("cache_layers", ())
+    if not isinstance(layers, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
+        raise CheckpointError(f"{where}: cache_layers must be a list of layer indices, found {layers!r}")
+    try:
+        return GraphRole(str(d["call"]), tuple(layers))
+    except CheckpointError as exc:
+        raise CheckpointError(f"{where}: {exc}") from None
+
+
 def load_manifest(directory: str | Path) -> ExportManifest:
     """Read and check `directory`/manifest.json (strict; see the module docstring)."""
     path = Path(directory).expanduser() / MANIFEST
@@ -154,17 +204,21 @@ def manifest_from_dict(raw: Mapping[str, Any], source: str = MANIFEST) -> Export
         raise CheckpointError(f"{source}: not a {FORMAT} manifest of format_version 1..{FORMAT_VERSION}; "
                               f"re-export with `specpress export onnx`")
     d = _strict(ExportManifest, raw, str(path))
-    graphs = []
-    for i, gd in enumerate(d["graphs"]):
-        gd = _strict(GraphSpec, gd, f"{path}: graphs[{i}]")
-        gd["inputs"] = tuple(_tensor(t, f"{path}: graphs[{i}].inputs") for t in gd["inputs"])
-        gd["outputs"] = tuple(_tensor(t, f"{path}: graphs[{i}].outputs") for t in gd["outputs"])
-        graphs.append(GraphSpec(**gd))
     info = _strict(DrafterInfo, d["drafter"], f"{path}: drafter")
     info["taps"] = tuple(info["taps"])
     if info["token_map"] is not None:
         info["token_map"] = tuple(info["token_map"])
-    d["graphs"] = tuple(graphs)
     d["drafter"] = DrafterInfo(**info)
+    graphs = []
+    for i, gd in enumerate(d["graphs"]):
+        where = f"{path}: graphs[{i}]"
+        if version == 1 and isinstance(gd, Mapping) and "role" not in gd:
+            gd = {**gd, "role": dataclasses.asdict(format1_role(str(gd.get("name")), d["drafter"].cache_layers))}
+        gd = _strict(GraphSpec, gd, where)
+        gd["inputs"] = tuple(_tensor(t, f"{where}.inputs") for t in gd["inputs"])
+        gd["outputs"] = tuple(_tensor(t, f"{where}.outputs") for t in gd["outputs"])
+        gd["role"] = _role(gd["role"], f"{where}.role")
+        graphs.append(GraphSpec(**gd))
+    d["graphs"] = tuple(graphs)
     d["provenance"] = tuple(d["provenance"])
     return ExportManifest(**d)

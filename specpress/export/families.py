@@ -13,18 +13,26 @@ Graph I/O (B = 1; dims: tokens T, past P, total = P + T (+ C for dflash), contex
   block_ids [1,Bk] -> logits [1,Bk,V]; `markov` (with a Markov head): prev_ids [N] -> bias [N,V]
 - lm     `lm`: ids [1,T] -> logits [1,T,V]
 The target's embeddings and head (eagle, eagle3's embeddings, mtp, dflash) are shared initializers.
+
+`EXPORTS` holds one `ExportFamily` per exportable family: its graph builder, the role of each graph it
+emits (manifest.GraphRole: the runner call and the cache layers, recorded in manifest.json, which is all
+the backends read) and the torch computation of its `fuse` graph (for validation). Exporting a new family
+means one builder here and one entry in EXPORTS; the other facts export needs come from the family's
+traits (models/family.py: draft vocabulary, session kind).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from onnx import TensorProto
-from torch import nn
+from torch import Tensor, nn
 
 from specpress.errors import UsageError
 from specpress.export.blocks import Ctx, decoder_layer, linear, mlp, np_of, rms_norm, rotary, self_attention
 from specpress.export.graph import NP_TYPES
+from specpress.manifest import GraphRole
 
 INT64, INT32, BOOL = TensorProto.INT64, TensorProto.INT32, TensorProto.BOOL
 NewCtx = Callable[[str], Ctx]
@@ -194,15 +202,73 @@ def lm_graphs(d: nn.Module, new: NewCtx) -> dict[str, Ctx]:
     return {"lm": c}
 
 
-BUILDERS: dict[str, Callable[[nn.Module, NewCtx], dict[str, Ctx]]] = {
-    "eagle": eagle_graphs, "eagle3": eagle3_graphs, "mtp": mtp_graphs, "dflash": dflash_graphs, "lm": lm_graphs}
+def cache_dims(d: Any) -> tuple[int, int, int]:
+    """(cache layers, kv heads, head dim) of drafter `d`'s KV cache, read off a one-slot cache: every
+    family's new_cache knows them (the lm drafter is a TargetModel and has no cache_dims)."""
+    k = d.new_cache(1).k  # [layers, batch, kv heads, capacity, head dim]
+    return k.shape[0], k.shape[2], k.shape[4]
 
 
-def build_graphs(drafter: nn.Module, new: NewCtx) -> dict[str, Ctx]:
-    """{graph name: its built Ctx} for `drafter`'s family."""
+def _every_layer(d: Any) -> tuple[int, ...]:
+    return tuple(range(cache_dims(d)[0]))
+
+
+Builder = Callable[[nn.Module, NewCtx], dict[str, Ctx]]
+Roles = Callable[[Any], dict[str, GraphRole]]
+Fuse = Callable[[Any, Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class ExportFamily:
+    """How one drafter family exports to ONNX.
+
+    build  (drafter, new ctx) -> {graph name: Ctx}: its graphs (I/O in the module docstring)
+    roles  drafter -> {graph name: GraphRole}, the same names in the same order: what each graph serves
+    fuse   (drafter, taps [1, T, n*Ht]) -> features [1, T, H]: what its `fuse` graph computes, in torch
+    """
+
+    build: Builder
+    roles: Roles
+    fuse: Fuse | None = None
+
+
+def _feature_roles(d: Any) -> dict[str, GraphRole]:  # eagle, eagle3 after its fuse
+    return {"step": GraphRole("feature", _every_layer(d))}
+
+
+def _dflash_roles(d: Any) -> dict[str, GraphRole]:
+    markov = {"markov": GraphRole("markov")} if d.markov_head is not None else {}
+    return {"fuse": GraphRole("fuse"), "block": GraphRole("block", _every_layer(d)), **markov}
+
+
+EXPORTS: dict[str, ExportFamily] = {
+    "eagle": ExportFamily(eagle_graphs, _feature_roles),
+    "eagle3": ExportFamily(eagle3_graphs, lambda d: {"fuse": GraphRole("fuse"), **_feature_roles(d)},
+                           fuse=lambda d, taps: d.fc(taps)),
+    # one step graph per MTP module k, holding that module's cache layer k
+    "mtp": ExportFamily(mtp_graphs, lambda d: {f"step.{k}": GraphRole("feature", (k,))
+                                               for k in range(d.config.num_nextn_predict_layers)}),
+    "dflash": ExportFamily(dflash_graphs, _dflash_roles, fuse=lambda d, taps: d.hidden_norm(d.fc(taps))),
+    "lm": ExportFamily(lm_graphs, lambda d: {"lm": GraphRole("lm", _every_layer(d))}),
+}
+
+
+def export_family(name: str) -> ExportFamily:
+    """The export descriptor of drafter family `name`; a family without one is refused, naming those with one."""
     try:
-        builder = BUILDERS[drafter.family]
+        return EXPORTS[name]
     except KeyError:
-        raise UsageError(f"no ONNX export for drafter family {drafter.family!r}; exportable: "
-                         f"{', '.join(BUILDERS)}") from None
-    return builder(drafter, new)
+        raise UsageError(f"no ONNX export for drafter family {name!r}; exportable: {', '.join(EXPORTS)}") from None
+
+
+def build_graphs(drafter: Any, new: NewCtx) -> tuple[dict[str, Ctx], dict[str, GraphRole]]:
+    """({graph name: its built Ctx}, {graph name: its role}) for `drafter`'s family."""
+    fam = export_family(drafter.family)
+    ctxs, roles = fam.build(drafter, new), fam.roles(drafter)
+    assert list(ctxs) == list(roles), f"{drafter.family}: built graphs {list(ctxs)}, roles of {list(roles)}"
+    return ctxs, roles
+
+
+def graph_role(drafter: Any, graph: str) -> GraphRole:
+    """The role of graph `graph` of `drafter`'s export (validation looks it up per call)."""
+    return export_family(drafter.family).roles(drafter)[graph]

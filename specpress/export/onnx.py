@@ -28,7 +28,7 @@ from specpress.artifacts import atomic_dir
 from specpress.errors import UsageError
 from specpress.export import ops
 from specpress.export.blocks import Ctx
-from specpress.export.families import build_graphs
+from specpress.export.families import build_graphs, cache_dims
 from specpress.export.graph import Graph
 from specpress.export.rounds import RoundsReport, validate_rounds
 from specpress.export.validate import QUANT_TOLERANCE, TOLERANCE, case, check, compare, reference_copy
@@ -108,19 +108,19 @@ def session_options(ort: Any) -> Any:
 
 def drafter_info(d: Any) -> DrafterInfo:
     cfg = d.config
-    layers, kv, hd = d.cache_dims() if d.family != "lm" else (cfg.num_hidden_layers, cfg.num_key_value_heads,
-                                                              cfg.head_dim)
+    fam = get_family(d.family)
+    layers, kv, hd = cache_dims(d)
     vd = getattr(cfg, "draft_vocab_size", cfg.vocab_size)
     token_map = None
-    if d.family == "eagle3":
+    if fam.draft_vocab == "reduced":  # its own head over Vd draft ids, d2t maps them to target ids
         token_map = tuple(int(i) for i in (np.arange(vd) + d.d2t.cpu().numpy()))
-    dflash = d.family == "dflash"
+    block = fam.session == "block"
     return DrafterInfo(taps=tuple(d.taps), vocab_size=cfg.vocab_size, draft_vocab_size=vd, token_map=token_map,
                        cache_layers=layers, kv_heads=kv, head_dim=hd, hidden_size=cfg.hidden_size,
                        max_positions=cfg.max_position_embeddings,
-                       block_size=cfg.block_size if dflash else None,
-                       mask_token_id=cfg.mask_token_id if dflash else None,
-                       markov=bool(dflash and d.markov_head is not None))
+                       block_size=cfg.block_size if block else None,
+                       mask_token_id=cfg.mask_token_id if block else None,
+                       markov=bool(block and d.markov_head is not None))
 
 
 def _write_shared(graphs: dict[str, Graph], path: Path) -> int:
@@ -170,7 +170,7 @@ def export_onnx(drafter: Any, out: str | Path, options: ExportOptions = ExportOp
                    quant_notes=quant_notes)
 
     progress(f"building graphs ({drafter.family}, attention {o.attention}, opset {opset}, {o.dtype})")
-    ctxs = build_graphs(drafter, new)
+    ctxs, roles = build_graphs(drafter, new)
     graphs = {name: c.g for name, c in ctxs.items()}
     quant = _quantization(drafter, o, quant_notes)
     tol = QUANT_TOLERANCE if quant else TOLERANCE[o.dtype]
@@ -189,7 +189,7 @@ def export_onnx(drafter: Any, out: str | Path, options: ExportOptions = ExportOp
             onnx.checker.check_model(str(path))
             sizes[name] = path.stat().st_size
             specs.append(GraphSpec(name, path.name, _specs(model.graph.input), _specs(model.graph.output),
-                                   sizes[name], bool(g.shared)))
+                                   sizes[name], roles[name], bool(g.shared)))
             progress(f"validating {name} ({sizes[name]:,} bytes)")
             sess = ort.InferenceSession(str(path), session_options(ort), providers=["CPUExecutionProvider"])
             feeds, want = case(ref, name, o.attention)

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from specpress.errors import UsageError
+from specpress.export.families import graph_role
 from specpress.export.validate import ExportValidationError, check, errors_of, reference, worst
 from specpress.models.drafter import get_family
 from specpress.runtime.backends.onnxruntime import load_runner
@@ -87,14 +88,15 @@ class _Recorded:
 
     def __init__(self, name: str, call: Any, ref: Any, log: _Log) -> None:
         self.name, self.call, self.ref, self.log = name, call, ref, log
+        self.serves = graph_role(ref, name).call
 
     def __call__(self, feeds: Mapping[str, Tensor]) -> dict[str, Tensor]:
         inputs = {n: t.detach().cpu().clone() for n, t in feeds.items()}  # past K/V are views of a live cache
         out = self.call(feeds)
         taps = None
-        if self.name == "fuse":
+        if self.serves == "fuse":
             self.log.last_fuse = (inputs["taps"], out["features"].cpu())
-        elif self.name == "block" and inputs["features"].shape[1]:
+        elif self.serves == "block" and inputs["features"].shape[1]:
             assert self.log.last_fuse is not None and torch.equal(self.log.last_fuse[1], inputs["features"]), \
                 "the block pass reads the features of the latest fuse call"
             taps = self.log.last_fuse[0]

@@ -18,7 +18,8 @@ import torch
 from torch import Tensor
 
 from specpress.errors import CheckpointError
-from specpress.models.drafter import SharedModules
+from specpress.export.families import export_family, graph_role
+from specpress.models.drafter import SharedModules, get_family
 from specpress.runtime.backends.exported import plugin_mask
 from specpress.runtime.tree import unpack_mask
 
@@ -37,7 +38,7 @@ def reference_copy(drafter: Any, dtype: str) -> Any:
     if drafter.compute_param().dtype == want:
         return drafter
     d = copy.deepcopy(drafter).to(want)
-    if drafter._shared is not None and drafter.family != "lm":
+    if drafter._shared is not None and get_family(drafter.family).draft_vocab != "own":  # it borrows them
         s = drafter.shared
         d._shared = SharedModules(copy.deepcopy(s.embed_tokens).to(want), copy.deepcopy(s.lm_head).to(want),
                                   s.target_config)
@@ -93,28 +94,27 @@ def case(d: Any, graph: str, form: str, seed: int = 0) -> tuple[dict[str, Tensor
     def positions(n: int, past: int) -> Tensor:
         return past + torch.randint(0, n, (1, n), generator=gen).sort().values
 
-    if graph == "fuse":
+    role = graph_role(d, graph)
+    if role.call == "fuse":
         taps = torch.randn(1, C, d.fc.weight.shape[1], generator=gen).to(fdt)
         return {"taps": taps}, reference(d, graph, {"taps": taps})
-    if graph == "markov":
+    if role.call == "markov":
         feeds = {"prev_ids": torch.randint(0, V, (3,), generator=gen)}
         return feeds, reference(d, graph, feeds)
-    if graph == "block":
+    layers = list(role.cache_layers)
+    if role.call == "block":
         bk = cfg.block_size
         cache = _cache(d, P, P + C + bk, gen, fdt)
         taps = torch.randn(1, C, d.fc.weight.shape[1], generator=gen).to(fdt)
         mask = _tree_mask(gen, bk, P + C, bk, full=True)
-        feeds = {"features": d.hidden_norm(d.fc(taps)), "block_ids": d.make_block(ids(1)[0], bk),
-                 "positions": positions(C + bk, P), **_attn_feeds(form, mask, cache, list(range(cfg.num_hidden_layers)))}
+        feeds = {"features": _fuse(d, taps), "block_ids": d.make_block(ids(1)[0], bk),
+                 "positions": positions(C + bk, P), **_attn_feeds(form, mask, cache, layers)}
         return feeds, reference(d, graph, feeds, taps=taps)
     mask = _tree_mask(gen, T, P, T, full=False)
     pos = positions(T, P)
-    k = int(graph.split(".")[1]) if "." in graph else 0
-    layers = list(range(cfg.num_hidden_layers)) if graph == "lm" else [k] if d.family == "mtp" else \
-        list(range(d.cache_dims()[0]))
     cache = _cache(d, P, P + T, gen, fdt)
     feeds = {"ids": ids(T), "positions": pos, **_attn_feeds(form, mask, cache, layers)}
-    if graph != "lm":  # feature steps: eagle / eagle3 "step", mtp "step.{k}"
+    if role.call == "feature":
         feeds["hidden"] = torch.randn(1, T, cfg.hidden_size, generator=gen).to(fdt)
     return feeds, reference(d, graph, feeds)
 
@@ -129,24 +129,29 @@ def feed_mask(feeds: Mapping[str, Tensor], queries: int, slots: int) -> Tensor:
     return mask
 
 
-def _graph_layers(d: Any, graph: str) -> list[int]:
-    if d.family == "mtp":
-        return [int(graph.split(".")[1])]
-    return list(range(d.cache_dims()[0] if d.family != "lm" else d.config.num_hidden_layers))
+def _fuse(d: Any, taps: Tensor) -> Tensor:
+    fuse = export_family(d.family).fuse
+    assert fuse is not None, f"{d.family} exports a fuse graph but its ExportFamily has no fuse"
+    return fuse(d, taps)
+
+
+def _module(d: Any, graph: str) -> int:
+    """The draft module feature graph `graph` runs: its place among the family's feature graphs."""
+    return [n for n, r in export_family(d.family).roles(d).items() if r.call == "feature"].index(graph)
 
 
 @torch.no_grad()
 def reference(d: Any, graph: str, feeds: Mapping[str, Tensor], taps: Tensor | None = None) -> dict[str, Tensor]:
     """The torch drafter's outputs for graph `graph` given its ONNX inputs `feeds` (past K/V preloaded into a
-    fresh KVCache). `block` takes the context as features (fc + hidden_norm applied) but the module fuses
+    fresh KVCache). `block` takes the context as features (its fuse applied) but the module fuses
     taps itself: pass the taps [1, C, n*H] those features came from (None when C = 0)."""
     feeds = {n: t.cpu() for n, t in feeds.items()}
-    if graph == "fuse":
-        x = feeds["taps"]
-        return {"features": d.fc(x) if d.family == "eagle3" else d.hidden_norm(d.fc(x))}
-    if graph == "markov":
+    role = graph_role(d, graph)
+    if role.call == "fuse":
+        return {"features": _fuse(d, feeds["taps"])}
+    if role.call == "markov":
         return {"bias": d.markov_head(feeds["prev_ids"])}
-    layers = _graph_layers(d, graph)
+    layers = list(role.cache_layers)
     past = feeds["past_key.0"].shape[2]
     new = feeds["positions"].shape[1]
     cache = d.new_cache(past + new)
@@ -154,17 +159,17 @@ def reference(d: Any, graph: str, feeds: Mapping[str, Tensor], taps: Tensor | No
         cache.k[layer, :, :, :past] = feeds[f"past_key.{j}"]
         cache.v[layer, :, :, :past] = feeds[f"past_value.{j}"]
     cache.length = past
-    queries = feeds["block_ids"].shape[1] if graph == "block" else new
+    queries = feeds["block_ids"].shape[1] if role.call == "block" else new
     mask = feed_mask(feeds, queries, past + new)
     pos = feeds["positions"][0]
-    if graph == "block":
+    if role.call == "block":
         logits = d(taps, feeds["block_ids"], cache=cache, positions=pos, mask=mask, keep_block=True)
         return {"logits": logits, **_presents(cache, layers, past + new)}
-    if graph == "lm":
+    if role.call == "lm":
         out = d(feeds["ids"], cache=cache, positions=pos, mask=mask)
         return {"logits": out.logits, **_presents(cache, layers, past + new)}
-    k = layers[0] if d.family == "mtp" else 0
-    logits, g = d(feeds["hidden"], feeds["ids"], cache=cache, positions=pos, mask=mask, **d.step_kwargs(k))
+    logits, g = d(feeds["hidden"], feeds["ids"], cache=cache, positions=pos, mask=mask,
+                  **d.step_kwargs(_module(d, graph)))
     return {"logits": logits, "hidden_out": g, **_presents(cache, layers, past + new)}
 
 

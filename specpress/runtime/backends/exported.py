@@ -3,8 +3,11 @@
 `ExportedRunner` is a DrafterRunner that drives the exported graphs named by manifest.json: it builds
 each graph's inputs (positions, the mask in the export's attention form, past K/V from its KVCache),
 calls the graph through a `GraphCall` (the only backend-specific piece: onnxruntime's InferenceSession
-in backends/onnxruntime.py), and writes the new K/V slots back. Its cache is a `models.kv.KVCache`, so
-crop / compact behave exactly like the torch backend's. No torch module of the drafter is needed.
+in backends/onnxruntime.py), and writes the new K/V slots back. Which graph serves which call, and which
+cache layers it holds, it reads from each graph's role in the manifest, never from the family's name: a
+call with no graph is NotImplementedError, as on the DrafterRunner base. Its cache is a
+`models.kv.KVCache`, so crop / compact behave exactly like the torch backend's. No torch module of the
+drafter is needed.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import torch
 from torch import Tensor
 
 from specpress.errors import CheckpointError, UsageError
-from specpress.manifest import ExportManifest, manifest_from_dict
+from specpress.manifest import ExportManifest, GraphSpec, manifest_from_dict
 from specpress.models.kv import KVCache
 from specpress.models.layers import causal_mask
 from specpress.runtime.backends.base import DrafterRunner
@@ -110,6 +113,16 @@ class ExportedRunner(DrafterRunner):
         if missing:
             raise CheckpointError(f"graphs {missing} of the export have no loaded session")
         self.forward_ms = 0.0
+        self._fuse = self._only("fuse")
+        self._steps = m.graphs_for("feature")  # one per draft module, in module order
+        self._lm, self._block, self._markov = self._only("lm"), self._only("block"), self._only("markov")
+
+    def _only(self, call: str) -> GraphSpec | None:
+        graphs = self.manifest.graphs_for(call)
+        if len(graphs) > 1:
+            raise CheckpointError(f"the {self.family} export has {len(graphs)} graphs for the {call} call "
+                                  f"({', '.join(g.name for g in graphs)}); one serves it")
+        return graphs[0] if graphs else None
 
     @property
     def device(self) -> torch.device:
@@ -131,19 +144,22 @@ class ExportedRunner(DrafterRunner):
         committed, words = plugin_mask(mask, committed)
         return {"committed": committed, "tree_mask": words}
 
-    def _run(self, graph: str, feeds: dict[str, Tensor], cache: KVCache | None, layers: list[int],
-             past: int, keep: int) -> dict[str, Tensor]:
-        """Call `graph` with past K/V of `layers` from `cache`; append `keep` new slots of its presents."""
-        if cache is not None:
-            for j, layer in enumerate(layers):
-                feeds[f"past_key.{j}"] = cache.k[layer, :, :, :past]
-                feeds[f"past_value.{j}"] = cache.v[layer, :, :, :past]
-        out = self.calls[graph](feeds)
-        if cache is not None:
-            for j, layer in enumerate(layers):
-                cache.k[layer, :, :, past:past + keep] = out[f"present_key.{j}"][:, :, past:past + keep]
-                cache.v[layer, :, :, past:past + keep] = out[f"present_value.{j}"][:, :, past:past + keep]
-            cache.length = past + keep
+    def _fused(self, taps: Tensor) -> Tensor:
+        assert self._fuse is not None
+        return self.calls[self._fuse.name]({"taps": taps.to(self.dtype)})["features"]
+
+    def _run(self, graph: GraphSpec, feeds: dict[str, Tensor], cache: KVCache, past: int,
+             keep: int) -> dict[str, Tensor]:
+        """Call `graph` with past K/V of its cache layers from `cache`; append `keep` new slots of its presents."""
+        layers = graph.role.cache_layers
+        for j, layer in enumerate(layers):
+            feeds[f"past_key.{j}"] = cache.k[layer, :, :, :past]
+            feeds[f"past_value.{j}"] = cache.v[layer, :, :, :past]
+        out = self.calls[graph.name](feeds)
+        for j, layer in enumerate(layers):
+            cache.k[layer, :, :, past:past + keep] = out[f"present_key.{j}"][:, :, past:past + keep]
+            cache.v[layer, :, :, past:past + keep] = out[f"present_value.{j}"][:, :, past:past + keep]
+        cache.length = past + keep
         return out
 
     def _step_inputs(self, t: int, cache: KVCache, positions: Tensor | None,
@@ -162,44 +178,38 @@ class ExportedRunner(DrafterRunner):
     def fuse_taps(self, taps: dict[int, Tensor]) -> Tensor:
         """{tap: [1, T, Ht]} -> the fused features [1, T, H] (the exported `fuse` graph: fc, + hidden_norm
         for dflash); feature_step / block_drafts take them as they come."""
-        if "fuse" not in self.calls:
+        if self._fuse is None:
             raise NotImplementedError(f"{self.family} drafters take no fused taps")
         missing = [i for i in self.taps if i not in taps]
         if missing:
             raise UsageError(f"target taps {missing} were not computed; run the target with taps=runner.taps")
-        x = torch.cat([taps[i] for i in self.taps], dim=-1).to(self.dtype)
-        return self.calls["fuse"]({"taps": x})["features"]
+        return self._fused(torch.cat([taps[i] for i in self.taps], dim=-1))
 
     def feature_step(self, feats: Tensor, ids: Tensor, cache: KVCache, positions: Tensor | None,
                      mask: Tensor | None, module: int = 0) -> tuple[Tensor, Tensor]:
-        if self.family not in ("eagle", "eagle3", "mtp"):
+        if not self._steps:
             raise NotImplementedError(f"{self.family} drafters have no feature step")
         t = ids.shape[1]
-        if feats.shape[-1] != self.info.hidden_size and "fuse" in self.calls:
-            feats = self.calls["fuse"]({"taps": feats.to(self.dtype)})["features"]
+        if feats.shape[-1] != self.info.hidden_size and self._fuse is not None:
+            feats = self._fused(feats)
         past, pos, mask = self._step_inputs(t, cache, positions, mask)
-        if self.family == "mtp":
-            k = module % self.info.cache_layers
-            graph, layers = f"step.{k}", [k]
-        else:
-            graph, layers = "step", list(range(self.info.cache_layers))
         feeds = {"hidden": feats.to(self.dtype), "ids": ids.to(torch.int64), "positions": pos,
                  **self._mask_feeds(mask)}
-        out = self._run(graph, feeds, cache, layers, past, t)
+        out = self._run(self._steps[module % len(self._steps)], feeds, cache, past, t)
         return out["logits"], out["hidden_out"]
 
     def lm_step(self, ids: Tensor, cache: KVCache, positions: Tensor | None, mask: Tensor | None,
                 last_only: bool = False) -> Tensor:
-        if self.family != "lm":
+        if self._lm is None:
             raise NotImplementedError(f"{self.family} drafters are not standalone language models")
         t = ids.shape[1]
         past, pos, mask = self._step_inputs(t, cache, positions, mask)
         feeds = {"ids": ids.to(torch.int64), "positions": pos, **self._mask_feeds(mask)}
-        logits = self._run("lm", feeds, cache, list(range(self.info.cache_layers)), past, t)["logits"]
+        logits = self._run(self._lm, feeds, cache, past, t)["logits"]
         return logits[:, -1:] if last_only else logits
 
     def block_drafts(self, feats: Tensor | None, root: int, block_size: int, cache: KVCache) -> list[int]:
-        if self.family != "dflash":
+        if self._block is None:
             raise NotImplementedError(f"{self.family} drafters do not draft blocks")
         i = self.info
         if i.mask_token_id is None:
@@ -209,7 +219,7 @@ class ExportedRunner(DrafterRunner):
         if feats is None:
             feats = torch.zeros(1, 0, i.hidden_size, dtype=self.dtype, device=dev)
         elif feats.shape[-1] != i.hidden_size:
-            feats = self.calls["fuse"]({"taps": feats.to(self.dtype)})["features"]
+            feats = self._fused(feats)
         c = feats.shape[1]
         past = cache.reserve(c + block_size)
         block = torch.full((1, block_size), i.mask_token_id, dtype=torch.int64, device=dev)
@@ -218,12 +228,12 @@ class ExportedRunner(DrafterRunner):
         mask = torch.ones(block_size, past + c + block_size, dtype=torch.bool, device=dev)
         feeds = {"features": feats.to(self.dtype), "block_ids": block, "positions": pos,
                  **self._mask_feeds(mask, committed=past + c)}  # the context is committed, the block all-visible
-        logits = self._run("block", feeds, cache, list(range(i.cache_layers)), past, c)["logits"][0]
-        if not i.markov:
+        logits = self._run(self._block, feeds, cache, past, c)["logits"][0]
+        if self._markov is None:
             return logits[1:].argmax(-1).tolist()
-        drafts, prev = [], root
+        markov, drafts, prev = self.calls[self._markov.name], [], root
         for k in range(1, block_size):
-            bias = self.calls["markov"]({"prev_ids": torch.tensor([prev], device=dev)})["bias"]
+            bias = markov({"prev_ids": torch.tensor([prev], device=dev)})["bias"]
             prev = int((logits[k:k + 1] + bias.to(logits.dtype)).argmax(-1))
             drafts.append(prev)
         return drafts
