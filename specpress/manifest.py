@@ -222,3 +222,66 @@ def manifest_from_dict(raw: Mapping[str, Any], source: str = MANIFEST) -> Export
     d["graphs"] = tuple(graphs)
     d["provenance"] = tuple(d["provenance"])
     return ExportManifest(**d)
+
+
+# ----------------------------------------------------------------------------------------------
+# `export target`: the target's forward as one graph (export/target.py writes it, the onnxruntime
+# backend's OnnxTarget reads it)
+# ----------------------------------------------------------------------------------------------
+
+TARGET_MANIFEST = "target_manifest.json"
+TARGET_FORMAT = "specpress-onnx-target"
+TARGET_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TargetExportManifest:
+    """One graph `file` (weights in `data_file` as ONNX external data): ids, positions, mask bool
+    [tokens, total] and past_key/value.{i} per layer -> logits [1, T, V], hidden (final normed) [1, T, H],
+    hidden_states.{i} (the residual entering layer i, HF's hidden_states[i]) for i < layers, and
+    present_key/value.{i} [1, kv_heads, total, head_dim]. `config`: the target's HF config.json."""
+
+    opset: int
+    dtype: str  # "fp32" | "fp16"
+    file: str
+    data_file: str
+    bytes: int  # graph + external data
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    layers: int
+    kv_heads: int
+    head_dim: int
+    config: Mapping[str, Any]
+    target: Mapping[str, Any]  # the exported target's fingerprint (models.drafter.target_fingerprint)
+    validation: Mapping[str, Mapping[str, float]]  # output -> {max_abs, max_rel} on random inputs
+    validation_decode: Mapping[str, Any]  # greedy decoding through onnxruntime vs torch: prompts, tokens, agree
+    specpress_version: str
+    format: str = TARGET_FORMAT
+    format_version: int = TARGET_FORMAT_VERSION
+
+    def save(self, directory: Path) -> None:
+        from specpress.artifacts import write_json
+
+        write_json(Path(directory) / TARGET_MANIFEST, json.loads(json.dumps(dataclasses.asdict(self))))
+
+
+def load_target_manifest(directory: str | Path) -> TargetExportManifest:
+    """Read and check `directory`/target_manifest.json (strict, as load_manifest)."""
+    path = Path(directory).expanduser() / TARGET_MANIFEST
+    if not path.is_file():
+        hint = " (it is a drafter's export: pass it as --drafter)" if (path.parent / MANIFEST).is_file() else ""
+        raise CheckpointError(f"{path.parent} is not a target export (no {TARGET_MANIFEST}){hint}; create one with "
+                              f"`specpress export target --target DIR --out DIR`")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
+    version = raw.get("format_version") if isinstance(raw, Mapping) else None
+    if not isinstance(raw, Mapping) or raw.get("format") != TARGET_FORMAT or not isinstance(version, int) \
+            or not 1 <= version <= TARGET_FORMAT_VERSION:
+        raise CheckpointError(f"{path}: not a {TARGET_FORMAT} manifest of format_version 1..{TARGET_FORMAT_VERSION} "
+                              f"(upgrade specpress, or export the target again with this one)")
+    d = _strict(TargetExportManifest, raw, str(path))
+    d["inputs"] = tuple(_tensor(t, f"{path}: inputs") for t in d["inputs"])
+    d["outputs"] = tuple(_tensor(t, f"{path}: outputs") for t in d["outputs"])
+    return TargetExportManifest(**d)

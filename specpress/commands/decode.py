@@ -43,8 +43,32 @@ COMPARE_BACKEND = click.option("--compare-backend", type=click.Choice(list(BACKE
                                     "--compare-backend onnxruntime times one drafter on both.")
 COMPILE_WARMUP_PROMPTS = 3
 BACKEND = click.option("--backend", type=click.Choice(list(BACKENDS)), default="torch", show_default=True,
-                       help="Where the drafter runs (the target always runs on torch); --drafter is then "
+                       help="Where the drafter runs (the target: --target-backend); --drafter is then "
                             + "; ".join(f"for {b.name}: {READS[b.reads]}" for b in BACKENDS.values()) + ".")
+
+
+TARGET_BACKEND = click.option("--target-backend", type=click.Choice(["torch", "onnxruntime"]), default="torch",
+                              show_default=True,
+                              help="Where the target runs (plain decoding and verification): torch, or onnxruntime "
+                                   "over its `specpress export target` graph, exported once into the cache. With "
+                                   "--backend onnxruntime too, the whole loop runs in onnxruntime. fp32 or fp16.")
+
+
+def loop_target(target_backend: str, target, target_dir: Path, dtype: str, compile_target: bool, warn):
+    """The target the loop calls: the torch TargetModel, or an OnnxTarget over its (cached) export."""
+    if target_backend == "torch":
+        return target
+    if compile_target:
+        raise click.UsageError("--compile-target compiles the torch target; drop it with --target-backend onnxruntime")
+    if dtype == "bf16":
+        raise click.UsageError("--target-backend onnxruntime runs an fp32 or fp16 export (onnxruntime's CPU kernels "
+                               "have no bf16); pass --dtype fp32 or fp16")
+    from specpress.export.ondemand import exported_target_for
+    from specpress.export.target import TargetExportOptions
+    from specpress.runtime.backends.onnxruntime import load_target_runner
+
+    path, _ = exported_target_for(target_dir, TargetExportOptions(dtype=dtype), progress=warn)
+    return load_target_runner(path, "cpu")
 
 
 def check_compile(compile_drafter: bool, drafter_dir: Path | None, backend: str = "torch") -> None:
@@ -96,11 +120,12 @@ def DECODING(fn):  # noqa: N802 - used as a decorator like the option constants 
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @DECODING
 @BACKEND
+@TARGET_BACKEND
 @COMPILE
 @STRICT
 def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens: int, policy: str | None,
-        temperature: float, top_k: int, top_p: float, seed: int, dtype: str, backend: str, compile_drafter: bool,
-        strict: bool) -> None:
+        temperature: float, top_k: int, top_p: float, seed: int, dtype: str, backend: str, target_backend: str,
+        compile_drafter: bool, strict: bool) -> None:
     """Decode one prompt and print the prompt and its continuation (stderr: a tau / speed line).
 
     \b
@@ -126,8 +151,9 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
     ids = encode(prompt, tok)
     gen = torch.Generator().manual_seed(seed)
     params = SamplingParams(temperature, top_k, top_p)
+    verifier = loop_target(target_backend, target, target_dir, dtype, False, lambda m: click.echo(m, err=True))
     if drafter_dir is None:
-        g = decode_plain(target, ids, max_new_tokens, params, gen)
+        g = decode_plain(verifier, ids, max_new_tokens, params, gen)
         click.echo(prompt + tok.decode(g.tokens))
         click.echo(f"[{len(g.tokens)} tokens, {len(g.tokens) / (g.decode_ms / 1e3):.1f} tok/s, plain decoding]",
                    err=True)
@@ -137,7 +163,7 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
                                   target_dir=target_dir)
     pol = parse_policy(policy or default_policy(drafter.family))
     with compile_errors(compile_drafter):
-        s = speculative_generate(target, drafter, ids, max_new_tokens, pol, params, gen)
+        s = speculative_generate(verifier, drafter, ids, max_new_tokens, pol, params, gen)
     click.echo(prompt + tok.decode(s.tokens))
     tau = 1 + sum(r.accepted for r in s.rounds) / max(1, len(s.rounds))
     click.echo(f"[{len(s.tokens)} tokens, {len(s.tokens) / (s.total_ms / 1e3):.1f} tok/s, {pol}, tau {tau:.2f} "
@@ -156,12 +182,13 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
 @COMPILE_TARGET
 @COMPARE
 @COMPARE_BACKEND
+@TARGET_BACKEND
 @STRICT
 @click.option("--json", "json_out", type=click.Path(path_type=Path), help="Write the full metrics object here.")
 def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_new_tokens: int, policy: str | None,
           temperature: float, top_k: int, top_p: float, seed: int, dtype: str, backend: str,
           compile_drafter: bool, compile_target: bool, compare_dir: Path | None, compare_backend: str | None,
-          strict: bool, json_out: Path | None) -> None:
+          target_backend: str, strict: bool, json_out: Path | None) -> None:
     """Decode every prompt of a file and report acceptance (tau, AR[k]), tokens/s and speedup.
 
     With --drafter, each prompt is decoded speculatively AND plainly, interleaved in this process, so
@@ -199,6 +226,8 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
           --policy dynamic:depth=4,topk=2,budget=8 --prompts prompts.jsonl --max-new-tokens 64 --json e3c.json
       specpress bench --target ~/.cache/specpress/zoo/medium --drafter ./eagle3 --compare-drafter ./eagle3-int8 \\
           --dtype bf16 --compile --compile-target --prompts prompts.jsonl --max-new-tokens 64 --json cmp.json
+      specpress bench --target ~/.cache/specpress/zoo/medium --drafter onnx/eagle3 --backend onnxruntime \\
+          --target-backend onnxruntime --prompts prompts.jsonl --max-new-tokens 64 --json all-ort.json
     """
     from rich.console import Console
     from rich.progress import Progress
@@ -239,6 +268,9 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
                                       compile_drafter=compile_drafter and compare_backend == "torch",
                                       target_dir=target_dir)
         config["compare"] = {"drafter": str(compare_dir), "backend": compare_backend, "provider": compare.provider}
+    verifier = loop_target(target_backend, target, target_dir, dtype, compile_target, warn)
+    config["target_backend"] = target_backend
+    config["target_provider"] = getattr(verifier, "provider", "torch")
     if compile_target:
         compile_target_fn(target)
     warmup = COMPILE_WARMUP_PROMPTS if compile_drafter or compile_target else 0
@@ -252,10 +284,10 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
         kw = dict(params=SamplingParams(temperature, top_k, top_p), seed=seed, config=config,
                   on_prompt=lambda i: progress.advance(task))
         if drafter is None:
-            result = bench_plain(target, prompts, max_new_tokens, warmup_prompts=warmup if compile_target else 0,
+            result = bench_plain(verifier, prompts, max_new_tokens, warmup_prompts=warmup if compile_target else 0,
                                  **kw)
         else:
-            result = bench_speculative(target, drafter, prompts, max_new_tokens, pol,
+            result = bench_speculative(verifier, drafter, prompts, max_new_tokens, pol,
                                        drafter_bytes=drafter_bytes(backend, drafter_dir), warmup_prompts=warmup,
                                        plain_warmup_prompts=warmup if compile_target else 0, compare=compare,
                                        compare_bytes=0 if compare is None else drafter_bytes(compare_backend,

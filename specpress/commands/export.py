@@ -1,4 +1,5 @@
-"""`specpress export`: deployable forms of a drafter. `export onnx` is a thin layer over specpress.export."""
+"""`specpress export`: deployable forms of a drafter (and of its target). `export onnx` and `export target` are
+thin layers over specpress.export."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from specpress.commands import export_hf, export_trt
 
 @click.group()
 def export() -> None:
-    """Export a drafter for another runtime: ONNX graphs (onnxruntime, TensorRT) or serving formats (hf)."""
+    """Export a drafter for another runtime: ONNX graphs (onnxruntime, TensorRT) or serving formats (hf); or a
+    target's forward to ONNX (the whole loop in onnxruntime)."""
 
 
 @export.command("onnx")
@@ -71,6 +73,37 @@ def onnx(drafter_dir: Path, target_dir: Path, out: Path, attention: str, opset: 
         for note in q["linears"]:
             if "fallback" in note or "refused" in note:
                 click.echo(f"    {note}")
+
+
+@export.command("target")
+@click.option("--target", "target_dir", required=True, type=click.Path(path_type=Path),
+              help="Target model directory (HF format: config.json + model.safetensors).")
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Directory to write.")
+@click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32", show_default=True,
+              help="Float type of the graph (bf16 is refused: onnxruntime's CPU kernels lack it).")
+@click.option("--force", is_flag=True, help="Replace an existing --out.")
+def target(target_dir: Path, out: Path, dtype: str, force: bool) -> None:
+    """Export a target model's forward to one ONNX graph + target_manifest.json, validated against torch.
+
+    The graph takes ids, positions, a tree mask and the past K/V, and returns logits, the final hidden
+    state, every hidden-state tap and the present K/V: prefill, plain decoding and tree verification, for
+    any drafter's taps. It is checked on random inputs, then by greedy decoding through onnxruntime
+    against the torch target; over tolerance nothing is written. `bench --target-backend onnxruntime`
+    runs the whole loop in onnxruntime with it (exported on demand when not given).
+
+    \b
+    Example:
+      specpress export target --target ~/.cache/specpress/zoo/small --out onnx/target
+    """
+    from specpress.export.target import TargetExportOptions, export_target_from_dir
+
+    rep = export_target_from_dir(target_dir, out, TargetExportOptions(dtype=dtype, force=force),
+                                 progress=lambda s: click.echo(f"  {s}", err=True))
+    d = rep.decode
+    click.echo(f"exported the target -> {rep.out}  ({rep.seconds:.1f} s, {dtype}, {rep.bytes:,} B)")
+    click.echo(f"  random inputs: {_worst(rep.errors)}; tolerance max_rel {rep.tolerance:g}")
+    click.echo(f"  greedy decoding, {d['prompts']} prompts x {d['tokens']} tokens: {d['agree']} identical, "
+               f"{d['near_ties']} near ties, {d['differ']} differ")
 
 
 def _worst(errors: dict | None) -> str:

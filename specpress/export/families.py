@@ -178,9 +178,11 @@ def dflash_graphs(d: nn.Module, new: NewCtx) -> dict[str, Ctx]:
     return out
 
 
-def lm_graphs(d: nn.Module, new: NewCtx) -> dict[str, Ctx]:
+def causal_lm(c: Ctx, d: nn.Module) -> tuple[str, str, list[tuple[str, str]], list[str]]:
+    """A TargetModel's forward (the lm family's graph, and `export target`'s): declares ids, positions, the
+    mask and the past K/V inputs; returns (final normed hidden, logits, present (k, v) per layer, the
+    residual entering each layer - HF's hidden_states[i])."""
     cfg = d.config
-    c = new("lm")
     g = c.g
     ids = g.input("ids", INT64, [1, "tokens"])
     pos = g.input("positions", INT64, [1, "tokens"])
@@ -188,8 +190,9 @@ def lm_graphs(d: nn.Module, new: NewCtx) -> dict[str, Ctx]:
     embed = c.weight(d.model.embed_tokens.weight, "embed_tokens")
     x = g.op("Gather", embed, ids)
     cos, sin = rotary(c, pos, d.rotary)
-    presents = []
+    presents, layer_inputs = [], []
     for i, layer in enumerate(d.model.layers):
+        layer_inputs.append(x)
         x, pk, pv = decoder_layer(c, x, layer, cos, sin, pasts[i], f"model.layers.{i}")
         presents.append((pk, pv))
     x = rms_norm(c, x, d.model.norm, "model.norm")
@@ -197,7 +200,14 @@ def lm_graphs(d: nn.Module, new: NewCtx) -> dict[str, Ctx]:
         logits = g.op("MatMul", x, g.op("Transpose", embed, perm=[1, 0]))
     else:
         logits = linear(c, x, d.lm_head, "lm_head")
-    g.output("logits", logits, g.ft, [1, "tokens", cfg.vocab_size])
+    return x, logits, presents, layer_inputs
+
+
+def lm_graphs(d: nn.Module, new: NewCtx) -> dict[str, Ctx]:
+    cfg = d.config
+    c = new("lm")
+    _, logits, presents, _ = causal_lm(c, d)
+    c.g.output("logits", logits, c.g.ft, [1, "tokens", cfg.vocab_size])
     present_io(c, presents, cfg.num_key_value_heads, cfg.head_dim)
     return {"lm": c}
 

@@ -1,7 +1,9 @@
 """Export on demand: `--backend onnxruntime --drafter <drafter artifact>` runs the drafter's ONNX export,
 made once into `$SPECPRESS_CACHE/onnx/<key>` and reused while the drafter, the target and the options
 are unchanged (key: the drafter's config + weight bytes, the target's config + weight file sizes and
-times, the export options and the specpress version). The command calls this, never the backend.
+times, the export options and the specpress version). `--target-backend onnxruntime` likewise runs the
+target's `export target`, made once into `$SPECPRESS_CACHE/onnx-target/<key>`. The command calls these,
+never the backend.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from typing import Callable
 from specpress import __version__
 from specpress.errors import SpecpressError
 from specpress.export.onnx import ExportOptions, export_from_dirs
-from specpress.manifest import load_manifest
+from specpress.export.target import TargetExportOptions, export_target_from_dir
+from specpress.manifest import load_manifest, load_target_manifest
 
 
 def cache_root() -> Path:
@@ -24,17 +27,25 @@ def cache_root() -> Path:
     return Path(cache).expanduser() if cache else Path.home() / ".cache" / "specpress"
 
 
+def _hash_target(h: "hashlib._Hash", target_dir: Path) -> None:
+    for f in sorted(Path(target_dir).glob("*.json")) + sorted(Path(target_dir).glob("*.safetensors")):
+        st = f.stat()
+        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+
+
+def _hash_options(h: "hashlib._Hash", options: object) -> str:
+    opts = {k: v for k, v in dataclasses.asdict(options).items() if k != "force"}  # type: ignore[call-overload]
+    h.update(json.dumps({"options": opts, "specpress": __version__}, sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
 def export_key(drafter_dir: Path, target_dir: Path, options: ExportOptions) -> str:
     h = hashlib.sha256()
     for f in sorted(Path(drafter_dir).glob("*.json")) + sorted(Path(drafter_dir).glob("*.safetensors")):
         h.update(f.name.encode())
         h.update(f.read_bytes())
-    for f in sorted(Path(target_dir).glob("*.json")) + sorted(Path(target_dir).glob("*.safetensors")):
-        st = f.stat()
-        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    opts = {k: v for k, v in dataclasses.asdict(options).items() if k != "force"}
-    h.update(json.dumps({"options": opts, "specpress": __version__}, sort_keys=True).encode())
-    return h.hexdigest()[:16]
+    _hash_target(h, target_dir)
+    return _hash_options(h, options)
 
 
 def exported_dir_for(drafter_dir: str | Path, target_dir: str | Path, options: ExportOptions = ExportOptions(),
@@ -51,4 +62,24 @@ def exported_dir_for(drafter_dir: str | Path, target_dir: str | Path, options: E
             pass  # a stale or foreign directory: export again over it
     progress(f"exporting {drafter_dir} to ONNX (once) into {out}")
     export_from_dirs(drafter_dir, target_dir, out, dataclasses.replace(options, force=True), progress)
+    return out, True
+
+
+def exported_target_for(target_dir: str | Path, options: TargetExportOptions = TargetExportOptions(),
+                        progress: Callable[[str], None] = lambda s: None) -> tuple[Path, bool]:
+    """(the `export target` directory of this target, whether it was exported now rather than reused), in
+    `$SPECPRESS_CACHE/onnx-target/<key>` (key: the target's file names, sizes and times, options, version)."""
+    target_dir = Path(target_dir).expanduser()
+    h = hashlib.sha256()
+    _hash_target(h, target_dir)
+    out = cache_root() / "onnx-target" / _hash_options(h, options)
+    if out.is_dir():
+        try:
+            load_target_manifest(out)
+            progress(f"using the ONNX export of target {target_dir} cached at {out}")
+            return out, False
+        except SpecpressError:
+            pass
+    progress(f"exporting target {target_dir} to ONNX (once) into {out}")
+    export_target_from_dir(target_dir, out, dataclasses.replace(options, force=True), progress)
     return out, True

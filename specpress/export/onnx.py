@@ -144,7 +144,7 @@ def _write_shared(graphs: dict[str, Graph], path: Path) -> int:
     return path.stat().st_size if offsets else 0
 
 
-def _specs(vis: Any) -> tuple[TensorSpec, ...]:
+def tensor_specs(vis: Any) -> tuple[TensorSpec, ...]:
     out = []
     for v in vis:
         tt = v.type.tensor_type
@@ -188,7 +188,7 @@ def export_onnx(drafter: Any, out: str | Path, options: ExportOptions = ExportOp
             onnx.save(model, str(path))
             onnx.checker.check_model(str(path))
             sizes[name] = path.stat().st_size
-            specs.append(GraphSpec(name, path.name, _specs(model.graph.input), _specs(model.graph.output),
+            specs.append(GraphSpec(name, path.name, tensor_specs(model.graph.input), tensor_specs(model.graph.output),
                                    sizes[name], roles[name], bool(g.shared)))
             progress(f"validating {name} ({sizes[name]:,} bytes)")
             sess = ort.InferenceSession(str(path), session_options(ort), providers=["CPUExecutionProvider"])

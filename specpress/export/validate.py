@@ -45,7 +45,7 @@ def reference_copy(drafter: Any, dtype: str) -> Any:
     return d
 
 
-def _tree_mask(gen: torch.Generator, queries: int, past: int, new: int, full: bool) -> Tensor:
+def random_tree_mask(gen: torch.Generator, queries: int, past: int, new: int, full: bool) -> Tensor:
     if full:
         return torch.ones(queries, past + new, dtype=torch.bool)
     tree = (torch.rand(queries, new, generator=gen) < 0.5).tril(-1) | torch.eye(queries, new, dtype=torch.bool)
@@ -106,11 +106,11 @@ def case(d: Any, graph: str, form: str, seed: int = 0) -> tuple[dict[str, Tensor
         bk = cfg.block_size
         cache = _cache(d, P, P + C + bk, gen, fdt)
         taps = torch.randn(1, C, d.fc.weight.shape[1], generator=gen).to(fdt)
-        mask = _tree_mask(gen, bk, P + C, bk, full=True)
+        mask = random_tree_mask(gen, bk, P + C, bk, full=True)
         feeds = {"features": _fuse(d, taps), "block_ids": d.make_block(ids(1)[0], bk),
                  "positions": positions(C + bk, P), **_attn_feeds(form, mask, cache, layers)}
         return feeds, reference(d, graph, feeds, taps=taps)
-    mask = _tree_mask(gen, T, P, T, full=False)
+    mask = random_tree_mask(gen, T, P, T, full=False)
     pos = positions(T, P)
     cache = _cache(d, P, P + T, gen, fdt)
     feeds = {"ids": ids(T), "positions": pos, **_attn_feeds(form, mask, cache, layers)}

@@ -9,6 +9,7 @@ import torch
 
 from specpress.models.target import TargetModel, load_target
 from specpress.models.tokenizer import load_tokenizer
+from specpress.runtime.backends.base import TargetRunner
 from specpress.runtime.coverage import eval_coverage
 from specpress.runtime.metrics import compare_metrics, plain_metrics, spec_metrics
 from specpress.runtime.plain import check_fits, decode_plain
@@ -46,7 +47,7 @@ def default_policy(family: str) -> str:
     return get_family(family).default_policy
 
 
-def bench_plain(target: TargetModel, prompts: list[Prompt], max_new_tokens: int, *,
+def bench_plain(target: TargetModel | TargetRunner, prompts: list[Prompt], max_new_tokens: int, *,
                 params: SamplingParams = SamplingParams(), seed: int = 0, config: dict[str, Any] | None = None,
                 warmup_prompts: int = 0, on_prompt: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Decode every prompt with the target alone; returns the bench JSON object. `warmup_prompts` are
@@ -74,7 +75,7 @@ def sampling_config(params: SamplingParams) -> dict[str, Any]:
     return {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p}
 
 
-def bench_speculative(target: TargetModel, drafter: Any, prompts: list[Prompt], max_new_tokens: int, policy: Any,
+def bench_speculative(target: TargetModel | TargetRunner, drafter: Any, prompts: list[Prompt], max_new_tokens: int, policy: Any,
                       *, params: SamplingParams = SamplingParams(), seed: int = 0, drafter_bytes: int = 0,
                       config: dict[str, Any] | None = None, warmup_prompts: int = 0, plain_warmup_prompts: int = 0,
                       compare: Any = None, compare_bytes: int = 0, compare_label: dict[str, Any] | None = None,

@@ -80,6 +80,21 @@ def build_runner(manifest: ExportManifest | Mapping[str, Any], sessions: Mapping
     return ExportedRunner(m, calls, dev, backend, provider)
 
 
+def run_cached(call: GraphCall, feeds: dict[str, Tensor], cache: KVCache, layers: Sequence[int], past: int,
+               keep: int) -> dict[str, Tensor]:
+    """Call a graph with past_key/value.{j} = `cache` layer layers[j]'s first `past` slots; write `keep` new
+    slots of its present_key/value.{j} back and set the cache's length to past + keep."""
+    for j, layer in enumerate(layers):
+        feeds[f"past_key.{j}"] = cache.k[layer, :, :, :past]
+        feeds[f"past_value.{j}"] = cache.v[layer, :, :, :past]
+    out = call(feeds)
+    for j, layer in enumerate(layers):
+        cache.k[layer, :, :, past:past + keep] = out[f"present_key.{j}"][:, :, past:past + keep]
+        cache.v[layer, :, :, past:past + keep] = out[f"present_value.{j}"][:, :, past:past + keep]
+    cache.length = past + keep
+    return out
+
+
 def plugin_mask(mask: Tensor, committed: int | None = None) -> tuple[Tensor, Tensor]:
     """bool [T, S] (True = may attend) -> (committed int32 [1], tree_mask int32 [T, ceil((S-c)/32)]).
 
@@ -151,16 +166,7 @@ class ExportedRunner(DrafterRunner):
     def _run(self, graph: GraphSpec, feeds: dict[str, Tensor], cache: KVCache, past: int,
              keep: int) -> dict[str, Tensor]:
         """Call `graph` with past K/V of its cache layers from `cache`; append `keep` new slots of its presents."""
-        layers = graph.role.cache_layers
-        for j, layer in enumerate(layers):
-            feeds[f"past_key.{j}"] = cache.k[layer, :, :, :past]
-            feeds[f"past_value.{j}"] = cache.v[layer, :, :, :past]
-        out = self.calls[graph.name](feeds)
-        for j, layer in enumerate(layers):
-            cache.k[layer, :, :, past:past + keep] = out[f"present_key.{j}"][:, :, past:past + keep]
-            cache.v[layer, :, :, past:past + keep] = out[f"present_value.{j}"][:, :, past:past + keep]
-        cache.length = past + keep
-        return out
+        return run_cached(self.calls[graph.name], feeds, cache, graph.role.cache_layers, past, keep)
 
     def _step_inputs(self, t: int, cache: KVCache, positions: Tensor | None,
                      mask: Tensor | None) -> tuple[int, Tensor, Tensor]:

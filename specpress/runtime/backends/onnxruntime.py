@@ -1,6 +1,8 @@
-"""The onnxruntime drafter backend: a DrafterRunner over InferenceSessions of an `export onnx` directory.
+"""The onnxruntime backend: a DrafterRunner over InferenceSessions of an `export onnx` directory, and a
+TargetRunner (OnnxTarget) over an `export target` directory.
 
     load_runner(path, target, device, providers=None, threads=None, fold_dequantize=True) -> ExportedRunner
+    load_target_runner(path, device, providers=None, threads=None) -> OnnxTarget   (an `export target` dir)
 
 Reads only the exported directory (manifest.json, the graphs, the shared target tensors); the drafter's
 torch module is never built. The CUDA execution provider is used when onnxruntime offers it and the
@@ -19,11 +21,16 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from specpress.errors import CheckpointError, UsageError
-from specpress.manifest import load_manifest
-from specpress.runtime.backends.exported import ExportedRunner, build_runner
+from torch import Tensor
 
-__all__ = ["build_runner", "load_runner"]  # build_runner: the tensorrt backend drives its engines through it
+from specpress.errors import CheckpointError, UsageError
+from specpress.manifest import TargetExportManifest, load_manifest, load_target_manifest
+from specpress.models.kv import KVCache
+from specpress.models.layers import causal_mask
+from specpress.models.target import TargetConfig, TargetOutput
+from specpress.runtime.backends.exported import TORCH_DTYPES, ExportedRunner, SessionCall, build_runner, run_cached
+
+__all__ = ["build_runner", "load_runner", "load_target_runner"]  # build_runner: the tensorrt backend drives its engines through it
 
 
 def _ort() -> Any:
@@ -43,14 +50,7 @@ def pick_providers(device: torch.device, providers: Sequence[str] | None) -> lis
     return ["CPUExecutionProvider"]
 
 
-def load_runner(path: str | Path, target: Any, device: torch.device | str = "cpu", *,
-                providers: Sequence[str] | None = None, threads: int | None = None, fold_dequantize: bool = True,
-                strict: bool = False, warn: Callable[[str], None] = print, **_: Any) -> ExportedRunner:
-    """An ExportedRunner whose graphs run in onnxruntime sessions (see the module docstring)."""
-    path = Path(path).expanduser()
-    manifest = load_manifest(path)
-    device = torch.device(device)
-    ort = _ort()
+def session_options(ort: Any, threads: int | None, fold_dequantize: bool = True) -> Any:
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads or torch.get_num_threads()
     opts.inter_op_num_threads = 1
@@ -59,6 +59,18 @@ def load_runner(path: str | Path, target: Any, device: torch.device | str = "cpu
     opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
     if fold_dequantize:
         opts.add_session_config_entry("session.disable_quant_qdq", "1")
+    return opts
+
+
+def load_runner(path: str | Path, target: Any, device: torch.device | str = "cpu", *,
+                providers: Sequence[str] | None = None, threads: int | None = None, fold_dequantize: bool = True,
+                strict: bool = False, warn: Callable[[str], None] = print, **_: Any) -> ExportedRunner:
+    """An ExportedRunner whose graphs run in onnxruntime sessions (see the module docstring)."""
+    path = Path(path).expanduser()
+    manifest = load_manifest(path)
+    device = torch.device(device)
+    ort = _ort()
+    opts = session_options(ort, threads, fold_dequantize)
     chosen = pick_providers(device, providers)
     sessions = {}
     for g in manifest.graphs:
@@ -69,3 +81,69 @@ def load_runner(path: str | Path, target: Any, device: torch.device | str = "cpu
     ran = ",".join(sorted({s.get_providers()[0] for s in sessions.values()}))
     return build_runner(manifest, sessions, target, device, backend="onnxruntime", provider=ran, strict=strict,
                         warn=warn, numpy_io=True)
+
+
+class OnnxTarget:
+    """The `TargetRunner` over an `export target` directory: the target's forward in one onnxruntime session,
+    its K/V in a `models.kv.KVCache` (the loop crops and compacts it as the torch target's). Only the outputs
+    a call needs are fetched: logits, the hidden state, the taps asked for, the present K/V."""
+
+    def __init__(self, manifest: TargetExportManifest, session: Any, device: torch.device, provider: str) -> None:
+        self.manifest = m = manifest
+        self._config = TargetConfig.from_hf(m.config, "the export's config")
+        self.session, self._device, self.provider = session, device, provider
+        self.dtype = TORCH_DTYPES[m.dtype]
+        self._calls: dict[tuple[int, ...], SessionCall] = {}
+
+    @property
+    def config(self) -> TargetConfig:
+        return self._config
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def new_cache(self, capacity: int) -> KVCache:
+        m = self.manifest
+        return KVCache(m.layers, 1, m.kv_heads, capacity, m.head_dim, self.dtype, self._device)
+
+    def _call(self, taps: tuple[int, ...]) -> SessionCall:
+        if taps not in self._calls:
+            kv = [f"present_{x}.{i}" for i in range(self.manifest.layers) for x in ("key", "value")]
+            outs = ["logits", "hidden", *kv, *(f"hidden_states.{i}" for i in taps if i < self.manifest.layers)]
+            self._calls[taps] = SessionCall(self.session, outs, self._device, numpy_io=True)
+        return self._calls[taps]
+
+    def forward(self, ids: Tensor, *, cache: KVCache, positions: Tensor | None = None, mask: Tensor | None = None,
+                taps: Sequence[int] = (), logits: str = "all") -> TargetOutput:
+        layers = self.manifest.layers
+        bad = [i for i in taps if not 0 <= i <= layers]
+        if bad:
+            raise UsageError(f"taps {bad} are outside the target's hidden states 0..{layers}")
+        t = ids.shape[1]
+        past = cache.reserve(t)
+        dev = self._device
+        pos = torch.arange(past, past + t, device=dev) if positions is None else positions.to(dev)
+        mask = causal_mask(t, past, dev) if mask is None else mask.to(dev)
+        if tuple(mask.shape) != (t, past + t):
+            raise ValueError(f"mask must be [{t}, {past + t}] (new tokens x (cache + new)), got {tuple(mask.shape)}")
+        feeds = {"ids": ids.to(torch.int64), "positions": pos.reshape(1, t).to(torch.int64), "mask": mask.to(torch.bool)}
+        out = run_cached(self._call(tuple(sorted(set(taps)))), feeds, cache, range(layers), past, t)
+        tapped = {i: out["hidden"] if i == layers else out[f"hidden_states.{i}"] for i in taps}
+        lg = None if logits == "none" else out["logits"][:, -1:] if logits == "last" else out["logits"]
+        return TargetOutput(lg, out["hidden"], tapped)
+
+
+def load_target_runner(path: str | Path, device: torch.device | str = "cpu", *,
+                       providers: Sequence[str] | None = None, threads: int | None = None) -> OnnxTarget:
+    """An OnnxTarget over the `export target` directory at `path`."""
+    path = Path(path).expanduser()
+    manifest = load_target_manifest(path)
+    file = path / manifest.file
+    if not file.is_file() or not (path / manifest.data_file).is_file():
+        raise CheckpointError(f"{path}: {manifest.file} or {manifest.data_file} is missing (listed in "
+                              f"target_manifest.json); export the target again")
+    device = torch.device(device)
+    ort = _ort()
+    session = ort.InferenceSession(str(file), session_options(ort, threads), providers=pick_providers(device, providers))
+    return OnnxTarget(manifest, session, device, session.get_providers()[0])
