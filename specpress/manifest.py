@@ -175,16 +175,20 @@ def _role(d: Mapping[str, Any], where: str) -> GraphRole:
         raise CheckpointError(f"{where}: {exc}") from None
 
 
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
+
+
 def load_manifest(directory: str | Path) -> ExportManifest:
     """Read and check `directory`/manifest.json (strict; see the module docstring)."""
     path = Path(directory).expanduser() / MANIFEST
     if not path.is_file():
         raise CheckpointError(f"{path.parent} is not an ONNX export (no {MANIFEST}); create one with "
                               f"`specpress export onnx --drafter DIR --target DIR --out DIR`")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
+    raw = _read_json(path)
     if not isinstance(raw, Mapping) or raw.get("format") != FORMAT:
         raise CheckpointError(f"{path}: format {raw.get('format') if isinstance(raw, Mapping) else None!r}, "
                               f"expected {FORMAT!r}")
@@ -272,10 +276,7 @@ def load_target_manifest(directory: str | Path) -> TargetExportManifest:
         hint = " (it is a drafter's export: pass it as --drafter)" if (path.parent / MANIFEST).is_file() else ""
         raise CheckpointError(f"{path.parent} is not a target export (no {TARGET_MANIFEST}){hint}; create one with "
                               f"`specpress export target --target DIR --out DIR`")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
+    raw = _read_json(path)
     version = raw.get("format_version") if isinstance(raw, Mapping) else None
     if not isinstance(raw, Mapping) or raw.get("format") != TARGET_FORMAT or not isinstance(version, int) \
             or not 1 <= version <= TARGET_FORMAT_VERSION:

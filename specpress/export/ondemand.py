@@ -53,16 +53,9 @@ def exported_dir_for(drafter_dir: str | Path, target_dir: str | Path, options: E
     """(the export directory of this drafter, whether it was exported now rather than reused)."""
     drafter_dir, target_dir = Path(drafter_dir).expanduser(), Path(target_dir).expanduser()
     out = cache_root() / "onnx" / export_key(drafter_dir, target_dir, options)
-    if out.is_dir():
-        try:
-            load_manifest(out)
-            progress(f"using the ONNX export of {drafter_dir} cached at {out}")
-            return out, False
-        except SpecpressError:
-            pass  # a stale or foreign directory: export again over it
-    progress(f"exporting {drafter_dir} to ONNX (once) into {out}")
-    export_from_dirs(drafter_dir, target_dir, out, dataclasses.replace(options, force=True), progress)
-    return out, True
+    forced = dataclasses.replace(options, force=True)
+    return _reuse_or_export(out, str(drafter_dir), load_manifest,
+                            lambda o: export_from_dirs(drafter_dir, target_dir, o, forced, progress), progress)
 
 
 def exported_target_for(target_dir: str | Path, options: TargetExportOptions = TargetExportOptions(),
@@ -73,13 +66,21 @@ def exported_target_for(target_dir: str | Path, options: TargetExportOptions = T
     h = hashlib.sha256()
     _hash_target(h, target_dir)
     out = cache_root() / "onnx-target" / _hash_options(h, options)
+    forced = dataclasses.replace(options, force=True)
+    return _reuse_or_export(out, f"target {target_dir}", load_target_manifest,
+                            lambda o: export_target_from_dir(target_dir, o, forced, progress), progress)
+
+
+def _reuse_or_export(out: Path, what: str, load: Callable[[Path], object], export: Callable[[Path], object],
+                     progress: Callable[[str], None]) -> tuple[Path, bool]:
+    """(out, False) when `out` holds an export that `load` accepts; else export into it: (out, True)."""
     if out.is_dir():
         try:
-            load_target_manifest(out)
-            progress(f"using the ONNX export of target {target_dir} cached at {out}")
+            load(out)
+            progress(f"using the ONNX export of {what} cached at {out}")
             return out, False
         except SpecpressError:
-            pass
-    progress(f"exporting target {target_dir} to ONNX (once) into {out}")
-    export_target_from_dir(target_dir, out, dataclasses.replace(options, force=True), progress)
+            pass  # a stale or foreign directory: export again over it
+    progress(f"exporting {what} to ONNX (once) into {out}")
+    export(out)
     return out, True

@@ -38,6 +38,23 @@ def make_drafter(name: str, target):
     return make(name, target)
 
 
+def bench_inputs(tmp_path: Path, target, family: str, monkeypatch) -> tuple[Path, Path, Path]:
+    """For the `bench` CLI tests: (target dir with a tokenizer, a saved random `family` drafter, a file of two
+    prompts), with SPECPRESS_CACHE moved under tmp_path so on-demand exports land there."""
+    import json
+
+    from drafters_common import save_with_tokenizer
+
+    from specpress.models.drafter_io import save_drafter
+
+    monkeypatch.setenv("SPECPRESS_CACHE", str(tmp_path / "cache"))
+    tdir, _ = save_with_tokenizer(target, tmp_path)
+    ddir = save_drafter(make_drafter(family, target), tmp_path / family)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"input_ids": [3, 5, 7, 9 + i]}) for i in range(2)) + "\n")
+    return tdir, ddir, prompts
+
+
 @pytest.fixture(scope="session")
 def exported(tmp_path_factory, target):
     """exported(name, form="standard", **options) -> (drafter, export dir, report), built once each."""

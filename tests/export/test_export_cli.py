@@ -134,16 +134,9 @@ def test_unknown_drafter_artifact_version_is_refused(dirs, tmp_path):
 
 
 def test_bench_with_onnxruntime_exports_a_drafter_artifact_on_demand(tmp_path, target, monkeypatch):
-    from conftest import make_drafter
-    from drafters_common import save_with_tokenizer
+    from conftest import bench_inputs
 
-    from specpress.models.drafter_io import save_drafter
-
-    monkeypatch.setenv("SPECPRESS_CACHE", str(tmp_path / "cache"))
-    tdir, _ = save_with_tokenizer(target, tmp_path)
-    ddir = save_drafter(make_drafter("eagle", target), tmp_path / "eagle")
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text("\n".join(json.dumps({"input_ids": [3, 5, 7, 9 + i]}) for i in range(2)) + "\n")
+    tdir, ddir, prompts = bench_inputs(tmp_path, target, "eagle", monkeypatch)
     outs = {}
     for backend in ("torch", "onnxruntime"):
         res = CliRunner().invoke(cli, ["bench", "--target", str(tdir), "--drafter", str(ddir), "--backend", backend,

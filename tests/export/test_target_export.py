@@ -129,16 +129,9 @@ def test_random_case_exercises_the_cache_and_a_tree(target):
 
 
 def test_bench_runs_the_whole_loop_in_onnxruntime(tmp_path, target, monkeypatch):
-    from conftest import make_drafter
-    from drafters_common import save_with_tokenizer
+    from conftest import bench_inputs
 
-    from specpress.models.drafter_io import save_drafter
-
-    monkeypatch.setenv("SPECPRESS_CACHE", str(tmp_path / "cache"))
-    tdir, _ = save_with_tokenizer(target, tmp_path)
-    ddir = save_drafter(make_drafter("eagle3", target), tmp_path / "eagle3")
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text("\n".join(json.dumps({"input_ids": [3, 5, 7, 9 + i]}) for i in range(2)) + "\n")
+    tdir, ddir, prompts = bench_inputs(tmp_path, target, "eagle3", monkeypatch)
     base = ["bench", "--target", str(tdir), "--drafter", str(ddir), "--prompts", str(prompts),
             "--max-new-tokens", "8", "--policy", "chain:3"]
     outs = {}

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
-
 from torch import Tensor
 
 from specpress.errors import CheckpointError, UsageError
