@@ -3,6 +3,7 @@ thin layers over specpress.export."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import click
@@ -69,10 +70,9 @@ def onnx(drafter_dir: Path, target_dir: Path, out: Path, attention: str, opset: 
                f"tolerance max_rel {rep.tolerance:g}")
     if rep.quantization:
         q = rep.quantization
-        click.echo(f"  quantized Linears ({', '.join(q['schemes'])}) as {q['format']}: {len(q['linears'])}")
-        for note in q["linears"]:
-            if "fallback" in note or "refused" in note:
-                click.echo(f"    {note}")
+        ops = Counter(note.split(" -> ", 1)[-1] for note in q["linears"])  # "<linear>: <scheme> -> <ops>"
+        click.echo(f"  quantized Linears ({', '.join(q['schemes'])}, --quant-format {q['format']}): "
+                   + "; ".join(f"{n} as {op}" for op, n in ops.items()))
 
 
 @export.command("target")

@@ -148,3 +148,21 @@ def test_bf16_floats_of_an_fp32_export_stay_bf16(tmp_path, target, dtype):
     want = TensorProto.BFLOAT16 if dtype == "fp32" else TensorProto.FLOAT16
     assert big and all(t.data_type == want for t in big), [(t.name, t.data_type) for t in big]
     assert max(e["max_rel"] for e in rep.errors["step"].values()) <= rep.tolerance
+
+
+def test_export_command_names_the_ops_each_scheme_became(tmp_path, target):
+    from click.testing import CliRunner
+
+    from specpress.cli import cli
+    from specpress.models.drafter_io import save_drafter
+    from specpress.models.target import save_target
+
+    tdir = save_target(target, tmp_path / "target")
+    for scheme, group, op in (("fp8", None, "8 as DequantizeLinear(float8e4m3fn) + MatMul"),
+                              ("int4", 16, "8 as MatMulNBits block 16")):
+        ddir = save_drafter(quantized_eagle(target, scheme, group, True), tmp_path / scheme)
+        res = CliRunner().invoke(cli, ["export", "onnx", "--drafter", str(ddir), "--target", str(tdir),
+                                       "--out", str(tmp_path / f"onnx-{scheme}")])
+        assert res.exit_code == 0, res.output
+        line = next(x for x in res.output.splitlines() if "quantized Linears" in x)
+        assert f"({scheme}, --quant-format matmulnbits): {op}" in line, line
