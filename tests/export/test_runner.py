@@ -175,3 +175,14 @@ def test_build_runner_drives_any_session_with_run(exported, target):
     lt, _ = d(hidden, ids, cache=d.new_cache(8))
     lo, _ = runner.feature_step(hidden, ids, runner.new_cache(8), None, None)
     close(lo, lt)
+
+
+def test_runner_sessions_do_not_spin_between_runs():
+    """torch runs between two session runs on the same cores (the target, tree building): idle onnxruntime
+    workers must block, not spin (spinning made the medium target's loop 2.3x slower per round)."""
+    ort = pytest.importorskip("onnxruntime")
+    from specpress.runtime.backends.onnxruntime import session_options
+
+    opts = session_options(ort, 2)
+    assert opts.intra_op_num_threads == 2
+    assert opts.get_session_config_entry("session.intra_op.allow_spinning") == "0"
