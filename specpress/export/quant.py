@@ -17,6 +17,10 @@ so they contribute 0): exact. A group the op cannot hold (e.g. int4 g24) falls b
 the manifest. accuracy_level defaults to 0 (fp32 activations: the torch reference's arithmetic, so the
 export drafts what torch drafts); 4 quantizes activations to int8 per block for onnxruntime's int8
 kernels (faster on CPU; an error the torch drafter never makes, validated at the quantized tolerance).
+Where torch computes a Linear through a bf16 kernel on the CPU (per-row int8: aten's int8 kernel; int4
+with groups of 32-256: aten's int4 kernel; nf4 / fp4: bitsandbytes' kernel), an fp32 graph rounds the
+activations, the scales and the result to bf16 as that kernel does, so the export drafts what the torch
+drafter drafts.
 """
 
 from __future__ import annotations
@@ -62,7 +66,14 @@ def quantized_linear(c: Ctx, x: str, mod: nn.Module, hint: str) -> str:
         block = _nbits_block(mod.in_features, group)
         if block is not None:
             c.quant_notes.append(f"{hint}: {scheme} {_group_name(group)} -> MatMulNBits block {block}")
-            return _nbits(c, x, codes, scales, zeros, bits, group, symmetric, block, hint)
+            if getattr(mod, "int4_packed", None) is None or c.g.ft != TensorProto.FLOAT:
+                return _nbits(c, x, codes, scales, zeros, bits, group, symmetric, block, hint)
+            # torch runs this Linear through aten's int4 CPU kernel (models/quantized/int4_cpu.py): bf16-rounded
+            # activations and scales, fp32 accumulation, a bf16 result. The same roundings here draft the same
+            # tokens; MatMulNBits at fp32 drafted another tree in 63 % of rounds on the medium zoo drafter.
+            c.quant_notes[-1] += " (bf16 activations, as torch's int4 kernel)"
+            sb = scales.to(torch.bfloat16).float()
+            return _round_bf16(c, _nbits(c, _round_bf16(c, x), codes, sb, zeros, bits, group, symmetric, block, hint))
         c.quant_notes.append(f"{hint}: {scheme} g{group} -> Q/DQ fallback (MatMulNBits needs a power-of-two "
                              f"block >= 16)")
     else:
@@ -177,9 +188,17 @@ def _fp8(c: Ctx, x: str, mod: nn.Module, hint: str) -> str:
 def _bnb4(c: Ctx, x: str, mod: nn.Module, hint: str) -> str:
     """bitsandbytes nf4 / fp4 as stored -> com.microsoft MatMulBnb4 (same packed bytes and absmax)."""
     n, k = mod.out_features, mod.in_features
-    b = c.g.init(mod.packed.reshape(-1).cpu().numpy(), f"{hint}.packed")
-    absmax = c.g.init(mod.absmax.float().cpu().numpy().astype(NP_TYPES[c.g.ft]), f"{hint}.absmax")
-    c.g.use_domain(MS, 1)
     c.quant_notes.append(f"{hint}: {mod.scheme} blocksize {mod.blocksize} -> MatMulBnb4")
-    return c.g.op("MatMulBnb4", x, b, absmax, domain=MS, K=k, N=n, block_size=mod.blocksize,
-                  quant_type=1 if mod.scheme == "nf4" else 0)
+    # torch runs this Linear through bitsandbytes' CPU kernel where it applies (models/quantized/bnb_cpu.py):
+    # bf16-rounded activations and absmax, a bf16 result; an fp32 graph rounds the same way (see _nbits' caller)
+    kernel = getattr(mod, "cpu_packed", None) is not None and c.g.ft == TensorProto.FLOAT
+    absmax_t = mod.absmax.to(torch.bfloat16) if kernel else mod.absmax
+    if kernel:
+        c.quant_notes[-1] += " (bf16 activations, as bitsandbytes' CPU kernel)"
+        x = _round_bf16(c, x)
+    b = c.g.init(mod.packed.reshape(-1).cpu().numpy(), f"{hint}.packed")
+    absmax = c.g.init(absmax_t.float().cpu().numpy().astype(NP_TYPES[c.g.ft]), f"{hint}.absmax")
+    c.g.use_domain(MS, 1)
+    y = c.g.op("MatMulBnb4", x, b, absmax, domain=MS, K=k, N=n, block_size=mod.blocksize,
+               quant_type=1 if mod.scheme == "nf4" else 0)
+    return _round_bf16(c, y) if kernel else y
