@@ -182,6 +182,16 @@ def _read_json(path: Path) -> Any:
         raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
 
 
+def _check_format(raw: Any, source: str, fmt: str, max_version: int, fix: str) -> int:
+    """`raw`'s format_version, when it is a JSON object of format `fmt`, format_version 1..`max_version`;
+    else a CheckpointError."""
+    version = raw.get("format_version") if isinstance(raw, Mapping) else None
+    if not isinstance(raw, Mapping) or raw.get("format") != fmt or not isinstance(version, int) \
+            or not 1 <= version <= max_version:
+        raise CheckpointError(f"{source}: not a {fmt} manifest of format_version 1..{max_version}{fix}")
+    return version
+
+
 def load_manifest(directory: str | Path) -> ExportManifest:
     """Read and check `directory`/manifest.json (strict; see the module docstring)."""
     path = Path(directory).expanduser() / MANIFEST
@@ -202,11 +212,7 @@ def load_manifest(directory: str | Path) -> ExportManifest:
 def manifest_from_dict(raw: Mapping[str, Any], source: str = MANIFEST) -> ExportManifest:
     """An ExportManifest from its JSON object (strict, as load_manifest)."""
     path = source
-    version = raw.get("format_version") if isinstance(raw, Mapping) else None
-    if not isinstance(raw, Mapping) or raw.get("format") != FORMAT or not isinstance(version, int) \
-            or not 1 <= version <= FORMAT_VERSION:
-        raise CheckpointError(f"{source}: not a {FORMAT} manifest of format_version 1..{FORMAT_VERSION}; "
-                              f"re-export with `specpress export onnx`")
+    version = _check_format(raw, source, FORMAT, FORMAT_VERSION, "; re-export with `specpress export onnx`")
     d = _strict(ExportManifest, raw, str(path))
     info = _strict(DrafterInfo, d["drafter"], f"{path}: drafter")
     info["taps"] = tuple(info["taps"])
@@ -277,11 +283,8 @@ def load_target_manifest(directory: str | Path) -> TargetExportManifest:
         raise CheckpointError(f"{path.parent} is not a target export (no {TARGET_MANIFEST}){hint}; create one with "
                               f"`specpress export target --target DIR --out DIR`")
     raw = _read_json(path)
-    version = raw.get("format_version") if isinstance(raw, Mapping) else None
-    if not isinstance(raw, Mapping) or raw.get("format") != TARGET_FORMAT or not isinstance(version, int) \
-            or not 1 <= version <= TARGET_FORMAT_VERSION:
-        raise CheckpointError(f"{path}: not a {TARGET_FORMAT} manifest of format_version 1..{TARGET_FORMAT_VERSION} "
-                              f"(upgrade specpress, or export the target again with this one)")
+    _check_format(raw, str(path), TARGET_FORMAT, TARGET_FORMAT_VERSION,
+                  " (upgrade specpress, or export the target again with this one)")
     d = _strict(TargetExportManifest, raw, str(path))
     d["inputs"] = tuple(_tensor(t, f"{path}: inputs") for t in d["inputs"])
     d["outputs"] = tuple(_tensor(t, f"{path}: outputs") for t in d["outputs"])
