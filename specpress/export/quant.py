@@ -25,6 +25,8 @@ drafter drafts.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import onnx
 import torch
@@ -59,9 +61,9 @@ def quantized_linear(c: Ctx, x: str, mod: nn.Module, hint: str) -> str:
             return _qdq_int(c, x, codes, scales, zeros, bits, group, symmetric, hint)
         # torch's per-row int8 path (IntLinear.forward): aten's int8 kernel on bf16-rounded activations
         # with bf16 scales, returning bf16; the same roundings here draft the same tokens
-        c.quant_notes[-1] += " (bf16 activations, as torch's int8 kernel)"
         sb = mod.row_scales.float()[:, None]
-        return _round_bf16(c, _qdq_int(c, _round_bf16(c, x), codes, sb, zeros, bits, group, symmetric, hint))
+        return _bf16_kernel(c, x, "torch's int8 kernel",
+                            lambda a: _qdq_int(c, a, codes, sb, zeros, bits, group, symmetric, hint))
     if c.quant_format == "matmulnbits":
         block = _nbits_block(mod.in_features, group)
         if block is not None:
@@ -71,9 +73,9 @@ def quantized_linear(c: Ctx, x: str, mod: nn.Module, hint: str) -> str:
             # torch runs this Linear through aten's int4 CPU kernel (models/quantized/int4_cpu.py): bf16-rounded
             # activations and scales, fp32 accumulation, a bf16 result. The same roundings here draft the same
             # tokens; MatMulNBits at fp32 drafted another tree in 63 % of rounds on the medium zoo drafter.
-            c.quant_notes[-1] += " (bf16 activations, as torch's int4 kernel)"
             sb = scales.to(torch.bfloat16).float()
-            return _round_bf16(c, _nbits(c, _round_bf16(c, x), codes, sb, zeros, bits, group, symmetric, block, hint))
+            return _bf16_kernel(c, x, "torch's int4 kernel",
+                                lambda a: _nbits(c, a, codes, sb, zeros, bits, group, symmetric, block, hint))
         c.quant_notes.append(f"{hint}: {scheme} g{group} -> Q/DQ fallback (MatMulNBits needs a power-of-two "
                              f"block >= 16)")
     else:
@@ -83,6 +85,13 @@ def quantized_linear(c: Ctx, x: str, mod: nn.Module, hint: str) -> str:
 
 def _group_name(group: int | None) -> str:
     return f"g{group}" if group else "per-row"
+
+
+def _bf16_kernel(c: Ctx, x: str, kernel: str, product: Callable[[str], str]) -> str:
+    """`product` of x as torch's bf16 CPU `kernel` computes it: on bf16-rounded activations, the result rounded
+    to bf16 (the caller passes the scales already rounded); noted on the Linear's quant note."""
+    c.quant_notes[-1] += f" (bf16 activations, as {kernel})"
+    return _round_bf16(c, product(_round_bf16(c, x)))
 
 
 def _round_bf16(c: Ctx, x: str) -> str:
@@ -190,15 +199,15 @@ def _bnb4(c: Ctx, x: str, mod: nn.Module, hint: str) -> str:
     n, k = mod.out_features, mod.in_features
     c.quant_notes.append(f"{hint}: {mod.scheme} blocksize {mod.blocksize} -> MatMulBnb4")
     # torch runs this Linear through bitsandbytes' CPU kernel where it applies (models/quantized/bnb_cpu.py):
-    # bf16-rounded activations and absmax, a bf16 result; an fp32 graph rounds the same way (see _nbits' caller)
+    # bf16-rounded activations and absmax, a bf16 result; an fp32 graph rounds the same way
     kernel = getattr(mod, "cpu_packed", None) is not None and c.g.ft == TensorProto.FLOAT
     absmax_t = mod.absmax.to(torch.bfloat16) if kernel else mod.absmax
-    if kernel:
-        c.quant_notes[-1] += " (bf16 activations, as bitsandbytes' CPU kernel)"
-        x = _round_bf16(c, x)
     b = c.g.init(mod.packed.reshape(-1).cpu().numpy(), f"{hint}.packed")
     absmax = c.g.init(absmax_t.float().cpu().numpy().astype(NP_TYPES[c.g.ft]), f"{hint}.absmax")
     c.g.use_domain(MS, 1)
-    y = c.g.op("MatMulBnb4", x, b, absmax, domain=MS, K=k, N=n, block_size=mod.blocksize,
-               quant_type=1 if mod.scheme == "nf4" else 0)
-    return _round_bf16(c, y) if kernel else y
+
+    def product(a: str) -> str:
+        return c.g.op("MatMulBnb4", a, b, absmax, domain=MS, K=k, N=n, block_size=mod.blocksize,
+                      quant_type=1 if mod.scheme == "nf4" else 0)
+
+    return _bf16_kernel(c, x, "bitsandbytes' CPU kernel", product) if kernel else product(x)
