@@ -22,7 +22,8 @@ import torch
 from torch import nn
 
 from specpress.models.quantized import int4_cpu, primitives as P
-from specpress.models.quantized.modules import IntLinear, QuantizedLinear
+from specpress.models.quantized.integer import IntLinear
+from specpress.models.quantized.modules import QuantizedLinear
 
 SHAPES = [("q/k/v (2H -> H)", 512, 256), ("gate/up", 256, 768), ("down", 768, 256), ("o_proj", 256, 256),
           ("lm_head (4096 draft tokens)", 256, 4096), ("fc (3 taps -> H)", 768, 256)]

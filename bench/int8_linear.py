@@ -23,7 +23,8 @@ import torch
 from torch import nn
 
 from specpress.models.quantized import primitives as P
-from specpress.models.quantized.modules import IntLinear, QuantizedLinear
+from specpress.models.quantized.integer import IntLinear
+from specpress.models.quantized.modules import QuantizedLinear
 
 SHAPES = [("q/k/v (2H -> H)", 1024, 512), ("gate/up", 512, 688), ("down", 688, 512), ("o_proj", 512, 512),
           ("lm_head (1024 draft tokens)", 512, 1024), ("fc (3 taps -> H)", 1536, 512)]

@@ -4,7 +4,7 @@
 
 torch runs a per-row int8 Linear through aten's weight-only int8 kernel: activations rounded to bf16,
 the product returned in bf16 (IntLinear.forward). The export computes the same thing with the same
-roundings (export/quant.py: Cast to bf16 and back around DequantizeLinear + MatMul). Both products are
+roundings (export/quant/integer.py: Cast to bf16 and back around DequantizeLinear + MatMul). Both products are
 within fp32 rounding of the exact one; the final bf16 rounding then turns a product that lies within
 that distance of a bf16 rounding boundary into two numbers one bf16 ulp (2^-8 relative) apart.
 
@@ -27,7 +27,7 @@ from specpress.export.blocks import Ctx
 from specpress.export.graph import Graph
 from specpress.export.quant import quantized_linear
 from specpress.models.quantized import primitives as P
-from specpress.models.quantized.modules import IntLinear
+from specpress.models.quantized.integer import IntLinear
 
 SHAPES = [("q/k/v (2H -> H)", 1024, 512), ("gate/up", 512, 688), ("down", 688, 512), ("o_proj", 512, 512),
           ("lm_head (1024 draft tokens)", 512, 1024), ("fc (3 taps -> H)", 1536, 512)]

@@ -56,7 +56,7 @@ def build(hidden: int, vocab: int, draft_vocab: int, layers: int):
 
 def quantized(d, scheme: str):
     from specpress.compress.quantize.api import quantize
-    from specpress.models.quantized.configs import config_for
+    from specpress.models.quantized.scheme import config_for
 
     return d if scheme == "fp32" else quantize(__import__("copy").deepcopy(d), config_for(scheme))
 

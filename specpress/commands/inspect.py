@@ -90,8 +90,7 @@ def describe_step(step: dict[str, Any]) -> str:
         return (f"prune: {changed or 'no shape change'}; params {int(step.get('params_before', 0)):,} -> "
                 f"{int(step.get('params_after', 0)):,}")
     if kind == "quantize":
-        g = cfg.get("group_size", cfg.get("blocksize"))
-        what = f"quantize {step.get('scheme')} {step.get('method')}" + (f" g{g}" if g else "")
+        what = f"quantize {_quant_label(cfg, step)}"
         parts = [f"{what}: {len(step.get('quantized') or [])} Linears, bytes {int(step.get('bytes_before', 0)):,} -> "
                  f"{int(step.get('bytes_after', 0)):,}" + (" (written dequantized)" if step.get("dequantized") else "")]
         agr = step.get("agreement") or {}
@@ -100,3 +99,15 @@ def describe_step(step: dict[str, Any]) -> str:
         return "; ".join(parts)
     scalars = [f"{k} {v}" for k, v in step.items() if k not in ("step", "name") and isinstance(v, (str, int, float))]
     return f"{kind}: {', '.join(scalars)}" if scalars else kind
+
+
+def _quant_label(cfg: dict, step: dict) -> str:
+    """The recorded config's storage label and method (`int4-g64 gptq`); the scheme word when the
+    config cannot be read back."""
+    from specpress.errors import ConfigError
+    from specpress.models.quantized.scheme import config_from_dict
+
+    try:
+        return f"{config_from_dict(cfg).storage_label()} {step.get('method')}"
+    except ConfigError:
+        return f"{step.get('scheme')} {step.get('method')}"

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from specpress.models.quantized.names import METHOD_WORDS, SCHEME_WORDS, schemes_help
+
 
 def _names(value: str | None) -> tuple[str, ...]:
     return tuple(s.strip() for s in (value or "").split(",") if s.strip())
@@ -20,10 +22,9 @@ def _fmt(n: int) -> str:
 @click.option("--drafter", "drafter_dir", required=True, type=click.Path(path_type=Path),
               help="Drafter artifact directory (full precision).")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Drafter directory to write.")
-@click.option("--scheme", required=True, type=click.Choice(["int8", "int4", "nf4", "fp4", "fp8"]),
-              help="Weight format.")
-@click.option("--method", type=click.Choice(["rtn", "gptq", "bnb"]),
-              help="How codes are chosen  [default: rtn; bnb for nf4/fp4]")
+@click.option("--scheme", required=True, type=click.Choice(SCHEME_WORDS), help=f"Storage format. {schemes_help()}.")
+@click.option("--method", type=click.Choice(METHOD_WORDS),
+              help="How codes are chosen  [default: the scheme's first method, listed with --scheme]")
 @click.option("--group-size", type=click.IntRange(min=1),
               help="Inputs per scale: int4 / nf4 / fp4 [64]; int8 [per output channel].")
 @click.option("--symmetric/--asymmetric", default=None, help="Integer zero points  [default: symmetric]")
@@ -65,7 +66,7 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
     Schemes: int8 (per output channel) and int4 (group-wise, symmetric or asymmetric) by round-to-nearest
     or GPTQ; nf4 / fp4 (and int8 with --method bnb) through bitsandbytes' kernels; fp8 e4m3 (dequantised). The
     in-memory drafter is rounded to --float-dtype too, so the measured cost is the stored one. The artifact
-    stores packed integers and scales (key scheme in specpress/compress/quantize/modules.py) and reloads
+    stores packed integers and scales (each scheme's key layout is documented in its file under specpress/models/quantized/) and reloads
     into quantized modules the runtime runs directly; --dequantize writes plain float weights instead, to
     deploy elsewhere.
 
@@ -90,8 +91,8 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
     """
     from specpress.artifacts import claim_output
     from specpress.commands.guards import check_seq_len
-    from specpress.models.quantized.configs import config_for
     from specpress.compress.quantize.pipeline import quantize_from_dirs
+    from specpress.models.quantized.scheme import config_for, config_from_dict
 
     config = config_for(scheme, method, group_size=group_size, symmetric=symmetric, include=_names(include),
                         exclude=_names(exclude))
@@ -104,10 +105,7 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
                                  batch=batch, seq_len=seq_len, seed=seed, eval_batches=eval_batches,
                                  float_dtype=float_dtype)
     s = rep.step
-    g = s["config"].get("group_size", s["config"].get("blocksize"))
-    what = f"{s['scheme']} {s['method']}" + (f" g{g}" if g else "")
-    if s["config"].get("symmetric") is False:
-        what += " asymmetric"
+    what = f"{config_from_dict(s['config']).storage_label()}, method {s['method']}"
     click.echo(f"{rep.family} drafter quantized ({what}): {len(s['quantized'])} Linears -> {rep.out}"
                + ("  [written dequantized: plain float weights]" if s.get("dequantized") else ""))
     source, before, after = s["source_bytes"], s["bytes_before"], s["bytes_after"]

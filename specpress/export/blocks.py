@@ -55,7 +55,7 @@ def _bf16_exact(t: torch.Tensor) -> bool:
 
 
 def linear(c: Ctx, x: str, mod: nn.Module, hint: str) -> str:
-    """y = x W^T + b for a float nn.Linear or a quantized Linear (export/quant.py, codes as stored)."""
+    """y = x W^T + b for a float nn.Linear or a quantized Linear (export/quant/, codes as stored)."""
     if getattr(mod, "is_quantized", False):
         from specpress.export.quant import quantized_linear
 

@@ -31,7 +31,7 @@ from specpress.export.blocks import Ctx
 from specpress.export.families import build_graphs, cache_dims
 from specpress.export.graph import Graph
 from specpress.export.rounds import RoundsReport, validate_rounds
-from specpress.export.validate import QUANT_TOLERANCE, TOLERANCE, case, check, compare, reference_copy
+from specpress.export.validate import TOLERANCE, case, check, compare, reference_copy
 from specpress.manifest import DrafterInfo, ExportManifest, GraphSpec, TensorSpec
 from specpress.models.drafter import get_family
 
@@ -173,7 +173,7 @@ def export_onnx(drafter: Any, out: str | Path, options: ExportOptions = ExportOp
     ctxs, roles = build_graphs(drafter, new)
     graphs = {name: c.g for name, c in ctxs.items()}
     quant = _quantization(drafter, o, quant_notes)
-    tol = QUANT_TOLERANCE if quant else TOLERANCE[o.dtype]
+    tol = max([TOLERANCE[o.dtype], *quant['tolerances'].values()]) if quant else TOLERANCE[o.dtype]
     ref = reference_copy(drafter, o.dtype)
     errors: dict[str, dict[str, dict[str, float]]] = {}
     sizes: dict[str, int] = {}
@@ -219,11 +219,16 @@ def _plugin_contract() -> dict[str, Any]:
 
 
 def _quantization(drafter: Any, o: ExportOptions, notes: list[str]) -> dict[str, Any] | None:
-    schemes = sorted({m.scheme for m in drafter.modules() if getattr(m, "is_quantized", False)})
-    if not schemes:
+    """The manifest's quantization block: scheme words, format, what each Linear became and the tolerance
+    each scheme's export is held to (its Scheme.tolerance)."""
+    from specpress.models.quantized.scheme import scheme_of_module
+
+    mods = [m for m in drafter.modules() if getattr(m, "is_quantized", False)]
+    if not mods:
         return None
-    return {"schemes": schemes, "format": o.quant_format, "accuracy_level": o.accuracy_level,
-            "linears": list(notes)}
+    tolerances = {m.scheme: scheme_of_module(m).tolerance for m in mods}
+    return {"schemes": sorted(tolerances), "format": o.quant_format, "accuracy_level": o.accuracy_level,
+            "linears": list(notes), "tolerances": dict(sorted(tolerances.items()))}
 
 
 def export_from_dirs(drafter_dir: str | Path, target_dir: str | Path, out: str | Path,

@@ -3,7 +3,7 @@ and model.safetensors under the public key names.
 
 A drafter whose provenance ends in an active `quantize` step holds quantized modules: load_drafter
 rebuilds them (specpress.models.quantized.restore) before loading, and their tensors
-(packed codes, scales, fp8 weights; modules.py documents the keys) keep their stored dtypes both ways.
+(packed codes, scales, fp8 weights; each scheme file under models/quantized/ documents its keys) keep their stored dtypes both ways.
 
 The `specpress` block: {family, format_version, config_version, target (fingerprint of the target it
 was built for), steps (the ordered compression steps applied, each a JSON object)}. Public checkpoints

@@ -327,8 +327,7 @@ class Sweep:
 
 def sizing_bytes(ctx: Any, point: Point, drafter: Any) -> int:
     """Stored bytes of `point` built cheaply from `drafter` (a private copy of the base)."""
-    from specpress.compress.quantize.api import stored_bytes
-    from specpress.models.quantized.configs import GPTQConfig, IntWeightOnlyConfig
+    from specpress.compress.quantize.api import quantize, stored_bytes
     from specpress.sweep.grid import Step
     from specpress.sweep.run import apply_step
 
@@ -339,12 +338,8 @@ def sizing_bytes(ctx: Any, point: Point, drafter: Any) -> int:
             if cfg.structural:
                 opts["importance"] = "magnitude"
             step = Step("prune", tuple(opts.items()))
-        elif isinstance(cfg, GPTQConfig):
-            from specpress.compress.quantize.api import quantize
-
-            rtn = IntWeightOnlyConfig(bits=cfg.bits, group_size=cfg.group_size, symmetric=cfg.symmetric,
-                                      include=cfg.include, exclude=cfg.exclude)
-            drafter = quantize(drafter, rtn, None, float_dtype=ctx.stored_dtype())
+        elif cfg.needs_calibration:  # the same bytes without calibrating (GPTQ -> RTN codes)
+            drafter = quantize(drafter, cfg.sizing_config(), None, float_dtype=ctx.stored_dtype())
             continue
         drafter = apply_step(ctx, drafter, step)
     return int(stored_bytes(drafter, ctx.stored_dtype()))

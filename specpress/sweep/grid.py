@@ -56,7 +56,7 @@ class Step:
         """The step's compress config (QuantizeConfig or PruneConfig); ConfigError if it does not exist."""
         opts = dict(self.options)
         if self.kind == "quantize":
-            from specpress.models.quantized.configs import config_for
+            from specpress.models.quantized.scheme import config_for
 
             return config_for(opts["scheme"], opts.get("method"), group_size=opts.get("group_size"),
                               symmetric=opts.get("symmetric"), include=tuple(opts.get("include", ())),
@@ -71,7 +71,7 @@ class Step:
         return {k: int(opts.get(k, v)) for k, v in CALIB_DEFAULTS.items()}
 
     def label(self) -> str:
-        return quant_label(self.config()) if self.kind == "quantize" else prune_label(self.config())
+        return str(self.config().label()) if self.kind == "quantize" else prune_label(self.config())
 
 
 @dataclass(frozen=True)
@@ -94,24 +94,6 @@ BASE = Point(BASE_ID)
 
 def _pct(r: float) -> str:
     return f"{r * 100:g}"
-
-
-def quant_label(cfg: Any) -> str:
-    from specpress.models.quantized.configs import BnbConfig, Fp8WeightOnlyConfig, GPTQConfig
-
-    if isinstance(cfg, Fp8WeightOnlyConfig):
-        s = "fp8"
-    elif isinstance(cfg, BnbConfig):
-        s = cfg.quant_type + (f"-g{cfg.blocksize}" if cfg.blocksize else "") + ("-bnb" if cfg.quant_type == "int8"
-                                                                               else "")
-    else:
-        s = f"int{cfg.bits}" + (f"-g{cfg.group_size}" if cfg.group_size else "")
-        s += ("-gptq" if isinstance(cfg, GPTQConfig) else "") + ("" if cfg.symmetric else "-asym")
-    if cfg.include:
-        s += "-inc_" + "_".join(cfg.include)
-    if cfg.exclude:
-        s += "-exc_" + "_".join(cfg.exclude)
-    return s
 
 
 def prune_label(cfg: Any) -> str:
@@ -138,7 +120,9 @@ def _stage_options(kind: str, body: Any, where: str) -> list[tuple[tuple[str, An
     if kind == "quantize":
         allowed: Sequence[str] = QUANTIZE_FIELDS
         if "scheme" not in body:
-            raise ConfigError(f"{where}: a quantize stage needs `scheme` (int8, int4, nf4, fp4, fp8)")
+            from specpress.models.quantized.names import SCHEME_WORDS
+
+            raise ConfigError(f"{where}: a quantize stage needs `scheme` ({', '.join(SCHEME_WORDS)})")
     else:
         from dataclasses import fields
 

@@ -14,7 +14,8 @@ from specpress.models.drafter import build_drafter
 from specpress.models.drafter_io import load_drafter, save_drafter
 from specpress.models.eagle3 import Eagle3Config
 from specpress.models.quantized import bnb_cpu
-from specpress.models.quantized.modules import Bnb4bitLinear, quantized_modules
+from specpress.models.quantized.bnb import Bnb4bitLinear
+from specpress.models.quantized.modules import quantized_modules
 from specpress.models.target import TargetConfig, TargetModel
 from specpress.runtime.loop import speculative_generate
 from specpress.runtime.plain import decode_plain

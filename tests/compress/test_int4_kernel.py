@@ -15,7 +15,8 @@ from specpress.models.drafter import build_drafter
 from specpress.models.drafter_io import load_drafter, save_drafter
 from specpress.models.eagle3 import Eagle3Config
 from specpress.models.quantized import int4_cpu, primitives as P
-from specpress.models.quantized.modules import IntLinear, QuantizedLinear, quantized_modules
+from specpress.models.quantized.integer import IntLinear
+from specpress.models.quantized.modules import QuantizedLinear, quantized_modules
 from specpress.models.quantized.restore import replace_module
 from specpress.models.target import TargetConfig, TargetModel
 from specpress.runtime.loop import speculative_generate

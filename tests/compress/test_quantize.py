@@ -13,9 +13,10 @@ from specpress.compress.quantize.api import quantize, select_modules
 from specpress.compress.quantize.gptq import gptq_codes
 from specpress.errors import ConfigError, UsageError
 from specpress.models.quantized import primitives as P
-from specpress.models.quantized.configs import (BnbConfig, Fp8WeightOnlyConfig, GPTQConfig, IntWeightOnlyConfig,
-                                                config_for, config_from_dict)
-from specpress.models.quantized.modules import Bnb4bitLinear, Bnb8bitLinear, Fp8Linear, IntLinear
+from specpress.models.quantized.bnb import Bnb4bitLinear, Bnb8bitLinear, BnbConfig
+from specpress.models.quantized.fp8 import Fp8Linear, Fp8WeightOnlyConfig
+from specpress.models.quantized.integer import GPTQConfig, IntLinear, IntWeightOnlyConfig
+from specpress.models.quantized.scheme import config_for, config_from_dict
 
 SHAPES = [(64, 128), (96, 256), (256, 512)]
 
@@ -277,7 +278,7 @@ def test_config_words_and_round_trip():
 
 @pytest.mark.parametrize("args,match", [
     (("nf4", "gptq"), "use --method bnb"),
-    (("int4", "bnb"), "nf4, fp4 and int8"),
+    (("int4", "bnb"), "use --method rtn or gptq .*goes with --scheme int8, nf4, fp4"),
     (("fp8", "rtn", 32), "do not apply"),
     (("int8", "bnb", 64), "drop --group-size"),
     (("nf4", "bnb", 48), "blocksize must be one of"),

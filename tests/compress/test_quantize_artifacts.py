@@ -18,7 +18,8 @@ from specpress.compress.quantize.calibrate import DrafterCalibration
 from specpress.errors import CheckpointError, UsageError
 from specpress.models.drafter import build_drafter
 from specpress.models.drafter_io import load_drafter, save_drafter
-from specpress.models.quantized.modules import IntLinear, quantized_modules
+from specpress.models.quantized.integer import IntLinear
+from specpress.models.quantized.modules import quantized_modules
 from specpress.models.eagle3 import Eagle3Config
 from specpress.models.inspect import inspect_artifact
 from specpress.models.io import tensor_index

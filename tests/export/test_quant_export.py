@@ -35,7 +35,7 @@ def quantized_eagle(target, scheme, group, symmetric):
     from drafters_common import make, randomize
 
     from specpress.compress.quantize.api import quantize
-    from specpress.models.quantized.configs import config_for
+    from specpress.models.quantized.scheme import config_for
     from specpress.models.drafter import build_drafter
 
     base = make("eagle", target)  # intermediate 64: every Linear's K is a multiple of 16 and 32
@@ -110,7 +110,7 @@ def test_nf4_has_no_qdq_form(tmp_path, target):
 def test_bitsandbytes_int8_rows_become_qdq(tmp_path, target):
     pytest.importorskip("bitsandbytes")
     from specpress.compress.quantize.api import quantize
-    from specpress.models.quantized.configs import config_for
+    from specpress.models.quantized.scheme import config_for
 
     d = quantize(_float_eagle(target), config_for("int8", "bnb"))
     rep = export_onnx(d, tmp_path / "q", target=target)
@@ -121,7 +121,7 @@ def test_bitsandbytes_int8_rows_become_qdq(tmp_path, target):
 def test_integer_codes_are_stored_as_raw_bytes():
     from onnx import TensorProto, numpy_helper
 
-    from specpress.export.quant import _int_tensor
+    from specpress.export.quant.common import int_tensor as _int_tensor
 
     for elem, lo, hi, size in [(TensorProto.INT4, -8, 8, 8), (TensorProto.UINT4, 0, 16, 8),
                                (TensorProto.INT8, -128, 128, 15), (TensorProto.UINT8, 0, 256, 15)]:

@@ -31,7 +31,7 @@ def test_per_row_scales_are_per_axis_and_groups_blocked(tmp_path, target, scheme
 
     from specpress.compress.quantize.api import quantize
     from specpress.models.drafter import build_drafter
-    from specpress.models.quantized.configs import config_for
+    from specpress.models.quantized.scheme import config_for
 
     base = make("eagle", target)  # intermediate 64: every Linear's K is a multiple of 16
     d = randomize(build_drafter(dataclasses.replace(base.config, intermediate_size=64)), 1).attach_target(target)

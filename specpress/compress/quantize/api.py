@@ -1,8 +1,11 @@
 """`quantize(model, config, calibration=None) -> model`: the one verb, dispatched on the config's type.
 
-    from specpress.compress.quantize import IntWeightOnlyConfig, GPTQConfig, quantize
-    quantize(drafter, IntWeightOnlyConfig(bits=4, group_size=64))
-    quantize(drafter, GPTQConfig(bits=4), calibration=DrafterCalibration(target, drafter, sampler))
+    from specpress.compress.quantize import config_for, quantize
+    quantize(drafter, config_for("int4", group_size=64))
+    quantize(drafter, config_for("int4", "gptq"), calibration=DrafterCalibration(target, drafter, sampler))
+
+The config's scheme (specpress/models/quantized/scheme.py) checks the layers and, for calibration-free
+configs, quantizes them; calibrated methods are registered by config type (handlers.py).
 
 Which modules: every nn.Linear of the drafter, except (reported in the step's `skipped`)
   - a draft `lm_head` (EAGLE-3's reduced-vocab head, an lm drafter's own head): full precision unless
@@ -24,110 +27,21 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import torch
 from torch import nn
 
-from specpress.compress.quantize.gptq import ForwardLoop, call_groups, collect_hessians, gptq_codes
+from specpress.compress.quantize import gptq  # noqa: F401  (registers the GPTQ handler)
+from specpress.compress.quantize.handlers import ForwardLoop, handler_for
 from specpress.errors import ConfigError, UsageError
 from specpress.models.quantized import primitives as P
-from specpress.models.quantized.configs import (BNB_BLOCKSIZES, BnbConfig, Fp8WeightOnlyConfig, GPTQConfig,
-                                                IntWeightOnlyConfig, QuantizeConfig)
-from specpress.models.quantized.modules import (Bnb4bitLinear, Bnb8bitLinear, Fp8Linear, IntLinear, import_bnb,
-                                                quantized_modules)
+from specpress.models.quantized.configs import QuantizeConfig
+from specpress.models.quantized.modules import quantized_modules
 from specpress.models.quantized.restore import active_quantize_step, quantized_keys, replace_module
+from specpress.models.quantized.scheme import scheme_of
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-# ----------------------------------------------------------------------------------------------
-# Handler registry
-# ----------------------------------------------------------------------------------------------
-
-Quantizer = Callable[[nn.Module, list[str], Any, "ForwardLoop | None", list[str]], None]
-# (model, names, config, calibration, notes) -> None; replaces the named Linears. Loading them back is
-# models/quantized/restore.py's (one restorer per config type).
-
-_HANDLERS: dict[type, Quantizer] = {}
-
-
-def register_handler(config_cls: type[QuantizeConfig]) -> Callable[[Quantizer], Quantizer]:
-    """Decorator: the quantizer for configs of exactly `config_cls` (registering one twice is an error)."""
-
-    def deco(fn: Quantizer) -> Quantizer:
-        if config_cls in _HANDLERS:
-            raise ValueError(f"a quantize handler for {config_cls.__name__} is already registered")
-        _HANDLERS[config_cls] = fn
-        return fn
-
-    return deco
-
-
-def handler_for(config: QuantizeConfig) -> Quantizer:
-    try:
-        return _HANDLERS[type(config)]
-    except KeyError:
-        known = ", ".join(sorted(c.__name__ for c in _HANDLERS))
-        raise ConfigError(f"no quantize handler for {type(config).__name__}; known configs: {known}") from None
-
-
-@register_handler(IntWeightOnlyConfig)
-def _rtn(model: nn.Module, names: list[str], config: IntWeightOnlyConfig, calibration: ForwardLoop | None,
-         notes: list[str]) -> None:
-    for name in names:
-        lin = model.get_submodule(name)
-        q, s, z = P.quantize_int(lin.weight.detach(), config.bits, config.group_size, config.symmetric)
-        replace_module(model, name, IntLinear.from_codes(lin, q, s, z, bits=config.bits, group_size=config.group_size,
-                                                         symmetric=config.symmetric))
-
-
-@register_handler(GPTQConfig)
-def _gptq(model: nn.Module, names: list[str], config: GPTQConfig, calibration: ForwardLoop | None,
-          notes: list[str]) -> None:
-    assert calibration is not None
-    groups, uncalled = call_groups(model, names, calibration)
-    if uncalled:
-        notes.append(f"gptq: {', '.join(uncalled)} never ran in the calibration forward: rounded to nearest")
-        _rtn(model, uncalled, config, None, notes)
-    if not config.sequential:
-        hs = collect_hessians(model, [g[0] for g in groups], calibration)
-    thin = []
-    for group in groups:
-        h, rows = collect_hessians(model, [group[0]], calibration)[group[0]] if config.sequential else hs[group[0]]
-        k = model.get_submodule(group[0]).in_features
-        if rows < 2 * k:
-            thin.append(f"{'/'.join(group)} ({rows} rows for {k} inputs)")
-        for name in group:
-            lin = model.get_submodule(name)
-            q, s, z = gptq_codes(lin.weight, h, bits=config.bits, group_size=config.group_size,
-                                 symmetric=config.symmetric, damp=config.damp, block_size=config.block_size)
-            replace_module(model, name, IntLinear.from_codes(lin, q, s, z, bits=config.bits,
-                                                             group_size=config.group_size, symmetric=config.symmetric))
-    if thin:
-        notes.append(f"gptq: few calibration rows for {', '.join(thin)}; with fewer than 2x in_features rows the "
-                     f"codes can overfit the calibration windows: give more --calib-batches / --seq-len")
-
-
-@register_handler(BnbConfig)
-def _bnb(model: nn.Module, names: list[str], config: BnbConfig, calibration: ForwardLoop | None,
-         notes: list[str]) -> None:
-    for name in names:
-        lin = model.get_submodule(name)
-        new = Bnb8bitLinear.from_linear(lin) if config.quant_type == "int8" else \
-            Bnb4bitLinear.from_linear(lin, config.quant_type, config.blocksize)  # type: ignore[arg-type]
-        replace_module(model, name, new)
-    if config.quant_type == "int8":
-        notes.append("bnb int8 is weight-only here: computed by dequantising (bitsandbytes int8_vectorwise_dequant)")
-
-
-@register_handler(Fp8WeightOnlyConfig)
-def _fp8(model: nn.Module, names: list[str], config: Fp8WeightOnlyConfig, calibration: ForwardLoop | None,
-         notes: list[str]) -> None:
-    for name in names:
-        replace_module(model, name, Fp8Linear.from_linear(model.get_submodule(name)))
-    notes.append("fp8: weights stored as float8_e4m3fn and computed by dequantising to the activation dtype "
-                 "(no native fp8 matmul is used, on any device)")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -168,15 +82,6 @@ def select_modules(model: nn.Module, config: QuantizeConfig) -> tuple[list[str],
     return chosen, skipped
 
 
-def _suggest_group_size(ks: list[int], wanted: int) -> int:
-    g = math.gcd(*ks)
-    best = 1
-    for cand in range(2, min(g, wanted) + 1, 2):
-        if g % cand == 0:
-            best = cand
-    return best
-
-
 def check_quantizable(model: nn.Module, names: list[str], config: QuantizeConfig) -> None:
     """Raise a clear error for a layer / platform this config cannot handle (before touching anything)."""
     for n in names:
@@ -184,40 +89,7 @@ def check_quantizable(model: nn.Module, names: list[str], config: QuantizeConfig
         if w.dtype not in FLOAT_DTYPES:
             raise UsageError(f"{n}: weight dtype {w.dtype} cannot be quantized; load the drafter in fp32, bf16 or "
                              f"fp16")
-    if isinstance(config, IntWeightOnlyConfig):
-        ks = [model.get_submodule(n).in_features for n in names]
-        g = config.group_size
-        for n, k in zip(names, ks):
-            if g is not None and k % g:
-                raise ConfigError(f"group size {g} does not divide {n}'s in_features {k}; use --group-size "
-                                  f"{_suggest_group_size(ks, g)} (divides every quantized layer) or --exclude {n}")
-            if config.bits == 4 and k % 2:
-                raise ConfigError(f"{n}: in_features {k} is odd; int4 packs two codes per byte ({n} can be excluded)")
-    if isinstance(config, BnbConfig) and config.blocksize is not None:
-        # bitsandbytes 0.50's CPU dequantize_4bit kernel walks blocks row by row: a block that crosses a
-        # row end decodes wrongly (SQNR ~10 dB instead of ~20), so blocks must tile each row.
-        ks = [model.get_submodule(n).in_features for n in names]
-        for n, k in zip(names, ks):
-            if k % config.blocksize:
-                ok = [b for b in BNB_BLOCKSIZES if all(kk % b == 0 for kk in ks)]
-                fix = f"use --group-size {ok[-1]} or --exclude {n}" if ok else \
-                    f"no bitsandbytes block size divides every layer: --exclude {n}"
-                raise ConfigError(f"bitsandbytes block size {config.blocksize} does not divide {n}'s in_features "
-                                  f"{k} (blocks must tile each row); {fix}")
-    if isinstance(config, Fp8WeightOnlyConfig) and not hasattr(torch, "float8_e4m3fn"):
-        raise UsageError(f"this torch ({torch.__version__}) has no float8_e4m3fn dtype; fp8 needs torch >= 2.1")
-    if isinstance(config, BnbConfig) and names:
-        bnb = import_bnb()
-        w = model.get_submodule(names[0]).weight
-        probe = torch.randn(4, 64, dtype=w.dtype, device=w.device)
-        try:
-            if config.quant_type == "int8":
-                bnb.functional.int8_vectorwise_quant(probe)
-            else:
-                bnb.functional.quantize_4bit(probe, blocksize=config.blocksize, quant_type=config.quant_type)
-        except (RuntimeError, NotImplementedError, ValueError) as exc:
-            raise UsageError(f"bitsandbytes {config.quant_type} cannot run on {w.device} with {w.dtype} weights here "
-                             f"({exc}); try --scheme int4/int8 (torch-only) or another dtype/device") from None
+    scheme_of(config).check(model, names, config)
 
 
 # ----------------------------------------------------------------------------------------------

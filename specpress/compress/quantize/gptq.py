@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Callable
-
 import torch
 from torch import Tensor, nn
 
+from specpress.compress.quantize.handlers import ForwardLoop, register_handler
 from specpress.errors import UsageError
 from specpress.models.quantized import primitives as P
-
-ForwardLoop = Callable[[nn.Module], None]
+from specpress.models.quantized.integer import GPTQConfig, IntLinear, quantize_rtn
+from specpress.models.quantized.restore import replace_module
 
 
 def gptq_codes(w: Tensor, h: Tensor, *, bits: int, group_size: int | None, symmetric: bool, damp: float = 0.01,
@@ -155,3 +155,31 @@ def collect_hessians(model: nn.Module, names: list[str], forward_loop: ForwardLo
         for hd in handles:
             hd.remove()
     return {n: (a.value(), a.rows) for n, a in acc.items() if a.rows}
+
+
+@register_handler(GPTQConfig)
+def quantize_gptq(model: nn.Module, names: list[str], config: GPTQConfig, calibration: ForwardLoop | None,
+                  notes: list[str]) -> None:
+    """GPTQ codes for the named Linears, group by group (q/k/v share a Hessian, as do gate/up)."""
+    assert calibration is not None
+    groups, uncalled = call_groups(model, names, calibration)
+    if uncalled:
+        notes.append(f"gptq: {', '.join(uncalled)} never ran in the calibration forward: rounded to nearest")
+        quantize_rtn(model, uncalled, config, notes)
+    if not config.sequential:
+        hs = collect_hessians(model, [g[0] for g in groups], calibration)
+    thin = []
+    for group in groups:
+        h, rows = collect_hessians(model, [group[0]], calibration)[group[0]] if config.sequential else hs[group[0]]
+        k = model.get_submodule(group[0]).in_features
+        if rows < 2 * k:
+            thin.append(f"{'/'.join(group)} ({rows} rows for {k} inputs)")
+        for name in group:
+            lin = model.get_submodule(name)
+            q, s, z = gptq_codes(lin.weight, h, bits=config.bits, group_size=config.group_size,
+                                 symmetric=config.symmetric, damp=config.damp, block_size=config.block_size)
+            replace_module(model, name, IntLinear.from_codes(lin, q, s, z, bits=config.bits,
+                                                             group_size=config.group_size, symmetric=config.symmetric))
+    if thin:
+        notes.append(f"gptq: few calibration rows for {', '.join(thin)}; with fewer than 2x in_features rows the "
+                     f"codes can overfit the calibration windows: give more --calib-batches / --seq-len")

@@ -118,7 +118,7 @@ def fused_notes(quantized: set[str], linears: dict[str, tuple[int, int]]) -> lis
 
 
 def _quantized(step: dict[str, Any] | None, weights: dict[str, Tensor]) -> dict[str, dict[str, Tensor]]:
-    """Quantized Linear name -> its stored tensors (modules.py keys, bias excluded)."""
+    """Quantized Linear name -> its stored tensors (its scheme's keys, bias excluded)."""
     if step is None:
         return {}
     out = {}

@@ -1,0 +1,49 @@
+"""The quantization schemes by name, without torch: the CLI's choices and `--help` read this table.
+
+Each entry is one scheme *word* as users type it (`--scheme int4`, recipe `scheme: int4`): the methods
+that word accepts (the first is the default), the module that implements it (imported only when a
+scheme is used: it registers its `Scheme` descriptor, models/quantized/scheme.py) and a line for help.
+A word may be answered by more than one module (`int8` by integer codes, and by bitsandbytes with
+`--method bnb`): each (word, method) pair belongs to exactly one module, which tests/compress/
+test_schemes.py checks against the registry.
+
+Adding a scheme: its file under specpress/models/quantized/ (config, module, restore, registration)
+and its row here; its ONNX lowering registers itself from specpress/export/quant/.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SchemeName:
+    word: str  # --scheme WORD
+    methods: dict[str, str]  # method word -> the module (specpress.models.quantized.<file>) answering it
+    help: str  # one line: what it stores and who deploys it
+
+    @property
+    def default_method(self) -> str:
+        return next(iter(self.methods))
+
+
+_Q = "specpress.models.quantized."
+NAMES: tuple[SchemeName, ...] = (
+    SchemeName("int8", {"rtn": _Q + "integer", "gptq": _Q + "integer", "bnb": _Q + "bnb"},
+               "int8 codes, one scale per output channel (W8A16; vLLM Marlin)"),
+    SchemeName("int4", {"rtn": _Q + "integer", "gptq": _Q + "integer"},
+               "int4 codes in groups along the input (W4A16; vLLM Marlin/Machete, TensorRT-LLM)"),
+    SchemeName("nf4", {"bnb": _Q + "bnb"}, "bitsandbytes NF4 blocks (HF transformers' 4-bit loading)"),
+    SchemeName("fp4", {"bnb": _Q + "bnb"}, "bitsandbytes FP4 blocks"),
+    SchemeName("fp8", {"rtn": _Q + "fp8"}, "float8 e4m3 weights, one scale per output channel (W8A16-FP8)"),
+)
+
+BY_WORD: dict[str, SchemeName] = {n.word: n for n in NAMES}
+SCHEME_WORDS: tuple[str, ...] = tuple(BY_WORD)
+METHOD_WORDS: tuple[str, ...] = tuple(dict.fromkeys(m for n in NAMES for m in n.methods))
+MODULES: tuple[str, ...] = tuple(dict.fromkeys(mod for n in NAMES for mod in n.methods.values()))
+
+
+def schemes_help() -> str:
+    """One line per scheme word, for --help."""
+    return "; ".join(f"{n.word}: {n.help} [methods {', '.join(n.methods)}]" for n in NAMES)

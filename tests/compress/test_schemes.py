@@ -1,0 +1,138 @@
+"""The scheme registry: its rules, and every registered scheme through every consumer.
+
+Each (scheme word, method) pair names.py lists runs through the CLI as a user would: quantize (with the
+target and data, so calibrated methods calibrate) -> inspect -> bench (lossless against plain decoding)
+-> export onnx (validated against torch by the exporter) -> bench on the export with onnxruntime. A
+scheme added later is covered by adding its file and its row in names.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+from drafters_common import V, randomize, save_with_tokenizer
+
+from specpress.cli import cli
+from specpress.errors import ConfigError
+from specpress.models.drafter import build_drafter
+from specpress.models.drafter_io import load_drafter, save_drafter
+from specpress.models.eagle3 import Eagle3Config
+from specpress.models.quantized import names as N
+from specpress.models.quantized import scheme as S
+from specpress.models.quantized.modules import quantized_modules
+from specpress.models.target import TargetConfig, TargetModel
+
+# every Linear's in_features (fc 192, q/k/v and down 128, o / gate / up / head 64) is a multiple of 64, so
+# each scheme's default group or block size applies
+WIDE = dict(vocab_size=V, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+            max_position_embeddings=128)
+PAIRS = [(n.word, m) for n in N.NAMES for m in n.methods]
+
+
+def test_names_table_is_the_registry():
+    """names.py (torch-free, the CLI's choices) and the registered schemes answer the same pairs, each pair
+    one scheme, registered from the file names.py gives it."""
+    S.load_all()
+    registered = {(w, m): s for s in S.schemes() for w, ms in s.words.items() for m in ms}
+    assert set(registered) == set(PAIRS)
+    for word, method in PAIRS:
+        scheme, _ = S.for_words(word, method)
+        assert scheme is registered[word, method]
+        assert N.BY_WORD[word].methods[method] == scheme.make_config.__module__
+        cfg = S.config_for(word, method)
+        assert S.scheme_of(cfg) is scheme and cfg.scheme == word and cfg.method == method
+        assert S.config_from_dict(cfg.to_dict()) == cfg
+        assert cfg.label() and 0 < scheme.tolerance < 1
+
+
+def test_every_scheme_lowers_to_onnx():
+    from specpress.export.quant import load_lowerings
+
+    load_lowerings()
+    assert [s.name for s in S.schemes() if S.facet("onnx", s) is None] == []
+
+
+def test_registration_fails_loudly():
+    s = S.schemes()[0]
+    with pytest.raises(ValueError, match="registered twice"):
+        S.register_scheme(s)
+    with pytest.raises(ValueError, match="names.py does not list"):
+        S.register_scheme(S.Scheme(name="toy", words={"int4": ("toy",)}, configs=(), modules=(),
+                                   make_config=s.make_config, quantize=s.quantize, restore=s.restore, tolerance=0.1))
+    with pytest.raises(ValueError, match="names.py gives --scheme int8 --method rtn to"):
+        S.register_scheme(S.Scheme(name="toy", words={"int8": ("rtn",)}, configs=(), modules=(),
+                                   make_config=lambda w, m, x: None, quantize=s.quantize, restore=s.restore,
+                                   tolerance=0.1))
+    with pytest.raises(ValueError, match="facet of scheme 'toy' is registered twice"):
+        S.register_facet("onnx", "toy")(object())
+        S.register_facet("onnx", "toy")(object())
+    with pytest.raises(ConfigError, match="unknown scheme 'int3'; choose one of int8, int4"):
+        S.config_for("int3")
+    with pytest.raises(ConfigError, match="unknown quantize config 'awq'; known: .*gptq"):
+        S.config_from_dict({"name": "awq"})
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """(target dir with a tokenizer, data file, an EAGLE-3 drafter dir, prompts file), made once."""
+    tmp = tmp_path_factory.mktemp("schemes")
+    torch.manual_seed(0)
+    target = randomize(TargetModel(TargetConfig(**WIDE, num_hidden_layers=8, eos_token_id=0)), 0)
+    with torch.no_grad():
+        target.lm_head.weight[1] *= 25.0  # a target that favours token 1, so a random drafter gets drafts accepted
+    tdir, data = save_with_tokenizer(target, tmp)
+    d = randomize(build_drafter(Eagle3Config(**WIDE, draft_vocab_size=24)), 1).attach_target(target)
+    d.set_draft_vocab(torch.arange(24))
+    with torch.no_grad():
+        d.lm_head.weight[1] *= 25.0
+    ddir = save_drafter(d, tmp / "eagle3")
+    prompts = tmp / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"input_ids": p}) for p in ([5, 9, 13, 2], [30, 31, 32])) + "\n")
+    return tdir, data, ddir, prompts, target
+
+
+def _ok(res) -> str:
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    return res.output
+
+
+@pytest.mark.parametrize("word,method", PAIRS, ids=[f"{w}-{m}" for w, m in PAIRS])
+def test_every_scheme_through_every_consumer(word, method, wide, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECPRESS_CACHE", str(tmp_path / "cache"))
+    tdir, data, ddir, prompts, target = wide
+    run = CliRunner().invoke
+    q = tmp_path / "q"
+    out = _ok(run(cli, ["quantize", "--drafter", str(ddir), "--out", str(q), "--scheme", word, "--method", method,
+                        "--include", "lm_head", "--target", str(tdir), "--data", str(data), "--seq-len", "16",
+                        "--batch", "2", "--calib-batches", "2", "--eval-batches", "1"]))
+    assert "acc@k after" in out
+    cfg = S.config_for(word, method, include=("lm_head",))
+    d = load_drafter(q, target)
+    step = d.provenance[-1]
+    assert S.config_from_dict(step["config"]) == cfg and step["scheme"] == word and step["method"] == method
+    mods = quantized_modules(d)
+    assert set(mods) == set(step["quantized"]) and "lm_head" in mods
+    assert all(isinstance(m, S.scheme_of(cfg).modules) for m in mods.values())
+    assert step["bytes_after"] < step["bytes_before"]
+
+    info = json.loads(_ok(run(cli, ["inspect", str(q), "--json"])))
+    assert info["quantization"]["scheme"] == word and info["bytes"] <= step["bytes_after"] + 1024
+    assert cfg.storage_label() in _ok(run(cli, ["inspect", str(q)]))
+
+    res = tmp_path / "bench.json"
+    _ok(run(cli, ["bench", "--target", str(tdir), "--drafter", str(q), "--prompts", str(prompts),
+                  "--max-new-tokens", "12", "--policy", "chain:3", "--json", str(res)]))
+    torch_run = json.loads(res.read_text())
+    assert torch_run["lossless_mismatches"] == 0 and torch_run["tau"] >= 1.0
+
+    onnx_dir = tmp_path / "onnx"
+    out = _ok(run(cli, ["export", "onnx", "--drafter", str(q), "--target", str(tdir), "--out", str(onnx_dir)]))
+    manifest = json.loads((onnx_dir / "manifest.json").read_text())
+    assert manifest["quantization"]["schemes"] == [word]
+    assert manifest["quantization"]["tolerances"] == {word: S.scheme_of(cfg).tolerance}
+    _ok(run(cli, ["bench", "--target", str(tdir), "--drafter", str(onnx_dir), "--backend", "onnxruntime",
+                  "--prompts", str(prompts), "--max-new-tokens", "12", "--policy", "chain:3", "--json", str(res)]))
+    assert json.loads(res.read_text())["lossless_mismatches"] == 0
