@@ -28,6 +28,18 @@ def _fmt(n: int) -> str:
 @click.option("--group-size", type=click.IntRange(min=1),
               help="Inputs per scale: int4 / nf4 / fp4 [64]; int8 [per output channel].")
 @click.option("--symmetric/--asymmetric", default=None, help="Integer zero points  [default: symmetric]")
+@click.option("--activations", type=click.Choice(["none", "dynamic", "static"]),
+              help="What happens to the activations entering each quantized Linear: none (weight-only), dynamic "
+                   "(scales computed per token / per block at run time) or static (one calibrated input_scale per "
+                   "Linear)  [default: the form engines deploy for the scheme; see above]")
+@click.option("--act-calibration", metavar="max|percentile:P|mse|fixed:V|weights",
+              help="How static input scales are found: the largest |x| seen, its P-th percentile, the amax "
+                   "minimizing fake-quantization MSE, a fixed amax V (no data; Model Optimizer's drafter script "
+                   "uses 448 for fp8), or the layer's weight amax (no data)  [default: max]")
+@click.option("--calib-inputs", default="rounds", show_default=True, metavar="rounds[:POLICY]|first-step",
+              help="What calibration runs the drafter on: real speculative rounds over --target (every tree level "
+                   "and fed-back hidden state; POLICY defaults to the family's) or the teacher-forced first step "
+                   "only (what TensorRT Edge-LLM calibrates on).")
 @click.option("--include", help="Optional modules to quantize too, comma-separated (e.g. lm_head).")
 @click.option("--exclude", help="Modules to keep in full precision, comma-separated (e.g. fc,down_proj).")
 @click.option("--target", "target_dir", type=click.Path(path_type=Path),
@@ -49,7 +61,8 @@ def _fmt(n: int) -> str:
               help="Batches for the before/after agreement.")
 @click.option("--seed", type=int, default=0, show_default=True)
 def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, group_size: int | None,
-             symmetric: bool | None, include: str | None, exclude: str | None, target_dir: Path | None,
+             symmetric: bool | None, activations: str | None, act_calibration: str | None, calib_inputs: str,
+             include: str | None, exclude: str | None, target_dir: Path | None,
              data_path: Path | None, dequantize_out: bool, float_dtype: str, force: bool, calib_batches: int,
              batch: int, seq_len: int,
              eval_batches: int, seed: int) -> None:
@@ -95,7 +108,7 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
     from specpress.models.quantized.scheme import config_for, config_from_dict
 
     config = config_for(scheme, method, group_size=group_size, symmetric=symmetric, include=_names(include),
-                        exclude=_names(exclude))
+                        exclude=_names(exclude), activations=activations, act_calibration=act_calibration)
     with claim_output(out, force=force, inputs={"--drafter": drafter_dir, "--target": target_dir,
                                                 "--data": data_path}):
         if target_dir is not None:
@@ -103,7 +116,7 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
         rep = quantize_from_dirs(drafter_dir, config, out, target_dir=target_dir, data_path=data_path,
                                  dequantize_out=dequantize_out, force=force, calib_batches=calib_batches,
                                  batch=batch, seq_len=seq_len, seed=seed, eval_batches=eval_batches,
-                                 float_dtype=float_dtype)
+                                 float_dtype=float_dtype, calib_inputs=calib_inputs)
     s = rep.step
     what = f"{config_from_dict(s['config']).storage_label()}, method {s['method']}"
     click.echo(f"{rep.family} drafter quantized ({what}): {len(s['quantized'])} Linears -> {rep.out}"

@@ -338,7 +338,7 @@ def sizing_bytes(ctx: Any, point: Point, drafter: Any) -> int:
             if cfg.structural:
                 opts["importance"] = "magnitude"
             step = Step("prune", tuple(opts.items()))
-        elif cfg.needs_calibration:  # the same bytes without calibrating (GPTQ -> RTN codes)
+        elif cfg.needs_data():  # the same bytes without calibrating (GPTQ -> RTN codes, scales fixed)
             drafter = quantize(drafter, cfg.sizing_config(), None, float_dtype=ctx.stored_dtype())
             continue
         drafter = apply_step(ctx, drafter, step)

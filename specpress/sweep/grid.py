@@ -26,10 +26,11 @@ from specpress.errors import ConfigError
 
 BASE_ID = "base"
 STAGES = ("quantize", "prune")
-QUANTIZE_FIELDS = ("scheme", "method", "group_size", "symmetric", "include", "exclude", "calib_batches", "batch",
-                   "seq_len")
+QUANTIZE_FIELDS = ("scheme", "method", "group_size", "symmetric", "activations", "act_calibration", "include",
+                   "exclude", "calib_batches", "batch", "seq_len", "calib_inputs")
 NAME_LISTS = ("include", "exclude")  # quantize fields whose list value is one setting, not a product axis
 CALIB_DEFAULTS = {"calib_batches": 8, "batch": 4, "seq_len": 128}  # as `specpress quantize`
+CALIB_INPUTS = "rounds"  # as `specpress quantize --calib-inputs`
 ENTRY_KEYS = ("id", "quantize", "prune", "chain")
 _ID_OK = re.compile(r"[^A-Za-z0-9._+-]")
 
@@ -60,18 +61,32 @@ class Step:
 
             return config_for(opts["scheme"], opts.get("method"), group_size=opts.get("group_size"),
                               symmetric=opts.get("symmetric"), include=tuple(opts.get("include", ())),
-                              exclude=tuple(opts.get("exclude", ())))
+                              exclude=tuple(opts.get("exclude", ())), activations=opts.get("activations"),
+                              act_calibration=_str_or_none(opts.get("act_calibration")))
         from specpress.compress.prune import PruneConfig
 
         return PruneConfig.from_dict(opts)
 
     def calibration(self) -> dict[str, int]:
-        """Calibration windows of a quantize step (used by calibrated methods: gptq)."""
+        """Calibration windows of a quantize step (used by configs that need data: gptq, static scales)."""
         opts = dict(self.options)
         return {k: int(opts.get(k, v)) for k, v in CALIB_DEFAULTS.items()}
 
+    def calib_inputs(self) -> str:
+        """What a quantize step calibrates on (`rounds[:POLICY]` or `first-step`, as `quantize --calib-inputs`)."""
+        return str(dict(self.options).get("calib_inputs", CALIB_INPUTS))
+
     def label(self) -> str:
-        return str(self.config().label()) if self.kind == "quantize" else prune_label(self.config())
+        if self.kind == "prune":
+            return prune_label(self.config())
+        cfg, s = self.config(), str(self.config().label())
+        if cfg.needs_data():  # calibration settings that change the result, when not the defaults
+            opts = dict(self.options)
+            s += "".join(f"-{tag}{opts[k]}" for k, tag in (("calib_batches", "cb"), ("seq_len", "sl"), ("batch", "bt"))
+                         if k in opts and opts[k] != CALIB_DEFAULTS[k])
+            if self.calib_inputs() != CALIB_INPUTS:
+                s += "-" + ("fs" if self.calib_inputs() == "first-step" else self.calib_inputs().replace(":", "_"))
+        return s
 
 
 @dataclass(frozen=True)
@@ -90,6 +105,10 @@ class Point:
 
 
 BASE = Point(BASE_ID)
+
+
+def _str_or_none(v: Any) -> str | None:
+    return None if v is None else str(v)
 
 
 def _pct(r: float) -> str:

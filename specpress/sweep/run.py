@@ -47,7 +47,7 @@ def artifact_key(ctx: SweepContext, point: Point) -> dict[str, Any]:
 
 def _uses_calibration(step: Step) -> bool:
     cfg = step.config()
-    return cfg.needs_data() if step.kind == "prune" else bool(cfg.needs_calibration)
+    return bool(cfg.needs_data())
 
 
 def point_dir(out: Path, point: Point) -> Path:
@@ -67,17 +67,18 @@ def apply_step(ctx: SweepContext, drafter: Any, step: Step) -> Any:
     from specpress.compress.quantize.api import quantize, update_step
 
     calibration = None
-    if cfg.needs_calibration:
+    if cfg.needs_data():
         from specpress.compress.data import WindowSampler
-        from specpress.compress.quantize.calibrate import DrafterCalibration
+        from specpress.compress.quantize.calibrate import calibration_loop
 
         c = step.calibration()
         sampler = WindowSampler(ctx.stream(ctx.recipe.calibration), c["seq_len"], c["batch"], ctx.recipe.seed)
-        calibration = DrafterCalibration(ctx.target, drafter, sampler, c["calib_batches"])
+        calibration = calibration_loop(step.calib_inputs(), ctx.target, drafter, sampler, c["calib_batches"])
     quantize(drafter, cfg, calibration, float_dtype=ctx.stored_dtype())
     if calibration is not None:
         update_step(drafter, calibration={"data": source, "windows": calibration.windows,
-                                          "tokens": calibration.tokens, "seed": ctx.recipe.seed})
+                                          "tokens": calibration.tokens, "seed": ctx.recipe.seed,
+                                          "inputs": step.calib_inputs()})
     return drafter
 
 

@@ -14,8 +14,8 @@ from specpress.compress.quantize.gptq import gptq_codes
 from specpress.errors import ConfigError, UsageError
 from specpress.models.quantized import primitives as P
 from specpress.models.quantized.bnb import Bnb4bitLinear, Bnb8bitLinear, BnbConfig
-from specpress.models.quantized.fp8 import Fp8Linear, Fp8WeightOnlyConfig
-from specpress.models.quantized.integer import GPTQConfig, IntLinear, IntWeightOnlyConfig
+from specpress.models.quantized.fp8 import Fp8Linear, Fp8Config
+from specpress.models.quantized.integer import GPTQConfig, IntLinear, IntConfig
 from specpress.models.quantized.scheme import config_for, config_from_dict
 
 SHAPES = [(64, 128), (96, 256), (256, 512)]
@@ -218,7 +218,7 @@ def test_gptq_beats_rtn_on_correlated_inputs(bits, group_size, symmetric):
     base = nn.Sequential(linear(weight((64, 256))), nn.ReLU(), linear(weight((32, 64), 1)))
     ref = base(x)
     errs = {}
-    for cfg in (IntWeightOnlyConfig(bits=bits, group_size=group_size, symmetric=symmetric),
+    for cfg in (IntConfig(bits=bits, group_size=group_size, symmetric=symmetric),
                 GPTQConfig(bits=bits, group_size=group_size, symmetric=symmetric)):
         m = quantize(_copy(base), cfg, calibration=lambda mod: mod(x))
         errs[cfg.method] = (m(x) - ref).pow(2).mean().item()
@@ -261,19 +261,20 @@ def test_gptq_needs_calibration():
 
 
 def test_config_words_and_round_trip():
-    assert config_for("int4") == IntWeightOnlyConfig(bits=4, group_size=64, symmetric=True)
-    assert config_for("int8") == IntWeightOnlyConfig(bits=8, group_size=None)
+    assert config_for("int4") == IntConfig(bits=4, group_size=64, symmetric=True)
+    assert config_for("int8") == IntConfig(bits=8, group_size=None)
     assert config_for("nf4") == BnbConfig(quant_type="nf4", blocksize=64)
     assert config_for("int8", "bnb") == BnbConfig(quant_type="int8", blocksize=None)
-    assert config_for("fp8") == Fp8WeightOnlyConfig()
+    assert config_for("fp8") == Fp8Config(activations="dynamic")
+    assert config_for("fp8", activations="none") == Fp8Config()
     assert config_for("int4", "gptq", group_size=32, symmetric=False, include=("lm_head",)) == \
         GPTQConfig(bits=4, group_size=32, symmetric=False, include=("lm_head",))
     for c in (config_for("int4", "gptq"), config_for("fp4"), config_for("fp8", exclude=("fc",))):
         assert config_from_dict(c.to_dict()) == c
     with pytest.raises(ConfigError, match="unknown key.*'bitz'"):
         config_from_dict({**config_for("int4").to_dict(), "bitz": 3})
-    with pytest.raises(ConfigError, match="known: bnb, fp8, gptq, int"):
-        config_from_dict({"name": "awq"})
+    with pytest.raises(ConfigError, match="known: awq, bnb, fp8, gptq, int"):
+        config_from_dict({"name": "hqq"})
 
 
 @pytest.mark.parametrize("args,match", [
@@ -292,20 +293,20 @@ def test_bad_scheme_combinations(args, match):
 def test_bad_layers_are_named():
     model = nn.Sequential(nn.Linear(96, 32), nn.Linear(32, 40))
     with pytest.raises(ConfigError, match=r"does not divide 0's in_features 96; use --group-size 32"):
-        quantize(_copy(model), IntWeightOnlyConfig(bits=4, group_size=64))
+        quantize(_copy(model), IntConfig(bits=4, group_size=64))
     with pytest.raises(ConfigError, match=r"bitsandbytes block size 64 does not divide 0's in_features 96.*"
                                           r"--group-size 32"):
         quantize(_copy(model), BnbConfig(quant_type="nf4", blocksize=64))
     with pytest.raises(ConfigError, match="matches no Linear.*0, 1"):
-        select_modules(model, IntWeightOnlyConfig(include=("lm_head",)))
+        select_modules(model, IntConfig(include=("lm_head",)))
     with pytest.raises(UsageError, match="cannot be quantized"):
         quantize(_copy(model).double(), BnbConfig(quant_type="nf4", blocksize=32))
-    q = quantize(_copy(model), IntWeightOnlyConfig(bits=8, group_size=None))
+    q = quantize(_copy(model), IntConfig(bits=8, group_size=None))
     with pytest.raises(UsageError, match="already quantized"):
-        quantize(q, IntWeightOnlyConfig(bits=4, group_size=32))
+        quantize(q, IntConfig(bits=4, group_size=32))
 
 
 def test_fp8_without_torch_support_is_refused(monkeypatch):
     monkeypatch.delattr(torch, "float8_e4m3fn")
     with pytest.raises(UsageError, match="no float8_e4m3fn"):
-        quantize(nn.Sequential(nn.Linear(32, 8)), Fp8WeightOnlyConfig())
+        quantize(nn.Sequential(nn.Linear(32, 8)), Fp8Config())

@@ -71,8 +71,8 @@ def test_registration_fails_loudly():
         S.register_facet("onnx", "toy")(object())
     with pytest.raises(ConfigError, match="unknown scheme 'int3'; choose one of int8, int4"):
         S.config_for("int3")
-    with pytest.raises(ConfigError, match="unknown quantize config 'awq'; known: .*gptq"):
-        S.config_from_dict({"name": "awq"})
+    with pytest.raises(ConfigError, match="unknown quantize config 'hqq'; known: .*gptq"):
+        S.config_from_dict({"name": "hqq"})
 
 
 @pytest.fixture(scope="module")

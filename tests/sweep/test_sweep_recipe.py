@@ -117,7 +117,7 @@ def test_product_expansion_ids_and_skipped_combinations(tmp_path):
     ])
     ids = [p.id for p in r.points]
     assert ids == ["base", "int4-g32", "int4-g32-gptq", "int4-g64", "int4-g64-gptq", "nf4-g32", "nf4-g64",
-                   "ffn25-r10+int8", "ffn50-r10+int8", "vq", "heads50+fp8"]
+                   "ffn25-r10+int8", "ffn50-r10+int8", "vq", "heads50+fp8-dyn"]
     assert len(r.skipped) == 6  # int4 x bnb (2), nf4 x rtn / gptq (4): combinations that do not exist
     assert sum("'nf4'" in s and "'gptq'" in s for s in r.skipped) == 2
     chain = r.point("ffn50-r10+int8")

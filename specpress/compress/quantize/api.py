@@ -32,7 +32,8 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from specpress.compress.quantize import gptq  # noqa: F401  (registers the GPTQ handler)
+from specpress.compress.quantize import gptq, smoothing  # noqa: F401  (register the calibrated methods' handlers)
+from specpress.compress.quantize.activations import calibrate_inputs
 from specpress.compress.quantize.handlers import ForwardLoop, handler_for
 from specpress.errors import ConfigError, UsageError
 from specpress.models.quantized import primitives as P
@@ -138,16 +139,17 @@ def quantize(model: nn.Module, config: QuantizeConfig, calibration: ForwardLoop 
     """Quantize `model`'s Linears in place per `config`; append the provenance step; return the model.
 
     calibration: a forward loop (called with the model; runs it on calibration data), required by
-    configs with needs_calibration (GPTQ). float_dtype: the dtype the kept float tensors will be stored
+    configs that need data (calibrated methods such as GPTQ, static activation scales). float_dtype: the dtype the kept float tensors will be stored
     in: the byte counts use it and those tensors are rounded to it (default: left as they are).
     """
     handler = handler_for(config)
     if active_quantize_step(getattr(model, "provenance", ())) or quantized_modules(model):
         raise UsageError("this drafter is already quantized; quantize its full-precision artifact (or one written "
                          "with --dequantize)")
-    if config.needs_calibration and calibration is None:
-        raise UsageError(f"--method {config.method} calibrates on the activations entering each Linear: pass "
-                         f"--target DIR and --data PATH (Python: calibration=DrafterCalibration(...))")
+    if config.needs_data() and calibration is None:
+        what = f"--method {config.method}" if config.needs_calibration else "--activations static"
+        raise UsageError(f"{what} calibrates on the activations entering each Linear: pass --target DIR and --data "
+                         f"PATH (Python: calibration=DrafterCalibration(...))")
     names, skipped = select_modules(model, config)
     if not names:
         raise UsageError("nothing to quantize: every Linear is excluded or skipped "
@@ -158,6 +160,11 @@ def quantize(model: nn.Module, config: QuantizeConfig, calibration: ForwardLoop 
     notes: list[str] = []
     with torch.no_grad():
         handler(model, names, config, calibration, notes)
+        for n in names:  # the activation mode, for handlers that only chose codes (GPTQ)
+            m = model.get_submodule(n)
+            if m.act_mode != config.act_mode:
+                m.configure_input(config.act_mode, m.pre_quant_scale)
+    input_amax = calibrate_inputs(model, names, config, calibration, notes)
     if float_dtype is not None:
         round_floats(model, float_dtype)
     sq = {}
@@ -172,7 +179,8 @@ def quantize(model: nn.Module, config: QuantizeConfig, calibration: ForwardLoop 
     step = {"step": "quantize", "scheme": config.scheme, "method": config.method, "config": config.to_dict(),
             "quantized": names, "skipped": skipped, "bytes_before": before,
             "bytes_after": stored_bytes(model, float_dtype), "quantized_params": q_params,
-            "quantized_bytes": q_bytes, "weight_sqnr_db": sq, "notes": notes, "dequantized": False}
+            "quantized_bytes": q_bytes, "weight_sqnr_db": sq, "notes": notes, "dequantized": False,
+            **({"input_amax": input_amax} if input_amax else {})}
     model.provenance = (*tuple(getattr(model, "provenance", ()) or ()), step)
     return model
 

@@ -11,6 +11,15 @@ teacher-forced forward (models/forced.py) on every batch under no_grad, so forwa
     lm               drafter(ids)
 
 It is the `forward_loop` the calibrated methods take (ModelOpt's convention).
+
+`RoundsCalibration(target, drafter, sampler, batches, policy)` is the other forward loop: real speculative
+rounds (runtime/loop.py, greedy) over prompts cut from the same windows, the model given drafting and the
+target verifying, so the hooks see every input the drafter meets when it is deployed — every tree level or
+chained step, and the hidden states it feeds back to itself — not only the teacher-forced first step.
+`calibration_loop(inputs, …)` builds either from the CLI's --calib-inputs words:
+
+    rounds[:POLICY]   real rounds with POLICY (default: the family's default policy)   [the default]
+    first-step        the teacher-forced pass above (one step per draft module)
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from specpress.compress.data import WindowSampler
+from specpress.errors import ConfigError
 from specpress.models.drafter import Drafter, get_family
 from specpress.models.forced import input_features
 from specpress.models.target import TargetModel
@@ -63,3 +73,40 @@ def drafter_forward(d: Drafter, ids: Tensor, hidden: Tensor, taps: dict[int, Ten
     drafters: one step per draft module, from the first T - modules positions)."""
     steps = d.draft_modules()
     get_family(d.family).teacher_forced(d, ids, input_features(d, hidden, taps), steps=steps, span=ids.shape[1] - steps)
+
+
+class RoundsCalibration:
+    """A forward loop of real speculative rounds: each window of `batches` sampler batches is split in half,
+    the first half is the prompt and the loop generates the second half's length of new tokens (greedy,
+    target-verified) with the model given as the drafter, under `policy`."""
+
+    def __init__(self, target: TargetModel, drafter: Drafter, sampler: WindowSampler, batches: int = 8,
+                 policy: str | None = None, first_step: int = 0) -> None:
+        from specpress.runtime.policy import parse_policy
+
+        self.target = target
+        self.policy_text = policy or get_family(drafter.family).default_policy
+        self.policy = parse_policy(self.policy_text)
+        half = max(1, sampler.seq_len // 2)
+        self.prompts = [row[:half].tolist() for i in range(batches) for row in sampler.batch_at(first_step + i)]
+        self.new_tokens = sampler.seq_len - half
+        self.windows = len(self.prompts)
+        self.tokens = self.windows * sampler.seq_len
+
+    @torch.no_grad()
+    def __call__(self, model: nn.Module) -> None:
+        from specpress.runtime.loop import speculative_generate
+
+        for p in self.prompts:
+            speculative_generate(self.target, model, p, self.new_tokens, self.policy, eos_ids=())
+
+
+def calibration_loop(inputs: str, target: TargetModel, drafter: Drafter, sampler: WindowSampler,
+                     batches: int) -> "DrafterCalibration | RoundsCalibration":
+    """The forward loop --calib-inputs names: `rounds[:POLICY]` or `first-step`."""
+    kind, _, policy = inputs.partition(":")
+    if kind == "rounds":
+        return RoundsCalibration(target, drafter, sampler, batches, policy or None)
+    if kind == "first-step" and not policy:
+        return DrafterCalibration(target, drafter, sampler, batches)
+    raise ConfigError(f"--calib-inputs {inputs!r}: choose rounds, rounds:POLICY (e.g. rounds:chain:4) or first-step")

@@ -37,13 +37,15 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
                        target_dir: str | Path | None = None, data_path: str | Path | None = None,
                        dequantize_out: bool = False, force: bool = False, calib_batches: int = 8, batch: int = 4,
                        seq_len: int = 128, seed: int = 0, eval_batches: int = 4,
-                       float_dtype: str | torch.dtype | None = "auto") -> QuantizeReport:
+                       float_dtype: str | torch.dtype | None = "auto", calib_inputs: str = "rounds") -> QuantizeReport:
     """Load, quantize, measure, write `out` atomically.
 
     float_dtype: what the kept float tensors (norms, biases, unquantized Linears, embeddings) are stored
     in; "auto" keeps a 16-bit source's dtype and stores an fp32 source in bfloat16 (resolve_float_dtype).
     They are rounded to it before the after-agreement is measured, so the cost reported is the stored one;
     with `dequantize_out` the dequantised weights are rounded and measured the same way.
+    calib_inputs: what a config that needs data calibrates on (calibrate.calibration_loop): real speculative
+    rounds (`rounds[:POLICY]`) or the teacher-forced first step (`first-step`).
     """
     from specpress.artifacts import check_new
     from specpress.compress.data import WindowSampler, data_stream
@@ -55,9 +57,10 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
     if (target_dir is None) != (data_path is None):
         raise UsageError("--target and --data go together: the drafter runs on the target's hidden states over "
                          "the data (calibration and the before/after agreement)")
-    if config.needs_calibration and target_dir is None:
-        raise UsageError(f"--method {config.method} calibrates on the activations entering each Linear: pass "
-                         f"--target DIR and --data PATH")
+    if config.needs_data() and target_dir is None:
+        what = f"--method {config.method}" if config.needs_calibration else "--activations static"
+        raise UsageError(f"{what} calibrates on the activations entering each Linear: pass --target DIR and --data "
+                         f"PATH")
     check_new(out, force)
     source = inspect_artifact(drafter_dir)
     stored = resolve_float_dtype(float_dtype, DTYPES.get(str(source["dtype"]), torch.float32))
@@ -85,17 +88,17 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
 
         before = agreement(target, drafter, evals, eval_batches, first_step=first_eval)
     calibration = None
-    if config.needs_calibration:
-        from specpress.compress.quantize.calibrate import DrafterCalibration
+    if config.needs_data():
+        from specpress.compress.quantize.calibrate import calibration_loop
 
         assert target is not None and sampler is not None
-        calibration = DrafterCalibration(target, drafter, sampler, calib_batches)
+        calibration = calibration_loop(calib_inputs, target, drafter, sampler, calib_batches)
     quantize(drafter, config, calibration, float_dtype=stored)
     extra: dict[str, Any] = {"source": str(drafter_dir), "source_bytes": source["bytes"],
                              "source_dtype": source["dtype"], "float_dtype": str(stored).removeprefix("torch.")}
     if calibration is not None:
         extra["calibration"] = {"data": str(data_path), "windows": calibration.windows, "tokens": calibration.tokens,
-                                "seq_len": seq_len, "seed": seed}
+                                "seq_len": seq_len, "seed": seed, "inputs": calib_inputs}
     if dequantize_out:  # what is written, and measured: the dequantised weights rounded to the float dtype
         dequantize(drafter)
         round_floats(drafter, stored)

@@ -44,7 +44,7 @@ from specpress.models.quantized.scheme import facet, scheme_of_module
 def load_lowerings() -> None:
     """Import every lowering file of this package (each registers its scheme's facet)."""
     for info in pkgutil.iter_modules(__path__):
-        if info.name != "common":
+        if info.name not in ("common", "inputs"):
             importlib.import_module(f"{__name__}.{info.name}")
 
 
@@ -56,4 +56,7 @@ def quantized_linear(c: Ctx, x: str, mod: nn.Module, hint: str) -> str:
     if lower is None:
         raise UsageError(f"{hint}: the {mod.scheme} scheme has no ONNX lowering; export the drafter written with "
                          f"--dequantize instead")
-    return lower(c, x, mod, hint)
+    y = lower(c, x, mod, hint)
+    if getattr(mod, "act_mode", "none") != "none":
+        c.quant_notes[-1] += f" (after {mod.act_mode} activation quantization)"
+    return y

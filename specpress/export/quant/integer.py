@@ -1,4 +1,5 @@
-"""int8 / int4 codes (IntLinear): MatMulNBits for 4-bit groups onnxruntime's op holds, Q/DQ otherwise."""
+"""int8 / int4 codes (IntLinear): MatMulNBits for 4-bit groups onnxruntime's op holds, Q/DQ otherwise; the
+input's pre_quant_scale (AWQ, SmoothQuant) and int8 activations (W8A8) first (inputs.py)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ from torch import nn
 
 from specpress.export.blocks import Ctx
 from specpress.export.quant.common import bf16_kernel, group_name, nbits, nbits_block, qdq_int
+from specpress.export.quant.inputs import int8_input, prepare_input
 from specpress.models.quantized.scheme import register_facet
 
 
 @register_facet("onnx", "integer")
 def lower(c: Ctx, x: str, mod: nn.Module, hint: str) -> str:
+    x = prepare_input(c, x, mod, hint, int8_input)
     return lower_codes(c, x, mod, hint, mod.codes(), mod.scales.float(), mod.zeros().float(), mod.bits,
                        mod.group_size, mod.symmetric)
 
@@ -25,7 +28,7 @@ def lower_codes(c: Ctx, x: str, mod: nn.Module, hint: str, codes: torch.Tensor, 
         # ran 3-8x slower on the CPU than DequantizeLinear + MatMul, which the backend folds into an fp32
         # weight when the session loads (bytes on disk stay 8-bit; memory at run time is fp32)
         c.quant_notes.append(f"{hint}: {mod.scheme} {group_name(group)} -> Q/DQ (8-bit MatMulNBits is slower on CPU)")
-        if getattr(mod, "row_scales", None) is None or c.g.ft != TensorProto.FLOAT:
+        if getattr(mod, "row_scales", None) is None or c.g.ft != TensorProto.FLOAT or mod.act_mode != "none":
             return qdq_int(c, x, codes, scales, zeros, bits, group, symmetric, hint)
         # torch's per-row int8 path (IntLinear.forward): aten's int8 kernel on bf16-rounded activations
         # with bf16 scales, returning bf16; the same roundings here draft the same tokens
@@ -36,7 +39,7 @@ def lower_codes(c: Ctx, x: str, mod: nn.Module, hint: str, codes: torch.Tensor, 
         block = nbits_block(mod.in_features, group)
         if block is not None:
             c.quant_notes.append(f"{hint}: {mod.scheme} {group_name(group)} -> MatMulNBits block {block}")
-            if getattr(mod, "int4_packed", None) is None or c.g.ft != TensorProto.FLOAT:
+            if getattr(mod, "int4_packed", None) is None or c.g.ft != TensorProto.FLOAT or mod.act_mode != "none":
                 return nbits(c, x, codes, scales, zeros, bits, group, symmetric, block, hint)
             # torch runs this Linear through aten's int4 CPU kernel (models/quantized/int4_cpu.py): bf16-rounded
             # activations and scales, fp32 accumulation, a bf16 result. The same roundings here draft the same

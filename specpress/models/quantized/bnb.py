@@ -215,6 +215,8 @@ class Bnb8bitLinear(QuantizedLinear):
 def _make(word: str, method: str, w: Words) -> BnbConfig:
     if w.symmetric is False:
         raise ConfigError(f"bitsandbytes {word} has no asymmetric variant; drop --asymmetric")
+    if w.activations not in (None, "none") or w.act_calibration is not None:
+        raise ConfigError(f"bitsandbytes {word} is weight-only here: --activations / --act-calibration do not apply")
     default = None if word == "int8" else 64
     return BnbConfig(quant_type=word, blocksize=default if w.group_size is None else w.group_size,
                      include=w.include, exclude=w.exclude)

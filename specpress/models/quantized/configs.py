@@ -37,7 +37,8 @@ class QuantizeConfig:
 
     name: ClassVar[str] = ""
     version: ClassVar[int] = 1
-    needs_calibration: ClassVar[bool] = False
+    needs_calibration: ClassVar[bool] = False  # a method that runs the drafter on data (GPTQ, AWQ, …)
+    has_pre_quant_scale: ClassVar[bool] = False  # stores a pre_quant_scale [K] per Linear (AWQ, SmoothQuant)
 
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
@@ -59,6 +60,19 @@ class QuantizeConfig:
     def method(self) -> str:
         """How codes are chosen in the CLI's words: rtn, gptq, bnb."""
         raise NotImplementedError
+
+    @property
+    def act_mode(self) -> str:
+        """What happens to the activations entering each quantized Linear (activations.py)."""
+        return str(getattr(self, "activations", "none"))
+
+    def needs_data(self) -> bool:
+        """Whether quantizing needs calibration inputs: a calibrated method, or static activation scales
+        found from data (not fixed:V or weights)."""
+        from specpress.models.quantized.activations import parse_calibration
+
+        return self.needs_calibration or (self.act_mode == "static" and parse_calibration(
+            str(getattr(self, "act_calibration", "max"))).kind not in ("fixed", "weights"))
 
     def label(self) -> str:
         """A short name for tables and sweep point ids (`int4-g64-gptq`), module selection included."""

@@ -13,7 +13,7 @@ On CPU, per-row symmetric int8 given fp32 inputs and int4 with groups of 32-256 
 multiply the codes with bf16-rounded activations in aten's weight-only kernels (IntLinear.forward,
 int4_cpu.py); everything else dequantizes per forward. `kernel_note` names the path.
 
-Configs: IntWeightOnlyConfig (round-to-nearest) and GPTQConfig (the same storage, codes chosen by GPTQ
+Configs: IntConfig (round-to-nearest) and GPTQConfig (the same storage, codes chosen by GPTQ
 on calibration inputs; its handler lives in specpress/compress/quantize/gptq.py).
 """
 
@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from specpress.errors import ConfigError
 from specpress.models.quantized import int4_cpu, primitives as P
+from specpress.models.quantized.activations import INT8_MAX, act_label, check_activations, int8_input
 from specpress.models.quantized.configs import QuantizeConfig, positive_int
 from specpress.models.quantized.modules import QuantizedLinear, check_stored
 from specpress.models.quantized.restore import replace_module
@@ -35,26 +36,31 @@ from specpress.models.quantized.scheme import Scheme, Words, register_scheme
 
 
 @dataclass(frozen=True)
-class IntWeightOnlyConfig(QuantizeConfig):
-    """Weight-only integer codes by round-to-nearest. bits 8: per-output-channel by default
-    (group_size None); bits 4: groups of `group_size` inputs (default 64). Symmetric (no stored zeros)
-    or asymmetric (a zero point per group)."""
+class IntConfig(QuantizeConfig):
+    """Integer codes by round-to-nearest. bits 8: per-output-channel by default (group_size None); bits 4:
+    groups of `group_size` inputs (default 64). Symmetric (no stored zeros) or asymmetric (a zero point
+    per group). int8 may quantize its activations too (W8A8: `activations` dynamic per token, or static
+    with a calibrated input_scale found by `act_calibration`); int4 is weight-only."""
 
     name: ClassVar[str] = "int"
 
     bits: int = 4
     group_size: int | None = 64
     symmetric: bool = True
+    activations: str = "none"
+    act_calibration: str = "max"
 
     def validate(self) -> None:
         if self.bits not in (4, 8):
-            raise ConfigError(f"integer weight-only quantization supports bits 4 or 8, found {self.bits!r}")
+            raise ConfigError(f"integer quantization supports bits 4 or 8, found {self.bits!r}")
         if self.group_size is not None:
             positive_int(self.group_size, "group_size")
             if self.bits == 4 and self.group_size % 2:
                 raise ConfigError(f"int4 group_size must be even (two codes per byte), found {self.group_size}")
         if not isinstance(self.symmetric, bool):
             raise ConfigError(f"symmetric must be true or false, found {self.symmetric!r}")
+        check_activations(self.scheme, self.activations, self.act_calibration,
+                          ("none", "dynamic", "static") if self.bits == 8 else ("none",))
 
     @property
     def scheme(self) -> str:
@@ -66,12 +72,13 @@ class IntWeightOnlyConfig(QuantizeConfig):
 
     def storage_label(self) -> str:
         s = f"int{self.bits}" + (f"-g{self.group_size}" if self.group_size else "")
-        return s + ("-gptq" if self.method == "gptq" else "") + ("" if self.symmetric else "-asym")
+        s += ("" if self.method == "rtn" else f"-{self.method}") + ("" if self.symmetric else "-asym")
+        return s + act_label(self.activations, self.act_calibration)
 
 
 @dataclass(frozen=True)
-class GPTQConfig(IntWeightOnlyConfig):
-    """IntWeightOnlyConfig's storage with codes chosen by GPTQ (Frantar et al. 2022): columns are
+class GPTQConfig(IntConfig):
+    """IntConfig's storage with codes chosen by GPTQ (Frantar et al. 2022): columns are
     quantized in order and each one's error is spread over the not-yet-quantized columns through the
     Cholesky factor of the inverse Hessian H = 2·XᵀX of the layer's calibration inputs X.
     damp: added to H's diagonal as a fraction of its mean; block_size: columns per lazy-update block;
@@ -95,9 +102,76 @@ class GPTQConfig(IntWeightOnlyConfig):
     def method(self) -> str:
         return "gptq"
 
-    def sizing_config(self) -> IntWeightOnlyConfig:
-        return IntWeightOnlyConfig(bits=self.bits, group_size=self.group_size, symmetric=self.symmetric,
-                                   include=self.include, exclude=self.exclude)
+    def sizing_config(self) -> IntConfig:
+        return IntConfig(bits=self.bits, group_size=self.group_size, symmetric=self.symmetric,
+                         activations=self.activations, act_calibration="fixed:1", include=self.include,
+                         exclude=self.exclude)
+
+
+@dataclass(frozen=True)
+class AWQConfig(IntConfig):
+    """int4 weight-only codes after AWQ's activation-aware scaling (Lin et al. 2023, the "awq_lite" search
+    ModelOpt and TensorRT-LLM use): for each group of Linears reading one input (q/k/v, gate/up), per input
+    channel s = mean|x|^α over the calibration inputs; the weight is scaled by s before rounding to
+    nearest and the input by 1/s (stored as `pre_quant_scale` [K], ModelOpt's name), with α chosen from
+    `grid` points in [0, 1) to minimize the group's output error on the calibration inputs."""
+
+    name: ClassVar[str] = "awq"
+    needs_calibration: ClassVar[bool] = True
+    has_pre_quant_scale: ClassVar[bool] = True
+
+    grid: int = 20
+
+    def validate(self) -> None:
+        super().validate()
+        positive_int(self.grid, "awq grid")
+        if self.bits != 4:
+            raise ConfigError("awq chooses int4 codes; use --scheme int4")
+
+    @property
+    def method(self) -> str:
+        return "awq"
+
+    def sizing_config(self) -> IntConfig:
+        return IntConfig(bits=4, group_size=self.group_size, symmetric=self.symmetric, include=self.include,
+                         exclude=self.exclude)
+
+
+@dataclass(frozen=True)
+class SmoothQuantConfig(IntConfig):
+    """int8 W8A8 after SmoothQuant's migration (Xiao et al. 2023): per input channel s = max|x|^α /
+    max|w|^(1-α) over the calibration inputs and every Linear reading that input; the weight is scaled
+    by s, the input by 1/s (`pre_quant_scale` [K]), then the weight is rounded per output channel and
+    the activations are quantized (`activations`: static per tensor by default, as Model Optimizer's
+    INT8_SMOOTHQUANT and TensorRT Edge-LLM's int8_sq deploy it, or dynamic per token)."""
+
+    name: ClassVar[str] = "smoothquant"
+    needs_calibration: ClassVar[bool] = True
+    has_pre_quant_scale: ClassVar[bool] = True
+
+    bits: int = 8
+    group_size: int | None = None
+    alpha: float = 0.5
+    activations: str = "static"
+
+    def validate(self) -> None:
+        super().validate()
+        if self.bits != 8 or self.group_size is not None or not self.symmetric:
+            raise ConfigError("smoothquant quantizes int8 weights per output channel, symmetric: use --scheme int8 "
+                              "without --group-size / --asymmetric")
+        if self.activations == "none":
+            raise ConfigError("smoothquant moves activation outliers into the weights so that the activations can "
+                              "be quantized: use --activations static or dynamic (weight-only int8: --method rtn)")
+        if not isinstance(self.alpha, (int, float)) or isinstance(self.alpha, bool) or not 0 <= self.alpha <= 1:
+            raise ConfigError(f"smoothquant alpha must be in [0, 1], found {self.alpha!r}")
+
+    @property
+    def method(self) -> str:
+        return "smoothquant"
+
+    def sizing_config(self) -> IntConfig:
+        return IntConfig(bits=8, group_size=None, activations=self.activations, act_calibration="fixed:1",
+                         include=self.include, exclude=self.exclude)
 
 
 class IntLinear(QuantizedLinear):
@@ -150,18 +224,28 @@ class IntLinear(QuantizedLinear):
         kernel needs. int4 with groups of 32-256 and N a multiple of 16, fp32 or bf16 inputs on CPU, goes
         through aten's int4 kernel the same way (int4_cpu.py). Other layouts, dtypes and devices and
         grad-tracking inputs dequantize the weight first (`kernel_note` says which path and why).
-        bench/int8_linear.py and bench/int4_linear.py time them against float Linears."""
-        if self.int4_packed is not None and x.device.type == "cpu" and x.dtype in int4_cpu.ACTIVATION_DTYPES \
-                and not (x.requires_grad and torch.is_grad_enabled()):
+        bench/int8_linear.py and bench/int4_linear.py time them against float Linears.
+        A pre_quant_scale (AWQ) multiplies x first, on every path; quantized activations (int8 W8A8) are
+        emulated: fake-quantized inputs times the dequantised weight, no kernel."""
+        x = self.prepare_input(x)
+        if self.act_mode != "none" or (x.requires_grad and torch.is_grad_enabled()):
+            return self.dequantized_product(x)
+        if self.int4_packed is not None and x.device.type == "cpu" and x.dtype in int4_cpu.ACTIVATION_DTYPES:
             y = int4_cpu.matmul(x, self.int4_packed, int4_cpu.group_of(self.in_features, self.group_size), self.int4_sz)
             return y if self.bias is None else y + self.bias.to(x.dtype)
         s = self.row_scales
-        if (s is None or x.dtype != torch.float32 or x.device.type != "cpu"
-                or (x.requires_grad and torch.is_grad_enabled())):
-            return super().forward(x)
+        if s is None or x.dtype != torch.float32 or x.device.type != "cpu":
+            return self.dequantized_product(x)
         y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features).to(torch.bfloat16), self.qweight, s)
         y = y.reshape(*x.shape[:-1], self.out_features).float()
         return y if self.bias is None else y + self.bias.to(x.dtype)
+
+    def quantize_input(self, x: Tensor) -> Tensor:
+        """int8 activations (W8A8): symmetric, per token (dynamic) or with the calibrated input_scale (static)."""
+        return int8_input(x, self.act_mode, self.input_scale)
+
+    def input_scale_for(self, amax: Tensor) -> Tensor:
+        return amax.float() / INT8_MAX
 
     @staticmethod
     def layout(n: int, k: int, bits: int, group_size: int | None, symmetric: bool
@@ -176,7 +260,8 @@ class IntLinear(QuantizedLinear):
 
     @classmethod
     def from_codes(cls, linear: nn.Linear, q: Tensor, scale: Tensor, zero: Tensor, *, bits: int,
-                   group_size: int | None, symmetric: bool) -> "IntLinear":
+                   group_size: int | None, symmetric: bool, act_mode: str = "none",
+                   pre_quant_scale: Tensor | None = None) -> "IntLinear":
         """Codes q [N, K] (unsigned range), scales / zeros [N, K/G] (primitives.quantize_int) -> module."""
         if bits == 4:
             qweight = P.pack_int4(q)
@@ -185,9 +270,12 @@ class IntLinear(QuantizedLinear):
         else:
             qweight = q.to(torch.uint8)
         w = linear.weight
-        return cls(linear.in_features, linear.out_features, linear.bias, w.dtype, bits=bits, group_size=group_size,
-                   symmetric=symmetric, qweight=qweight.to(w.device), scales=scale.float().to(w.device),
-                   qzeros=None if symmetric else zero.to(torch.uint8).to(w.device))
+        mod = cls(linear.in_features, linear.out_features, linear.bias, w.dtype, bits=bits, group_size=group_size,
+                  symmetric=symmetric, qweight=qweight.to(w.device), scales=scale.float().to(w.device),
+                  qzeros=None if symmetric else zero.to(torch.uint8).to(w.device))
+        if act_mode != "none" or pre_quant_scale is not None:
+            mod.configure_input(act_mode, pre_quant_scale)
+        return mod
 
     @classmethod
     def empty(cls, linear: nn.Linear, dtype: torch.dtype, *, bits: int, group_size: int | None, symmetric: bool,
@@ -224,21 +312,25 @@ class IntLinear(QuantizedLinear):
 # ----------------------------------------------------------------------------------------------
 
 
-def _make(word: str, method: str, w: Words) -> IntWeightOnlyConfig:
+METHODS: dict[str, type[IntConfig]] = {"rtn": IntConfig, "gptq": GPTQConfig, "awq": AWQConfig,
+                                        "smoothquant": SmoothQuantConfig}
+
+
+def _make(word: str, method: str, w: Words) -> IntConfig:
     bits = 8 if word == "int8" else 4
-    gs = w.group_size if w.group_size is not None else (None if bits == 8 else 64)
-    cls = GPTQConfig if method == "gptq" else IntWeightOnlyConfig
-    return cls(bits=bits, group_size=gs, symmetric=True if w.symmetric is None else w.symmetric,
-               include=w.include, exclude=w.exclude)
+    kw = w.settings()
+    if "group_size" not in kw and method != "smoothquant":
+        kw["group_size"] = None if bits == 8 else 64
+    return METHODS[method](bits=bits, **kw)
 
 
-def quantize_rtn(model: nn.Module, names: list[str], config: IntWeightOnlyConfig, notes: list[str]) -> None:
+def quantize_rtn(model: nn.Module, names: list[str], config: IntConfig, notes: list[str]) -> None:
     """Round-to-nearest codes for the named Linears (also GPTQ's fallback for Linears it never saw run)."""
     for name in names:
         lin = model.get_submodule(name)
         q, s, z = P.quantize_int(lin.weight.detach(), config.bits, config.group_size, config.symmetric)
         replace_module(model, name, IntLinear.from_codes(lin, q, s, z, bits=config.bits, group_size=config.group_size,
-                                                         symmetric=config.symmetric))
+                                                         symmetric=config.symmetric, act_mode=config.activations))
 
 
 def _suggest_group_size(ks: list[int], wanted: int) -> int:
@@ -250,7 +342,7 @@ def _suggest_group_size(ks: list[int], wanted: int) -> int:
     return best
 
 
-def _check(model: nn.Module, names: list[str], config: IntWeightOnlyConfig) -> None:
+def _check(model: nn.Module, names: list[str], config: IntConfig) -> None:
     ks = [model.get_submodule(n).in_features for n in names]
     g = config.group_size
     for n, k in zip(names, ks):
@@ -261,13 +353,14 @@ def _check(model: nn.Module, names: list[str], config: IntWeightOnlyConfig) -> N
             raise ConfigError(f"{n}: in_features {k} is odd; int4 packs two codes per byte ({n} can be excluded)")
 
 
-def _restore(config: IntWeightOnlyConfig, linear: nn.Linear, dtype: torch.dtype, stored: Mapping[str, Tensor],
+def _restore(config: IntConfig, linear: nn.Linear, dtype: torch.dtype, stored: Mapping[str, Tensor],
              where: str) -> IntLinear:
     return IntLinear.empty(linear, dtype, bits=config.bits, group_size=config.group_size, symmetric=config.symmetric,
                            stored=stored, where=where)
 
 
 SCHEME = register_scheme(Scheme(
-    name="integer", words={"int8": ("rtn", "gptq"), "int4": ("rtn", "gptq")}, configs=(IntWeightOnlyConfig, GPTQConfig),
+    name="integer", words={"int8": ("rtn", "gptq", "smoothquant"), "int4": ("rtn", "gptq", "awq")},
+    configs=(IntConfig, GPTQConfig, AWQConfig, SmoothQuantConfig),
     modules=(IntLinear,), make_config=_make, quantize=quantize_rtn, restore=_restore, check=_check, tolerance=2e-2,
     speed="aten's int8 / int4 CPU kernels where they apply (kernel_note), else dequantize per forward"))

@@ -22,15 +22,21 @@ from specpress.errors import CheckpointError
 
 
 class QuantizedLinear(nn.Module):
-    """Base: shapes, bias, compute dtype, the public-key <-> buffer mapping and dtype-stable moves.
+    """Base: shapes, bias, compute dtype, the public-key <-> buffer mapping, dtype-stable moves, and what
+    happens to the input (activations.py): an optional `pre_quant_scale` [K] multiplies it, then, unless
+    `act_mode` is "none", the scheme's activation quantizer (`quantize_input`) rounds it, with a
+    calibrated `input_scale` in "static" mode.
 
-    Subclasses set KEYS (public state-dict suffix -> buffer attribute) and implement dequantize().
+    Subclasses set KEYS (public state-dict suffix -> buffer attribute) and implement dequantize(); those
+    with activation quantization implement quantize_input() and input_scale_for().
     """
 
     is_quantized: ClassVar[bool] = True  # drafter_io / inspect recognise quantized modules by this flag
     scheme: ClassVar[str] = ""  # the CLI's scheme word
-    kernel_note: str = "dequantize per forward"  # how forward computes (subclasses say more)
+    _kernel_note: str = "dequantize per forward"  # how forward computes (subclasses say more)
     KEYS: dict[str, str] = {}
+    act_mode: str = "none"  # none | dynamic | static (activations.py)
+    calibrating: bool = False  # while activation scales are calibrated, inputs pass unquantized
 
     def __init__(self, in_features: int, out_features: int, bias: Tensor | None, dtype: torch.dtype) -> None:
         super().__init__()
@@ -38,6 +44,10 @@ class QuantizedLinear(nn.Module):
         self.compute_dtype = dtype
         self.register_parameter("bias", None if bias is None else
                                 nn.Parameter(bias.detach().to(dtype), requires_grad=False))
+        self.pre_quant_scale: Tensor | None
+        self.input_scale: Tensor | None
+        self.register_buffer("pre_quant_scale", None, persistent=False)  # [K] float32 (AWQ, SmoothQuant)
+        self.register_buffer("input_scale", None, persistent=False)  # [] float32 (static activations)
 
     # -- the weight ------------------------------------------------------------------------------
 
@@ -51,16 +61,86 @@ class QuantizedLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x [..., K] -> [..., N] in x's dtype."""
+        return self.dequantized_product(self.prepare_input(x))
+
+    def dequantized_product(self, x: Tensor) -> Tensor:
+        """x (already prepared) times the dequantised weight, plus the bias: the CPU reference product."""
         bias = None if self.bias is None else self.bias.to(x.dtype)
         return F.linear(x, self.dequantize(x.dtype), bias)
 
+    @property
+    def kernel_note(self) -> str:
+        """How forward computes: the scheme's kernel or the dequantize path, and why."""
+        if self.act_mode != "none":
+            return f"{self.act_mode} activations emulated: fake-quantized input x dequantized weight " \
+                   f"(saves bytes, not time)"
+        return self._kernel_note
+
+    @kernel_note.setter
+    def kernel_note(self, note: str) -> None:
+        self._kernel_note = note
+
+    # -- the input -------------------------------------------------------------------------------
+
+    @property
+    def plain_input(self) -> bool:
+        """True when the input reaches the product unchanged (no pre-scale, no activation quantizer)."""
+        return self.pre_quant_scale is None and self.act_mode == "none"
+
+    def prepare_input(self, x: Tensor) -> Tensor:
+        """x [..., K] as the product sees it: times pre_quant_scale, then through the activation quantizer."""
+        if self.pre_quant_scale is not None:
+            x = x * self.pre_quant_scale.to(x.dtype)
+        if self.act_mode != "none" and not self.calibrating:
+            x = self.quantize_input(x)
+        return x
+
+    def quantize_input(self, x: Tensor) -> Tensor:
+        raise NotImplementedError(f"{type(self).__name__} has no activation quantizer")
+
+    def input_scale_for(self, amax: Tensor) -> Tensor:
+        """The stored input_scale for an activation amax (e.g. fp8: amax / 448)."""
+        raise NotImplementedError(f"{type(self).__name__} has no activation quantizer")
+
+    def configure_input(self, act_mode: str, pre_quant_scale: Tensor | None = None,
+                        input_scale: Tensor | None = None) -> None:
+        """Set the activation mode and register the input tensors it stores (static: input_scale, a float32
+        scalar, 1.0 until calibrated; pre_quant_scale [K] float32 when given)."""
+        self.act_mode = act_mode
+        keys = {k: v for k, v in self.KEYS.items() if k not in ("pre_quant_scale", "input_scale")}
+        dev = self.quant_tensors()[0].device if keys else None
+        if pre_quant_scale is not None:
+            self.register_buffer("pre_quant_scale", pre_quant_scale.float().to(dev), persistent=False)
+            keys["pre_quant_scale"] = "pre_quant_scale"
+        if act_mode == "static":
+            t = torch.ones((), device=dev) if input_scale is None else input_scale.float().reshape(()).to(dev)
+            self.register_buffer("input_scale", t, persistent=False)
+            keys["input_scale"] = "input_scale"
+        self.KEYS = keys
+
+    def input_layout(self) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+        """Stored key -> (dtype, shape) of the input tensors configure_input registered."""
+        out: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
+        if "pre_quant_scale" in self.KEYS:
+            out["pre_quant_scale"] = (torch.float32, (self.in_features,))
+        if "input_scale" in self.KEYS:
+            out["input_scale"] = (torch.float32, ())
+        return out
+
     def to_linear(self) -> nn.Linear:
-        """A plain nn.Linear holding the dequantised weight (what --dequantize writes)."""
+        """A plain nn.Linear holding the dequantised weight (what --dequantize writes), a pre_quant_scale
+        folded into its columns; activation quantization cannot be held by a plain Linear (refused)."""
+        if self.act_mode != "none":
+            raise CheckpointError(f"a {self.scheme} Linear with {self.act_mode} activation quantization cannot be "
+                                  f"written as a plain Linear: its activations would no longer be quantized")
         dev = self.quant_tensors()[0].device
         lin = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device=dev,
                         dtype=self.compute_dtype)
         with torch.no_grad():
-            lin.weight.copy_(self.dequantize(self.compute_dtype))
+            w = self.dequantize(torch.float32)
+            if self.pre_quant_scale is not None:
+                w = w * self.pre_quant_scale.float()[None, :]
+            lin.weight.copy_(w.to(self.compute_dtype))
             if self.bias is not None:
                 lin.bias.copy_(self.bias)
         return lin
@@ -69,8 +149,10 @@ class QuantizedLinear(nn.Module):
         return [getattr(self, attr) for attr in self.KEYS.values()]
 
     def extra_repr(self) -> str:
+        acts = "" if self.act_mode == "none" else f", activations={self.act_mode}"
+        pre = "" if self.pre_quant_scale is None else ", pre_quant_scale"
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, " \
-               f"scheme={self.scheme}"
+               f"scheme={self.scheme}{acts}{pre}"
 
     # -- state dict: public keys, stored dtypes ----------------------------------------------------
 

@@ -29,10 +29,14 @@ class SchemeName:
 
 _Q = "specpress.models.quantized."
 NAMES: tuple[SchemeName, ...] = (
-    SchemeName("int8", {"rtn": _Q + "integer", "gptq": _Q + "integer", "bnb": _Q + "bnb"},
-               "int8 codes, one scale per output channel (W8A16; vLLM Marlin)"),
-    SchemeName("int4", {"rtn": _Q + "integer", "gptq": _Q + "integer"},
-               "int4 codes in groups along the input (W4A16; vLLM Marlin/Machete, TensorRT-LLM)"),
+    SchemeName("int8", {"rtn": _Q + "integer", "gptq": _Q + "integer", "smoothquant": _Q + "integer",
+                        "bnb": _Q + "bnb"},
+               "int8 codes, one scale per output channel: weight-only (W8A16, vLLM Marlin) by default; "
+               "--method smoothquant is W8A8 with static per-tensor activations (Model Optimizer INT8_SQ, "
+               "TensorRT Edge-LLM int8_sq)"),
+    SchemeName("int4", {"rtn": _Q + "integer", "gptq": _Q + "integer", "awq": _Q + "integer"},
+               "int4 codes in groups along the input (W4A16; vLLM Marlin/Machete, TensorRT-LLM); --method awq "
+               "is Model Optimizer's / TensorRT-LLM's INT4-AWQ"),
     SchemeName("nf4", {"bnb": _Q + "bnb"}, "bitsandbytes NF4 blocks (HF transformers' 4-bit loading)"),
     SchemeName("fp4", {"bnb": _Q + "bnb"}, "bitsandbytes FP4 blocks"),
     SchemeName("fp8", {"rtn": _Q + "fp8"}, "float8 e4m3 weights, one scale per output channel (W8A16-FP8)"),

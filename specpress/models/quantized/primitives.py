@@ -12,8 +12,8 @@ Symmetric int-b: z = 2^(b-1) for every group (implicit, not stored), and
 Asymmetric int-b: s = (max - min) / (2^b - 1), z = round(-min / s) clamped to [0, 2^b - 1].
 A group of zeros gets s = 1 (any s reproduces it exactly).
 
-fp8 e4m3: per-output-channel s = absmax / 448 (e4m3's largest finite value), w8 = (w / s) cast to
-torch.float8_e4m3fn (round to nearest even), w ≈ w8 · s.
+fp8 e4m3: per-output-channel (or per-tensor) s = absmax / 448 (e4m3's largest finite value), w8 = (w / s)
+cast to torch.float8_e4m3fn (round to nearest even), w ≈ w8 · s.
 """
 
 from __future__ import annotations
@@ -98,10 +98,10 @@ def unpack_int4(p: Tensor) -> Tensor:
     return torch.stack([lo, hi], dim=-1).reshape(p.shape[0], 2 * p.shape[1])
 
 
-def quantize_fp8(w: Tensor) -> tuple[Tensor, Tensor]:
-    """W [N, K] -> (float8_e4m3fn [N, K], per-output-channel scales [N] f32)."""
+def quantize_fp8(w: Tensor, per_tensor: bool = False) -> tuple[Tensor, Tensor]:
+    """W [N, K] -> (float8_e4m3fn [N, K], scales f32: per output channel [N], or [1] for the whole tensor)."""
     wf = w.float()
-    scale = wf.abs().amax(dim=1) / FP8_MAX
+    scale = wf.abs().amax().reshape(1) / FP8_MAX if per_tensor else wf.abs().amax(dim=1) / FP8_MAX
     scale = torch.where(scale == 0, torch.ones_like(scale), scale)
     return (wf / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
 

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from specpress.errors import CheckpointError
+from specpress.models.quantized.modules import check_stored
 
 
 def active_quantize_step(steps: Any) -> dict[str, Any] | None:
@@ -56,5 +57,11 @@ def restore_quantized(model: nn.Module, step: Mapping[str, Any], weights: Mappin
         if not isinstance(lin, nn.Linear):
             raise CheckpointError(f"{source}: the quantize step names {name!r}, a {type(lin).__name__}, not a Linear")
         stored = {k[len(name) + 1:]: v for k, v in weights.items() if k.startswith(name + ".")}
-        replace_module(model, name, restore(config, lin, dtype, stored, f"{source}: {name}"))
+        mod = restore(config, lin, dtype, stored, f"{source}: {name}")
+        if config.act_mode != "none" or config.has_pre_quant_scale:
+            meta = torch.device("meta")
+            mod.configure_input(config.act_mode, torch.empty(lin.in_features, device=meta)
+                                if config.has_pre_quant_scale else None)
+            check_stored(stored, mod.input_layout(), f"{source}: {name}")
+        replace_module(model, name, mod)
     return quantized_keys(model)

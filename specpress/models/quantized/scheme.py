@@ -31,6 +31,16 @@ class Words:
     symmetric: bool | None = None
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
+    activations: str | None = None
+    act_calibration: str | None = None
+
+    def settings(self) -> dict[str, Any]:
+        """The config fields the user set (None = keep the config's default), module selection included."""
+        out: dict[str, Any] = {"include": self.include, "exclude": self.exclude}
+        for k in ("group_size", "symmetric", "activations", "act_calibration"):
+            if getattr(self, k) is not None:
+                out[k] = getattr(self, k)
+        return out
 
 
 def _no_check(model: Any, names: list[str], config: Any) -> None:
@@ -142,11 +152,14 @@ def for_words(word: str, method: str | None = None) -> tuple[Scheme, str]:
 
 
 def config_for(word: str, method: str | None = None, *, group_size: int | None = None,
-               symmetric: bool | None = None, include: tuple[str, ...] = (), exclude: tuple[str, ...] = ()) -> Any:
-    """The config the CLI's --scheme / --method / --group-size / --(a)symmetric words name; a combination
-    that does not exist is a ConfigError saying what does."""
+               symmetric: bool | None = None, include: tuple[str, ...] = (), exclude: tuple[str, ...] = (),
+               activations: str | None = None, act_calibration: str | None = None) -> Any:
+    """The config the CLI's --scheme / --method / --group-size / --(a)symmetric / --activations /
+    --act-calibration words name (None: the scheme's default); a combination that does not exist is a
+    ConfigError saying what does."""
     s, m = for_words(word, method)
-    return s.make_config(word, m, Words(method, group_size, symmetric, tuple(include), tuple(exclude)))
+    return s.make_config(word, m, Words(method, group_size, symmetric, tuple(include), tuple(exclude), activations,
+                                        act_calibration))
 
 
 def scheme_of(config: Any) -> Scheme:
