@@ -30,6 +30,19 @@ from specpress.models.target import TargetConfig, TargetModel
 WIDE = dict(vocab_size=V, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
             max_position_embeddings=128)
 PAIRS = [(n.word, m) for n in N.NAMES for m in n.methods]
+# every pair at its default, plus the other activation modes and calibration settings each scheme takes
+CASES = [(w, m, ()) for w, m in PAIRS] + [
+    ("fp8", "rtn", ("--activations", "none")),
+    ("fp8", "rtn", ("--activations", "static")),
+    ("fp8", "rtn", ("--activations", "static", "--act-calibration", "percentile:99.9", "--calib-inputs", "first-step")),
+    ("int8", "rtn", ("--activations", "dynamic")),
+    ("int8", "rtn", ("--activations", "static", "--act-calibration", "mse")),
+    ("int8", "smoothquant", ("--activations", "dynamic")),
+    ("nvfp4", "rtn", ("--activations", "static")),
+    ("nvfp4", "rtn", ("--activations", "static", "--act-calibration", "fixed:2688")),
+    ("mxfp4", "rtn", ("--activations", "none")),
+    ("mxfp8", "rtn", ("--activations", "none")),
+]
 
 
 def test_names_table_is_the_registry():
@@ -99,24 +112,29 @@ def _ok(res) -> str:
     return res.output
 
 
-@pytest.mark.parametrize("word,method", PAIRS, ids=[f"{w}-{m}" for w, m in PAIRS])
-def test_every_scheme_through_every_consumer(word, method, wide, tmp_path, monkeypatch):
+@pytest.mark.parametrize("word,method,extra", CASES, ids=[f"{w}-{m}" + "".join(x.strip("-").replace(":", "")
+                                                                              for x in e) for w, m, e in CASES])
+def test_every_scheme_through_every_consumer(word, method, extra, wide, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECPRESS_CACHE", str(tmp_path / "cache"))
     tdir, data, ddir, prompts, target = wide
     run = CliRunner().invoke
     q = tmp_path / "q"
     out = _ok(run(cli, ["quantize", "--drafter", str(ddir), "--out", str(q), "--scheme", word, "--method", method,
                         "--include", "lm_head", "--target", str(tdir), "--data", str(data), "--seq-len", "16",
-                        "--batch", "2", "--calib-batches", "2", "--eval-batches", "1"]))
+                        "--batch", "2", "--calib-batches", "2", "--eval-batches", "1", *extra]))
     assert "acc@k after" in out
-    cfg = S.config_for(word, method, include=("lm_head",))
+    opts = dict(zip(extra[0::2], extra[1::2]))
+    cfg = S.config_for(word, method, include=("lm_head",), activations=opts.get("--activations"),
+                       act_calibration=opts.get("--act-calibration"))
     d = load_drafter(q, target)
     step = d.provenance[-1]
     assert S.config_from_dict(step["config"]) == cfg and step["scheme"] == word and step["method"] == method
     mods = quantized_modules(d)
     assert set(mods) == set(step["quantized"]) and "lm_head" in mods
-    assert all(isinstance(m, S.scheme_of(cfg).modules) for m in mods.values())
+    assert all(isinstance(m, S.scheme_of(cfg).modules) and m.act_mode == cfg.act_mode for m in mods.values())
     assert step["bytes_after"] < step["bytes_before"]
+    if cfg.act_mode == "static":
+        assert set(step["input_amax"]) == set(mods) and all(float(m.input_scale) > 0 for m in mods.values())
 
     info = json.loads(_ok(run(cli, ["inspect", str(q), "--json"])))
     assert info["quantization"]["scheme"] == word and info["bytes"] <= step["bytes_after"] + 1024

@@ -44,7 +44,7 @@ from specpress.models.quantized.scheme import facet, scheme_of_module
 def load_lowerings() -> None:
     """Import every lowering file of this package (each registers its scheme's facet)."""
     for info in pkgutil.iter_modules(__path__):
-        if info.name not in ("common", "inputs"):
+        if info.name not in ("common", "inputs", "minifloat"):
             importlib.import_module(f"{__name__}.{info.name}")
 
 

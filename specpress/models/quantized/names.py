@@ -39,7 +39,19 @@ NAMES: tuple[SchemeName, ...] = (
                "is Model Optimizer's / TensorRT-LLM's INT4-AWQ"),
     SchemeName("nf4", {"bnb": _Q + "bnb"}, "bitsandbytes NF4 blocks (HF transformers' 4-bit loading)"),
     SchemeName("fp4", {"bnb": _Q + "bnb"}, "bitsandbytes FP4 blocks"),
-    SchemeName("fp8", {"rtn": _Q + "fp8"}, "float8 e4m3 weights, one scale per output channel (W8A16-FP8)"),
+    SchemeName("fp8", {"rtn": _Q + "fp8"},
+               "float8 e4m3 weights with per-channel scales; activations per token by default (W8A8: vLLM FP8 "
+               "dynamic, llm-compressor FP8_DYNAMIC), static with a calibrated input_scale, or none (W8A16)"),
+    SchemeName("nvfp4", {"rtn": _Q + "nvfp4"},
+               "e2m1 weights in blocks of 16, e4m3 block scales, fp32 global scale; weight-only by default "
+               "(W4A16-NVFP4, Model Optimizer's drafter default), W4A4 with --activations static (Model "
+               "Optimizer / TensorRT-LLM NVFP4)"),
+    SchemeName("mxfp4", {"rtn": _Q + "mx"},
+               "OCP MXFP4: e2m1 in blocks of 32 with an e8m0 scale; activations the same at run time by default "
+               "(Model Optimizer MXFP4)"),
+    SchemeName("mxfp8", {"rtn": _Q + "mx"},
+               "OCP MXFP8: e4m3 in blocks of 32 with an e8m0 scale; activations the same at run time by default "
+               "(Model Optimizer MXFP8, TensorRT Edge-LLM mxfp8)"),
 )
 
 BY_WORD: dict[str, SchemeName] = {n.word: n for n in NAMES}
