@@ -101,3 +101,44 @@ def test_export_builds(family, attention, quant, tmp_path):
     if quant:  # the weights stay int8 in the network: one dequantize layer per quantized Linear
         assert sum(e["dequantize_layers"] for e in manifest["engines"].values()) > 0
     assert json.loads((tmp_path / "engines" / "manifest.json").read_text()) == manifest
+
+
+# Activations quantized (W8A8): the TensorRT form (inputs.py) must build. What TensorRT for RTX 1.7.1.116 refused
+# before that form existed (2026-12-02): a Cast to FP8 ("has datatype FP8 but is not produced by ...
+# IQuantizeLayer"), and a MatMul whose activation Q/DQ scale was float32 beside fp16 weight scales (Myelin
+# "CHECK_EQ(lhs_scale->type(), rhs_scale->type())").
+@pytest.mark.parametrize("args", [("--scheme", "fp8"), ("--scheme", "fp8", "--activations", "static",
+                                                        "--act-calibration", "fixed:448"),
+                                  ("--scheme", "int8", "--activations", "dynamic")],
+                         ids=["fp8-dynamic", "fp8-static", "int8-dynamic"])
+def test_w8a8_exports_build(args, tmp_path):
+    try:
+        load_tensorrt("tensorrt_rtx")
+    except TensorRTUnavailable as exc:
+        pytest.skip(f"TensorRT for RTX is not installed ({exc})")
+    main = _export_cli()
+    from drafters_common import CONFIGS, L, randomize
+
+    from specpress.models.drafter import build_drafter
+    from specpress.models.drafter_io import save_drafter
+    from specpress.models.target import TargetConfig, TargetModel, save_target
+
+    shape = dict(hidden_size=128, intermediate_size=96, num_attention_heads=2, num_key_value_heads=1)
+    torch.manual_seed(0)
+    target = TargetModel(TargetConfig(vocab_size=61, num_hidden_layers=L, max_position_embeddings=128, **shape))
+    cfg = dataclasses.replace(CONFIGS["eagle3"], **shape, target_hidden_size=128, head_dim=64)
+    drafter = randomize(build_drafter(cfg), 1).attach_target(target)
+    drafter.set_draft_vocab(torch.arange(24))
+    tdir, ddir = save_target(target, tmp_path / "target"), save_drafter(drafter, tmp_path / "drafter")
+    _ok(main, ["quantize", "--drafter", str(ddir), "--out", str(tmp_path / "q"), *args])
+    _ok(main, ["export", "onnx", "--drafter", str(tmp_path / "q"), "--target", str(tdir), "--out",
+               str(tmp_path / "onnx"), "--attention", "plugin", "--dtype", "fp16", "--quant-format", "qdq"])
+    manifest = build_engines(tmp_path / "onnx", tmp_path / "engines",
+                             BuildOptions(budget=Budget(max_tree=32, max_context=128), targets=("sm89",)),
+                             echo=lambda _m: None)
+    graphs = {p.stem: onnx.load(str(p), load_external_data=False).graph for p in (tmp_path / "onnx").glob("*.onnx")}
+    q_nodes = sum(n.op_type == "QuantizeLinear" for g in graphs.values() for n in g.node)
+    assert set(manifest["engines"]) == set(graphs) and q_nodes == (0 if "int8" in args else 8)
+    for name, graph in graphs.items():  # each quantized Linear: its weight's DQ, and its input's Q/DQ for fp8
+        assert manifest["engines"][name]["dequantize_layers"] == [n.op_type for n in graph.node].count(
+            "DequantizeLinear"), name
