@@ -76,12 +76,18 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
     With --target/--data the per-position top-1 agreement with the target is measured on held-out
     windows before and after; everything goes into the artifact's provenance.
 
-    Schemes: int8 (per output channel) and int4 (group-wise, symmetric or asymmetric) by round-to-nearest
-    or GPTQ; nf4 / fp4 (and int8 with --method bnb) through bitsandbytes' kernels; fp8 e4m3 (dequantised). The
-    in-memory drafter is rounded to --float-dtype too, so the measured cost is the stored one. The artifact
-    stores packed integers and scales (each scheme's key layout is documented in its file under specpress/models/quantized/) and reloads
-    into quantized modules the runtime runs directly; --dequantize writes plain float weights instead, to
-    deploy elsewhere.
+    Schemes (each --scheme lists the engine whose form it follows): int8 / int4 integer codes by
+    round-to-nearest, GPTQ, AWQ (int4, W4A16 with a pre_quant_scale: Model Optimizer / TensorRT-LLM
+    INT4_AWQ) or SmoothQuant (int8 W8A8: Model Optimizer INT8_SQ); fp8 e4m3 weights with per-token
+    activations by default (vLLM FP8, llm-compressor FP8_DYNAMIC), static calibrated ones (Model Optimizer
+    FP8) or none; nvfp4 (W4A16 by default, Model Optimizer's drafter default; W4A4 with --activations
+    static); mxfp8 / mxfp4 (OCP MX, activations per block at run time by default); nf4 / fp4 (and int8 with
+    --method bnb) through bitsandbytes. Static scales are calibrated on real speculative rounds over
+    --target by default (--calib-inputs), with --act-calibration's rule (max by default; fixed:V needs no
+    data). The in-memory drafter is rounded to --float-dtype too, so the measured cost is the stored one.
+    The artifact stores packed codes and scales (each scheme's key layout is documented in its file under
+    specpress/models/quantized/) and reloads into quantized modules the runtime runs directly;
+    --dequantize writes plain float weights instead (weight-only schemes), to deploy elsewhere.
 
     Speed: per-channel int8 runs on CPU through PyTorch's weight-only int8 kernel (activations rounded to
     bf16 for that product), so it makes drafting faster as well as smaller: with --include lm_head it took
@@ -89,9 +95,9 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
     (BENCHMARKS.md, "Speed on the medium target"). int4 in groups of 32-256 runs through PyTorch's int4
     kernel and nf4 / fp4 through bitsandbytes' fused kernel on AVX512-BF16 CPUs, both on bf16-rounded
     activations: on the small zoo EAGLE-3 drafter int4 g64 drafts as fast as fp32 (0.82x with --include
-    lm_head; it was 2.3x / 7.1x slower, dequantizing every forward). fp8, bnb int8 and the layouts those
-    kernels refuse (`kernel_note` on the module says why) still dequantize every forward: they save bytes,
-    not time.
+    lm_head; it was 2.3x / 7.1x slower, dequantizing every forward). bnb int8 and the layouts those kernels
+    refuse (`kernel_note` on the module says why) still dequantize every forward, and fp8, nvfp4, mx and every
+    scheme that quantizes activations are emulated on the CPU: they save bytes, not time.
 
     \b
     Examples:
@@ -100,6 +106,10 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
           --target ~/.cache/specpress/zoo/small --data zoo:train
       specpress quantize --drafter drafters/eagle3 --out drafters/eagle3-nf4 --scheme nf4 --include lm_head
       specpress quantize --drafter drafters/eagle3 --out drafters/eagle3-fp8 --scheme fp8
+      specpress quantize --drafter drafters/eagle3 --out drafters/eagle3-w4a4 --scheme nvfp4 \\
+          --activations static --target ~/.cache/specpress/zoo/small --data zoo:train
+      specpress quantize --drafter drafters/eagle3 --out drafters/eagle3-sq --scheme int8 --method smoothquant \\
+          --target ~/.cache/specpress/zoo/small --data zoo:train
       specpress quantize --drafter drafters/eagle3 --out drafters/eagle3-int4-fp --scheme int4 --dequantize
     """
     from specpress.artifacts import claim_output
@@ -134,6 +144,10 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
     if sq:
         worst = min(sq, key=sq.get)  # type: ignore[arg-type]
         click.echo(f"  weight SQNR  min {sq[worst]:.1f} dB ({worst}), mean {sum(sq.values()) / len(sq):.1f} dB")
+    if s.get("input_amax"):
+        amax = s["input_amax"].values()
+        click.echo(f"  inputs  static input scales for {len(amax)} Linears: activation amax {min(amax):.4g} .. "
+                   f"{max(amax):.4g}")
     for sk in s["skipped"]:
         click.echo(f"  kept    {sk['module']}: {sk['reason']}")
     for note in s["notes"]:
