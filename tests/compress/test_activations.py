@@ -156,28 +156,27 @@ def _loop(x: torch.Tensor):
     return run
 
 
-def test_smoothquant_migrates_outliers_into_the_weights():
+def _errors(word: str, methods: tuple[str, ...], **kw) -> tuple[dict[str, float], nn.Module]:
+    """Output MSE of the outlier model quantized by each method (calibrated on its inputs); the last model."""
     model, x = _outlier_model()
     ref = model(x).detach()
     errs = {}
-    for method in ("rtn", "smoothquant"):
+    for method in methods:
         q = nn.Sequential(nn.Linear(64, 32, bias=False))
         q.load_state_dict(model.state_dict())
-        quantize(q, config_for("int8", method, activations="static"), _loop(x))
+        quantize(q, config_for(word, method, **kw), _loop(x))
         errs[method] = float((q(x) - ref).pow(2).mean())
+    return errs, q
+
+
+def test_smoothquant_migrates_outliers_into_the_weights():
+    errs, q = _errors("int8", ("rtn", "smoothquant"), activations="static")
     sq = q[0]
     assert sq.pre_quant_scale is not None and sq.pre_quant_scale[:4].max() < sq.pre_quant_scale[4:].min()
     assert errs["smoothquant"] < 0.5 * errs["rtn"]
 
 
 def test_awq_beats_round_to_nearest_on_outlier_channels():
-    model, x = _outlier_model()
-    ref = model(x).detach()
-    errs = {}
-    for method in ("rtn", "awq"):
-        q = nn.Sequential(nn.Linear(64, 32, bias=False))
-        q.load_state_dict(model.state_dict())
-        quantize(q, config_for("int4", method, group_size=32), _loop(x) if method == "awq" else None)
-        errs[method] = float((q(x) - ref).pow(2).mean())
+    errs, q = _errors("int4", ("rtn", "awq"), group_size=32)
     assert quantized_modules(q)["0"].pre_quant_scale is not None
     assert errs["awq"] < errs["rtn"]

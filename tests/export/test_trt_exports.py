@@ -47,6 +47,26 @@ def _ok(main, args: list[str]) -> None:
 #   past_key / past_value inputs and present outputs); ops.py now concatenates the past and uses one output.
 
 
+def _saved_pair(family: str, tmp_path):
+    """(target dir, drafter dir): a random target and `family` drafter of head size 64 (what TensorRT for
+    RTX's fp16 kernels are built for; CONFIGS carry head_dim 32 / 4 = 8)."""
+    from drafters_common import CONFIGS, L, randomize
+
+    from specpress.models.drafter import build_drafter
+    from specpress.models.drafter_io import save_drafter
+    from specpress.models.target import TargetConfig, TargetModel, save_target
+
+    shape = dict(hidden_size=128, intermediate_size=96, num_attention_heads=2, num_key_value_heads=1)
+    torch.manual_seed(0)
+    target = TargetModel(TargetConfig(vocab_size=61, num_hidden_layers=L, max_position_embeddings=128, **shape))
+    names = {f.name for f in dataclasses.fields(CONFIGS[family])}
+    extra = {k: v for k, v in (("target_hidden_size", 128), ("head_dim", 64)) if k in names}
+    drafter = randomize(build_drafter(dataclasses.replace(CONFIGS[family], **shape, **extra)), 1).attach_target(target)
+    if family == "eagle3":
+        drafter.set_draft_vocab(torch.arange(24))
+    return save_target(target, tmp_path / "target"), save_drafter(drafter, tmp_path / "drafter")
+
+
 FAMILIES = ["eagle", "eagle3", "mtp", "dflash", "lm"]
 # the standard form's int8 builds repeat what the plugin form's prove for Q/DQ: marked slow
 CASES = ([("plugin", q) for q in (None, "int8")] + [("standard", None)]
@@ -61,24 +81,7 @@ def test_export_builds(family, attention, quant, tmp_path):
     except TensorRTUnavailable as exc:
         pytest.skip(f"TensorRT for RTX is not installed ({exc})")
     main = _export_cli()
-    from drafters_common import CONFIGS, L, randomize
-
-    from specpress.models.drafter import build_drafter
-    from specpress.models.drafter_io import save_drafter
-    from specpress.models.target import TargetConfig, TargetModel, save_target
-
-    # head size 64 in fp16: what TensorRT for RTX's kernels are built for
-    shape = dict(hidden_size=128, intermediate_size=96, num_attention_heads=2, num_key_value_heads=1)
-    torch.manual_seed(0)
-    target = TargetModel(TargetConfig(vocab_size=61, num_hidden_layers=L, max_position_embeddings=128, **shape))
-    names = {f.name for f in dataclasses.fields(CONFIGS[family])}
-    extra = {k: v for k, v in (("target_hidden_size", 128), ("head_dim", 64)) if k in names}
-    cfg = dataclasses.replace(CONFIGS[family], **shape, **extra)  # CONFIGS carry head_dim 32 / 4 = 8
-    drafter = randomize(build_drafter(cfg), 1).attach_target(target)
-    if family == "eagle3":
-        drafter.set_draft_vocab(torch.arange(24))
-    tdir = save_target(target, tmp_path / "target")
-    ddir = save_drafter(drafter, tmp_path / "drafter")
+    tdir, ddir = _saved_pair(family, tmp_path)
     if quant:
         _ok(main, ["quantize", "--drafter", str(ddir), "--out", str(tmp_path / "q"), "--scheme", quant])
         ddir = tmp_path / "q"
@@ -117,19 +120,7 @@ def test_w8a8_exports_build(args, tmp_path):
     except TensorRTUnavailable as exc:
         pytest.skip(f"TensorRT for RTX is not installed ({exc})")
     main = _export_cli()
-    from drafters_common import CONFIGS, L, randomize
-
-    from specpress.models.drafter import build_drafter
-    from specpress.models.drafter_io import save_drafter
-    from specpress.models.target import TargetConfig, TargetModel, save_target
-
-    shape = dict(hidden_size=128, intermediate_size=96, num_attention_heads=2, num_key_value_heads=1)
-    torch.manual_seed(0)
-    target = TargetModel(TargetConfig(vocab_size=61, num_hidden_layers=L, max_position_embeddings=128, **shape))
-    cfg = dataclasses.replace(CONFIGS["eagle3"], **shape, target_hidden_size=128, head_dim=64)
-    drafter = randomize(build_drafter(cfg), 1).attach_target(target)
-    drafter.set_draft_vocab(torch.arange(24))
-    tdir, ddir = save_target(target, tmp_path / "target"), save_drafter(drafter, tmp_path / "drafter")
+    tdir, ddir = _saved_pair("eagle3", tmp_path)
     _ok(main, ["quantize", "--drafter", str(ddir), "--out", str(tmp_path / "q"), *args])
     _ok(main, ["export", "onnx", "--drafter", str(tmp_path / "q"), "--target", str(tdir), "--out",
                str(tmp_path / "onnx"), "--attention", "plugin", "--dtype", "fp16", "--quant-format", "qdq"])

@@ -26,8 +26,7 @@ from specpress.errors import ConfigError, UsageError
 from specpress.models.quantized import primitives as P
 from specpress.models.quantized.activations import FP8_MAX, act_label, check_activations, fp8_input
 from specpress.models.quantized.configs import QuantizeConfig
-from specpress.models.quantized.modules import QuantizedLinear, check_stored
-from specpress.models.quantized.restore import replace_module
+from specpress.models.quantized.modules import QuantizedLinear, check_stored, replace_linears
 from specpress.models.quantized.scheme import Scheme, Words, register_scheme
 
 GRANULARITIES = ("channel", "tensor")
@@ -111,16 +110,12 @@ def _make(word: str, method: str, w: Words) -> Fp8Config:
     if w.group_size is not None or w.symmetric is False:
         raise ConfigError("fp8 scales whole output channels (or the whole tensor): --group-size and --asymmetric do "
                           "not apply")
-    kw = {k: v for k, v in w.settings().items() if k not in ("group_size", "symmetric")}
+    kw = w.settings(drop=("group_size", "symmetric"))
     return Fp8Config(**{"activations": "dynamic", **kw})
 
 
 def _quantize(model: nn.Module, names: list[str], config: Fp8Config, notes: list[str]) -> None:
-    for name in names:
-        mod = Fp8Linear.from_linear(model.get_submodule(name), config.granularity)
-        if config.act_mode != "none":
-            mod.configure_input(config.act_mode)
-        replace_module(model, name, mod)
+    replace_linears(model, names, lambda lin: Fp8Linear.from_linear(lin, config.granularity), config.act_mode)
     notes.append("fp8: weights stored as float8_e4m3fn and computed by dequantising to the activation dtype "
                  + ("(no native fp8 matmul is used, on any device)" if config.act_mode == "none" else
                     f"after {config.act_mode} e4m3 fake-quantization of the activations (emulated: no fp8 matmul)"))

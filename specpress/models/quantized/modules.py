@@ -12,7 +12,7 @@ bias converts as usual).
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -224,3 +224,28 @@ def check_stored(stored: Mapping[str, Tensor], expected: Mapping[str, tuple[torc
 def quantized_modules(model: nn.Module) -> dict[str, QuantizedLinear]:
     """Name -> quantized module, in module order."""
     return {name: m for name, m in model.named_modules() if getattr(m, "is_quantized", False)}
+
+
+def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent, _, leaf = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, leaf, new)
+
+
+def replace_linears(model: nn.Module, names: list[str], build: Callable[[nn.Linear], QuantizedLinear],
+                    act_mode: str = "none") -> None:
+    """Swap each named Linear for `build(linear)`, its activation mode set (a scheme's round-to-nearest pass)."""
+    for name in names:
+        mod = build(model.get_submodule(name))
+        if act_mode != "none":
+            mod.configure_input(act_mode)
+        replace_module(model, name, mod)
+
+
+def check_blocks(model: nn.Module, names: list[str], block: int, what: str) -> None:
+    """Refuse a Linear whose in_features a scheme's fixed block does not divide, naming the fix."""
+    from specpress.errors import ConfigError
+
+    for n in names:
+        k = model.get_submodule(n).in_features
+        if k % block:
+            raise ConfigError(f"{n}: in_features {k} is not a multiple of {what}'s block of {block}; --exclude {n}")

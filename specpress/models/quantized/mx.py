@@ -25,8 +25,7 @@ from specpress.models.quantized import minifloat as M
 from specpress.models.quantized import primitives as P
 from specpress.models.quantized.activations import act_label, check_activations
 from specpress.models.quantized.configs import QuantizeConfig
-from specpress.models.quantized.modules import QuantizedLinear, check_stored
-from specpress.models.quantized.restore import replace_module
+from specpress.models.quantized.modules import QuantizedLinear, check_blocks, check_stored, replace_linears
 from specpress.models.quantized.scheme import Scheme, Words, register_scheme
 
 ELEMENTS = {"mxfp4": "e2m1", "mxfp8": "e4m3"}
@@ -112,24 +111,17 @@ def _make(word: str, method: str, w: Words) -> MXConfig:
     if w.group_size not in (None, M.MX_BLOCK) or w.symmetric is False:
         raise ConfigError(f"{word} uses blocks of 32 sharing an e8m0 exponent: --group-size (other than 32) and "
                           f"--asymmetric do not apply")
-    kw = {k: v for k, v in w.settings().items() if k not in ("group_size", "symmetric")}
+    kw = w.settings(drop=("group_size", "symmetric"))
     return MXConfig(**{"elements": ELEMENTS[word], "activations": "dynamic", **kw})
 
 
 def _quantize(model: nn.Module, names: list[str], config: MXConfig, notes: list[str]) -> None:
-    for name in names:
-        mod = MXLinear.from_linear(model.get_submodule(name), config.elements)
-        if config.act_mode != "none":
-            mod.configure_input(config.act_mode)
-        replace_module(model, name, mod)
+    replace_linears(model, names, lambda lin: MXLinear.from_linear(lin, config.elements), config.act_mode)
     notes.append(f"{config.scheme}: computed by dequantising (no MX matmul on CPU): saves bytes, not time")
 
 
 def _check(model: nn.Module, names: list[str], config: MXConfig) -> None:
-    for n in names:
-        k = model.get_submodule(n).in_features
-        if k % M.MX_BLOCK:
-            raise ConfigError(f"{n}: in_features {k} is not a multiple of the MX block of {M.MX_BLOCK}; --exclude {n}")
+    check_blocks(model, names, M.MX_BLOCK, "the MX format")
 
 
 def _restore(config: MXConfig, linear: nn.Linear, dtype: torch.dtype, stored: Mapping[str, Tensor],

@@ -27,8 +27,7 @@ from specpress.models.quantized import minifloat as M
 from specpress.models.quantized import primitives as P
 from specpress.models.quantized.activations import act_label, check_activations
 from specpress.models.quantized.configs import QuantizeConfig
-from specpress.models.quantized.modules import QuantizedLinear, check_stored
-from specpress.models.quantized.restore import replace_module
+from specpress.models.quantized.modules import QuantizedLinear, check_blocks, check_stored, replace_linears
 from specpress.models.quantized.scheme import Scheme, Words, register_scheme
 
 
@@ -109,24 +108,16 @@ def _make(word: str, method: str, w: Words) -> NVFP4Config:
     if w.group_size not in (None, M.NVFP4_BLOCK) or w.symmetric is False:
         raise ConfigError("nvfp4 uses blocks of 16 with e4m3 scales: --group-size (other than 16) and --asymmetric "
                           "do not apply")
-    return NVFP4Config(**{k: v for k, v in w.settings().items() if k not in ("group_size", "symmetric")})
+    return NVFP4Config(**w.settings(drop=("group_size", "symmetric")))
 
 
 def _quantize(model: nn.Module, names: list[str], config: NVFP4Config, notes: list[str]) -> None:
-    for name in names:
-        mod = NVFP4Linear.from_linear(model.get_submodule(name))
-        if config.act_mode != "none":
-            mod.configure_input(config.act_mode)
-        replace_module(model, name, mod)
+    replace_linears(model, names, NVFP4Linear.from_linear, config.act_mode)
     notes.append("nvfp4: computed by dequantising the e2m1 codes (no FP4 matmul on CPU): saves bytes, not time")
 
 
 def _check(model: nn.Module, names: list[str], config: NVFP4Config) -> None:
-    for n in names:
-        k = model.get_submodule(n).in_features
-        if k % M.NVFP4_BLOCK:
-            raise ConfigError(f"{n}: in_features {k} is not a multiple of nvfp4's block of {M.NVFP4_BLOCK}; "
-                              f"--exclude {n}")
+    check_blocks(model, names, M.NVFP4_BLOCK, "nvfp4")
 
 
 def _restore(config: NVFP4Config, linear: nn.Linear, dtype: torch.dtype, stored: Mapping[str, Tensor],

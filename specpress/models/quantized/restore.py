@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from specpress.errors import CheckpointError
-from specpress.models.quantized.modules import check_stored
+from specpress.models.quantized.modules import check_stored, replace_module  # noqa: F401  (re-exported)
 
 
 def active_quantize_step(steps: Any) -> dict[str, Any] | None:
@@ -33,11 +33,6 @@ def quantized_keys(model: nn.Module) -> set[str]:
     own dtypes, never converted to the float dtype."""
     return {f"{name}.{key}" for name, m in model.named_modules() if getattr(m, "is_quantized", False)
             for key in m.KEYS}
-
-
-def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
-    parent, _, leaf = name.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, leaf, new)
 
 
 def restore_quantized(model: nn.Module, step: Mapping[str, Any], weights: Mapping[str, Tensor], dtype: torch.dtype,

@@ -34,11 +34,12 @@ class Words:
     activations: str | None = None
     act_calibration: str | None = None
 
-    def settings(self) -> dict[str, Any]:
-        """The config fields the user set (None = keep the config's default), module selection included."""
+    def settings(self, drop: tuple[str, ...] = ()) -> dict[str, Any]:
+        """The config fields the user set (None = keep the config's default), module selection included,
+        less the fields in `drop` (ones a scheme checked do not apply)."""
         out: dict[str, Any] = {"include": self.include, "exclude": self.exclude}
         for k in ("group_size", "symmetric", "activations", "act_calibration"):
-            if getattr(self, k) is not None:
+            if getattr(self, k) is not None and k not in drop:
                 out[k] = getattr(self, k)
         return out
 
