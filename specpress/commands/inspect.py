@@ -54,6 +54,8 @@ def inspect_cmd(path: Path, as_json: bool) -> None:
         click.echo(f"{'quantized':<{width}}  {q['scheme']} ({q['method']}): {q['quantized_bytes']:,} bytes for "
                    f"{q['quantized_params']:,} params = {q['quantized_bits_per_param']} bits/param; "
                    f"other tensors {q['other_bytes']:,} bytes")
+        if q.get("speed"):
+            click.echo(f"{'computed':<{width}}  {q['speed']}")
         for name, m in q["modules"].items():
             click.echo(f"  {name}  {m['bytes']:,} B / {m['params']:,} params = {m['bits_per_param']} bits/param")
     steps = info.get("provenance") or []

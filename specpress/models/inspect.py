@@ -123,7 +123,18 @@ def _quantization(block: dict[str, Any], index: dict[str, Any], model: nn.Module
     q_params = sum(m["params"] for m in modules.values())
     q_bytes = sum(m["bytes"] for m in modules.values())
     rest = sum(v.nbytes for v in index.values()) - q_bytes
+    from specpress.errors import ConfigError
+    from specpress.models.quantized.scheme import config_from_dict, scheme_of
+
+    try:
+        cfg = config_from_dict(step.get("config") or {})
+        acts, speed = cfg.act_mode, scheme_of(cfg).speed
+    except ConfigError:
+        acts, speed = None, None
+    if acts not in (None, "none"):
+        speed = f"{acts} activations emulated on the CPU (fake-quantized input, dequantized weight): saves bytes, not time"
     return {"scheme": step.get("scheme"), "method": step.get("method"), "config": step.get("config"),
+            "activations": acts, "speed": speed,
             "modules": modules, "quantized_params": q_params, "quantized_bytes": q_bytes,
             "quantized_bits_per_param": round(8 * q_bytes / q_params, 3) if q_params else None,
             "other_bytes": rest}

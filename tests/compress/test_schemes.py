@@ -138,7 +138,10 @@ def test_every_scheme_through_every_consumer(word, method, extra, wide, tmp_path
 
     info = json.loads(_ok(run(cli, ["inspect", str(q), "--json"])))
     assert info["quantization"]["scheme"] == word and info["bytes"] <= step["bytes_after"] + 1024
-    assert cfg.storage_label() in _ok(run(cli, ["inspect", str(q)]))
+    text = _ok(run(cli, ["inspect", str(q)]))
+    assert cfg.storage_label() in text and info["quantization"]["activations"] == cfg.act_mode
+    if cfg.act_mode != "none" or word in ("fp8", "nvfp4", "mxfp4", "mxfp8"):
+        assert "saves bytes, not time" in text
 
     res = tmp_path / "bench.json"
     _ok(run(cli, ["bench", "--target", str(tdir), "--drafter", str(q), "--prompts", str(prompts),
