@@ -40,6 +40,9 @@ def _fmt(n: int) -> str:
               help="What calibration runs the drafter on: real speculative rounds over --target (every tree level "
                    "and fed-back hidden state; POLICY defaults to the family's) or the teacher-forced first step "
                    "only (what TensorRT Edge-LLM calibrates on).")
+@click.option("--kv-cache", type=click.Choice(["none", "fp8"]),
+              help="The drafter's own KV cache: fp8 rounds every cached K/V vector to e4m3 with its own scale "
+                   "(per token and head), as TensorRT Edge-LLM's and vLLM's fp8 KV caches hold it  [default: none]")
 @click.option("--include", help="Optional modules to quantize too, comma-separated (e.g. lm_head).")
 @click.option("--exclude", help="Modules to keep in full precision, comma-separated (e.g. fc,down_proj).")
 @click.option("--target", "target_dir", type=click.Path(path_type=Path),
@@ -61,7 +64,8 @@ def _fmt(n: int) -> str:
               help="Batches for the before/after agreement.")
 @click.option("--seed", type=int, default=0, show_default=True)
 def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, group_size: int | None,
-             symmetric: bool | None, activations: str | None, act_calibration: str | None, calib_inputs: str,
+             symmetric: bool | None, activations: str | None, act_calibration: str | None, kv_cache: str | None,
+             calib_inputs: str,
              include: str | None, exclude: str | None, target_dir: Path | None,
              data_path: Path | None, dequantize_out: bool, float_dtype: str, force: bool, calib_batches: int,
              batch: int, seq_len: int,
@@ -118,7 +122,8 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
     from specpress.models.quantized.scheme import config_for, config_from_dict
 
     config = config_for(scheme, method, group_size=group_size, symmetric=symmetric, include=_names(include),
-                        exclude=_names(exclude), activations=activations, act_calibration=act_calibration)
+                        exclude=_names(exclude), activations=activations, act_calibration=act_calibration,
+                        kv_cache=kv_cache)
     with claim_output(out, force=force, inputs={"--drafter": drafter_dir, "--target": target_dir,
                                                 "--data": data_path}):
         if target_dir is not None:

@@ -30,6 +30,7 @@ class Ctx:
     accuracy_level: int = 0  # MatMulNBits: 0 = fp32 activations (torch's arithmetic); 4 = int8 activations
     mask: dict[str, str] = field(default_factory=dict)  # standard: {"mask"}; plugin: {"committed", "tree_mask"}
     quant_notes: list[str] = field(default_factory=list)  # what each quantized Linear became, for the manifest
+    kv_cache: str = "none"  # "fp8": new K/V rounded to e4m3 per token and head before attention (models/kv.py)
 
     def weight(self, t: torch.Tensor, hint: str) -> str:
         """A float weight in the graph's float type.
@@ -141,6 +142,10 @@ def self_attention(c: Ctx, x: str, attn: nn.Module, cos: str, sin: str, past: tu
     q = apply_rotary(c, g.op("Transpose", q, perm=[0, 2, 1, 3]), qc, qs)
     k = apply_rotary(c, g.op("Transpose", k, perm=[0, 2, 1, 3]), cos, sin)
     v = g.op("Transpose", v, perm=[0, 2, 1, 3])
+    if c.kv_cache == "fp8":  # what Fp8KVCache.write stores: the cache, and attention, see only e4m3 K/V
+        from specpress.export.quant.inputs import fp8_rows
+
+        k, v = fp8_rows(c, k), fp8_rows(c, v)
     out, pk, pv = tree_attention(c, q, k, v, past[0], past[1], attn)
     return linear(c, out, attn.o_proj, f"{hint}.o_proj"), pk, pv
 

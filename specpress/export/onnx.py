@@ -167,7 +167,7 @@ def export_onnx(drafter: Any, out: str | Path, options: ExportOptions = ExportOp
 
     def new(name: str) -> Ctx:
         return Ctx(Graph(name, opset, o.dtype), o.attention, o.quant_format, o.accuracy_level,
-                   quant_notes=quant_notes)
+                   quant_notes=quant_notes, kv_cache=getattr(drafter, "kv_cache_format", "none"))
 
     progress(f"building graphs ({drafter.family}, attention {o.attention}, opset {opset}, {o.dtype})")
     ctxs, roles = build_graphs(drafter, new)

@@ -27,7 +27,7 @@ from specpress.errors import CheckpointError, ConfigError, UsageError
 from specpress.config import config_kwargs
 from specpress.models.family import REQUIRED_TRAITS, TRAITS, Family
 from specpress.models.io import load_into
-from specpress.models.kv import KVCache
+from specpress.models.kv import Fp8KVCache, KVCache
 from specpress.models.layers import RopeConfig, resolve_mask, resolve_positions
 from specpress.models.target import TargetConfig
 
@@ -219,6 +219,7 @@ class Drafter(nn.Module):
     config: Any
     # Metadata carried from load to save: the ordered compression steps, and the target it was built for.
     provenance: tuple[dict[str, Any], ...] = ()
+    kv_cache_format: str = "none"  # "fp8": new_cache rounds every K/V to e4m3 (the quantize step records it)
     target_fingerprint: dict[str, Any] | None = None
     fingerprint_mismatch: list[str] = []  # set by load_drafter(path, target): fields that differ
     _shared: SharedModules | None = None
@@ -295,7 +296,8 @@ class Drafter(nn.Module):
         """A preallocated KVCache for `max_len` tokens on this drafter's device and dtype."""
         layers, kv, d = self.cache_dims()
         w = self.compute_param()
-        return KVCache(layers, batch, kv, max_len, d, w.dtype, w.device)
+        cls = Fp8KVCache if self.kv_cache_format == "fp8" else KVCache
+        return cls(layers, batch, kv, max_len, d, w.dtype, w.device)
 
     def compute_param(self) -> Tensor:
         """A floating-point parameter whose dtype/device are the drafter's compute dtype/device."""

@@ -149,6 +149,7 @@ def load_drafter(path: str | Path, target: "TargetModel | None" = None, *,
     model.load_public(weights, str(path))
     _rebuild_rotaries(model)
     model.provenance = tuple(block.get("steps") or ())
+    model.kv_cache_format = str((step or {}).get("kv_cache", "none"))
     model.target_fingerprint = block.get("target")
     dev = target.lm_head.weight.device if target is not None and device is None else pick_device(
         None if device is None else str(device))

@@ -62,6 +62,27 @@ class KVCache:
         self.length = base + n
 
     def clone(self) -> "KVCache":
-        other = KVCache.__new__(KVCache)
+        other = type(self).__new__(type(self))
         other.k, other.v, other.length = self.k.clone(), self.v.clone(), self.length
         return other
+
+
+KV_FORMATS = ("none", "fp8")
+
+
+class Fp8KVCache(KVCache):
+    """A drafter's KV cache held in float8 e4m3 (Edge-LLM's and vLLM's fp8 KV cache): every K/V vector written
+    is rounded to e4m3 with its own scale, amax over the head dimension / 448 (dynamic, per token and head),
+    and kept dequantized, so attention reads exactly what an fp8 cache returns. Storage stays in the cache
+    dtype here: this measures the acceptance cost, not the memory."""
+
+    def write(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        return super().write(layer, fp8_rows(k), fp8_rows(v))
+
+
+def fp8_rows(x: Tensor) -> Tensor:
+    """x [..., D] rounded to e4m3 with one scale per row (amax / 448), back in x's dtype."""
+    from specpress.models.quantized.activations import FP8_MAX, fake_fp8, per_token_amax
+
+    xf = x.float()
+    return fake_fp8(xf, per_token_amax(xf) / FP8_MAX).to(x.dtype)

@@ -26,8 +26,8 @@ from specpress.errors import ConfigError
 
 BASE_ID = "base"
 STAGES = ("quantize", "prune")
-QUANTIZE_FIELDS = ("scheme", "method", "group_size", "symmetric", "activations", "act_calibration", "include",
-                   "exclude", "calib_batches", "batch", "seq_len", "calib_inputs")
+QUANTIZE_FIELDS = ("scheme", "method", "group_size", "symmetric", "activations", "act_calibration", "kv_cache",
+                   "include", "exclude", "calib_batches", "batch", "seq_len", "calib_inputs")
 NAME_LISTS = ("include", "exclude")  # quantize fields whose list value is one setting, not a product axis
 CALIB_DEFAULTS = {"calib_batches": 8, "batch": 4, "seq_len": 128}  # as `specpress quantize`
 CALIB_INPUTS = "rounds"  # as `specpress quantize --calib-inputs`
@@ -62,7 +62,8 @@ class Step:
             return config_for(opts["scheme"], opts.get("method"), group_size=opts.get("group_size"),
                               symmetric=opts.get("symmetric"), include=tuple(opts.get("include", ())),
                               exclude=tuple(opts.get("exclude", ())), activations=opts.get("activations"),
-                              act_calibration=_str_or_none(opts.get("act_calibration")))
+                              act_calibration=_str_or_none(opts.get("act_calibration")),
+                              kv_cache=opts.get("kv_cache"))
         from specpress.compress.prune import PruneConfig
 
         return PruneConfig.from_dict(opts)

@@ -23,6 +23,7 @@ from specpress.runtime.plain import decode_plain
 from specpress.runtime.policy import parse_policy
 
 STREAM = np.random.default_rng(0).integers(1, V, size=600).astype(np.int32)
+POLICY = {"eagle": "chain:3", "eagle3": "chain:3", "mtp": "mtp:3", "dflash": "block:4", "lm": "chain:4"}
 
 
 def _ort_qdq(x: np.ndarray, scale: float, elem: int) -> np.ndarray:
@@ -180,3 +181,36 @@ def test_awq_beats_round_to_nearest_on_outlier_channels():
     errs, q = _errors("int4", ("rtn", "awq"), group_size=32)
     assert quantized_modules(q)["0"].pre_quant_scale is not None
     assert errs["awq"] < errs["rtn"]
+
+
+@pytest.mark.parametrize("family", ["eagle", "eagle3", "mtp", "dflash", "lm"])
+def test_fp8_kv_cache_rounds_what_is_cached_stays_lossless_and_exports(family, tmp_path):
+    """--kv-cache fp8: every K/V vector the drafter caches is e4m3 with its own scale; the loop stays lossless
+    and the ONNX export (the same rounding before attention) validates against torch on real rounds."""
+    pytest.importorskip("onnxruntime")
+    from drafters_common import make as make_drafter
+
+    from specpress.export.onnx import ExportOptions, export_onnx
+    from specpress.models.kv import Fp8KVCache, fp8_rows
+
+    target = random_eos_target()
+    d = quantize(make_drafter(family, target) if family != "lm" else _lm(target),
+                 config_for("fp8", activations="none", kv_cache="fp8"))
+    cache = d.new_cache(16)
+    assert isinstance(cache, Fp8KVCache) and d.provenance[-1]["kv_cache"] == "fp8"
+    k = torch.randn(1, cache.k.shape[2], 3, cache.k.shape[4])
+    stored, _ = cache.write(0, k, k)
+    assert torch.equal(stored, fp8_rows(k)) and not torch.equal(stored, k)
+    back = load_drafter(save_drafter(d, tmp_path / "q"), target)
+    assert back.kv_cache_format == "fp8"
+    prompt = [5, 9, 13, 2, 44, 7]
+    plain = decode_plain(target, prompt, 10)
+    assert speculative_generate(target, back, prompt, 10, parse_policy(POLICY[family])).tokens == plain.tokens
+    rep = export_onnx(back, tmp_path / "onnx", ExportOptions(), target=target)
+    assert max(e["max_rel"] for g in rep.errors.values() for e in g.values()) <= rep.tolerance
+
+
+def _lm(target):
+    from specpress.models.lm import LMConfig, LMDrafter
+
+    return LMDrafter(LMConfig.from_target_config(target.config)).eval().attach_target(target)

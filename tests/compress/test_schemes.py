@@ -42,6 +42,7 @@ CASES = [(w, m, ()) for w, m in PAIRS] + [
     ("nvfp4", "rtn", ("--activations", "static", "--act-calibration", "fixed:2688")),
     ("mxfp4", "rtn", ("--activations", "none")),
     ("mxfp8", "rtn", ("--activations", "none")),
+    ("fp8", "rtn", ("--kv-cache", "fp8")),
 ]
 
 
@@ -125,10 +126,11 @@ def test_every_scheme_through_every_consumer(word, method, extra, wide, tmp_path
     assert "acc@k after" in out
     opts = dict(zip(extra[0::2], extra[1::2]))
     cfg = S.config_for(word, method, include=("lm_head",), activations=opts.get("--activations"),
-                       act_calibration=opts.get("--act-calibration"))
+                       act_calibration=opts.get("--act-calibration"), kv_cache=opts.get("--kv-cache"))
     d = load_drafter(q, target)
     step = d.provenance[-1]
     assert S.config_from_dict(step["config"]) == cfg and step["scheme"] == word and step["method"] == method
+    assert d.kv_cache_format == cfg.kv_cache == step.get("kv_cache", "none")
     mods = quantized_modules(d)
     assert set(mods) == set(step["quantized"]) and "lm_head" in mods
     assert all(isinstance(m, S.scheme_of(cfg).modules) and m.act_mode == cfg.act_mode for m in mods.values())

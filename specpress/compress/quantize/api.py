@@ -180,7 +180,10 @@ def quantize(model: nn.Module, config: QuantizeConfig, calibration: ForwardLoop 
             "quantized": names, "skipped": skipped, "bytes_before": before,
             "bytes_after": stored_bytes(model, float_dtype), "quantized_params": q_params,
             "quantized_bytes": q_bytes, "weight_sqnr_db": sq, "notes": notes, "dequantized": False,
-            **({"input_amax": input_amax} if input_amax else {})}
+            **({"input_amax": input_amax} if input_amax else {}),
+            **({"kv_cache": config.kv_cache} if config.kv_cache != "none" else {})}
+    if hasattr(model, "kv_cache_format"):
+        model.kv_cache_format = config.kv_cache
     model.provenance = (*tuple(getattr(model, "provenance", ()) or ()), step)
     return model
 
@@ -200,6 +203,8 @@ def dequantize(model: nn.Module) -> nn.Module:
     mods = quantized_modules(model)
     if not mods:
         raise UsageError("this drafter holds no quantized modules to dequantise")
+    if getattr(model, "kv_cache_format", "none") != "none":
+        raise UsageError("--dequantize writes plain float weights, which cannot carry an fp8 KV cache: drop --kv-cache")
     for name, m in mods.items():
         replace_module(model, name, m.to_linear())
     if active_quantize_step(getattr(model, "provenance", ())):

@@ -72,6 +72,19 @@ def fp8_input(c: Ctx, x: str, mod: nn.Module, hint: str) -> str:
     z = c.g.init(helper.make_tensor("z", TensorProto.FLOAT8E4M3FN, [], [0]), f"{hint}.input_zero")
     if mod.act_mode == "static":
         return _qdq(c, x, input_scale(c, mod, hint), z)
+    return _fp8_per_row(c, x, z)
+
+
+def fp8_rows(c: Ctx, x: str) -> str:
+    """x rounded to e4m3 with one scale per row of its last axis (the fp8 KV cache: models/kv.fp8_rows), in
+    float32 (the graph's float type in and out)."""
+    z = c.g.init(helper.make_tensor("z", TensorProto.FLOAT8E4M3FN, [], [0]), "kv.fp8_zero")
+    if c.g.ft == TensorProto.FLOAT or c.quant_format == "qdq":
+        return _fp8_per_row(c, x, z)
+    return c.g.op("Cast", _fp8_per_row(c, c.g.op("Cast", x, to=TensorProto.FLOAT), z), to=c.g.ft)
+
+
+def _fp8_per_row(c: Ctx, x: str, z: str) -> str:
     s = token_scale(c, x, FP8_MAX)
     if c.quant_format == "qdq":  # TensorRT: FP8 only out of a QuantizeLinear (constant scale 1)
         return c.g.op("Mul", _qdq(c, c.g.op("Div", x, s), f32(c, 1.0), z), s)

@@ -42,10 +42,15 @@ class QuantizeConfig:
 
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
+    kv_cache: str = "none"  # "fp8": the drafter's own KV cache in e4m3 (models/kv.py Fp8KVCache)
 
     def __post_init__(self) -> None:
+        from specpress.models.kv import KV_FORMATS
+
         object.__setattr__(self, "include", _names(self.include, "include"))
         object.__setattr__(self, "exclude", _names(self.exclude, "exclude"))
+        if self.kv_cache not in KV_FORMATS:
+            raise ConfigError(f"--kv-cache {self.kv_cache!r}: choose one of {', '.join(KV_FORMATS)}")
         self.validate()
 
     def validate(self) -> None:
@@ -76,7 +81,7 @@ class QuantizeConfig:
 
     def label(self) -> str:
         """A short name for tables and sweep point ids (`int4-g64-gptq`), module selection included."""
-        s = self.storage_label()
+        s = self.storage_label() + ("-kv8" if self.kv_cache == "fp8" else "")
         if self.include:
             s += "-inc_" + "_".join(self.include)
         if self.exclude:

@@ -33,12 +33,13 @@ class Words:
     exclude: tuple[str, ...] = ()
     activations: str | None = None
     act_calibration: str | None = None
+    kv_cache: str | None = None
 
     def settings(self, drop: tuple[str, ...] = ()) -> dict[str, Any]:
         """The config fields the user set (None = keep the config's default), module selection included,
         less the fields in `drop` (ones a scheme checked do not apply)."""
         out: dict[str, Any] = {"include": self.include, "exclude": self.exclude}
-        for k in ("group_size", "symmetric", "activations", "act_calibration"):
+        for k in ("group_size", "symmetric", "activations", "act_calibration", "kv_cache"):
             if getattr(self, k) is not None and k not in drop:
                 out[k] = getattr(self, k)
         return out
@@ -154,13 +155,14 @@ def for_words(word: str, method: str | None = None) -> tuple[Scheme, str]:
 
 def config_for(word: str, method: str | None = None, *, group_size: int | None = None,
                symmetric: bool | None = None, include: tuple[str, ...] = (), exclude: tuple[str, ...] = (),
-               activations: str | None = None, act_calibration: str | None = None) -> Any:
+               activations: str | None = None, act_calibration: str | None = None,
+               kv_cache: str | None = None) -> Any:
     """The config the CLI's --scheme / --method / --group-size / --(a)symmetric / --activations /
-    --act-calibration words name (None: the scheme's default); a combination that does not exist is a
-    ConfigError saying what does."""
+    --act-calibration / --kv-cache words name (None: the scheme's default); a combination that does not
+    exist is a ConfigError saying what does."""
     s, m = for_words(word, method)
     return s.make_config(word, m, Words(method, group_size, symmetric, tuple(include), tuple(exclude), activations,
-                                        act_calibration))
+                                        act_calibration, kv_cache))
 
 
 def scheme_of(config: Any) -> Scheme:
