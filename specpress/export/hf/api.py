@@ -169,6 +169,12 @@ def export_hf(drafter: str | Path, out: str | Path, fmt: str, *, verifier: str |
             rename, layout = (lambda n: sp.rename_out(family, n)), f"speculators {family}"
             if family == "dflash":
                 weights = {**weights, "lm_head.weight": _verifier_head(local, dtype)}
+            if family == "eagle3":
+                if "lm_head" in quantized:
+                    raise ConfigError("vLLM builds an EAGLE-3 drafter's lm_head as a ParallelLMHead without a "
+                                      "quantization config (vLLM 0.33 model_executor/models/llama_eagle3.py), so a "
+                                      "quantized lm_head has nothing to load into: quantize without --include "
+                                      "lm_head")
     else:
         rename, cfg_out, layout = (lambda n: n), dict(public), f"public {family}"
     tensors: dict[str, Tensor] = {}

@@ -60,20 +60,47 @@ def weights_args(cfg: Mapping[str, Any]) -> dict[str, Any]:
             "actorder": None, "observer": "minmax", "block_structure": None}
 
 
+LAYER_INDEX = re.compile(r"(^|\.)layers\.\d+\.")
+
+
 def name_pattern(name: str) -> str:
-    """A compressed-tensors target/ignore entry for module `name` that also matches a serving engine's
-    prefixed name (vLLM calls `fc` `model.fc`): `re:` + the name anchored at a dotted boundary."""
-    return r"re:(.*\.)?" + re.escape(name) + "$"
+    """A compressed-tensors ignore entry for Linear `name` (checkpoint name) that matches it under any
+    serving engine's naming: `re:` + the name anchored at a dotted boundary, with a decoder layer's index
+    left open. vLLM prefixes the drafter's modules (`fc` is `model.fc`) and numbers an EAGLE-3 draft
+    layer after the target's depth (`model.layers.{num_target_layers}`, vLLM 0.33
+    model_executor/models/llama_eagle3.py), and matches `re:` entries against those names unrewritten
+    (quantization/compressed_tensors/utils.py)."""
+    m = LAYER_INDEX.search(name)
+    if m is None:
+        return r"re:(.*\.)?" + re.escape(name) + "$"
+    head, tail = name[:m.end(1)], name[m.end():]
+    return r"re:(.*\.)?" + re.escape(head) + r"layers\.\d+\." + re.escape(tail) + "$"
+
+
+def check_layer_uniform(quantized: list[str], others: list[str]) -> None:
+    """A module kept in float in one decoder layer must be float in every layer: the config names modules
+    without their layer index (name_pattern), so a per-layer choice cannot be written."""
+    qs, fs = {name_pattern(n) for n in quantized}, {name_pattern(n) for n in others}
+    both = sorted(qs & fs)
+    if both:
+        raise ConfigError(f"{', '.join(p[3:] for p in both)}: quantized in some decoder layers and float in others. "
+                          f"The compressed-tensors config names a drafter's modules without their layer index "
+                          f"(vLLM renumbers the draft layers after the target's depth), so it cannot tell them "
+                          f"apart: quantize that module in every layer or in none (--include / --exclude by its "
+                          f"name, e.g. --exclude down_proj)")
 
 
 def quantization_config(cfg: Mapping[str, Any], quantized: list[str], others: list[str]) -> dict[str, Any]:
     """config.json's `quantization_config` for Linears `quantized` (checkpoint names) under quantize config
-    `cfg`; `others` are the Linears left in full precision (listed in `ignore`)."""
+    `cfg`; `others` are the Linears left in full precision. The group targets every Linear by class
+    (`Linear`: torch's, and vLLM's LinearBase subclasses) and `ignore` lists the float ones, so both match
+    under any naming (see name_pattern)."""
+    check_layer_uniform(quantized, others)
     fmt = "float-quantized" if cfg["name"] == "fp8" else "pack-quantized"
-    group = {"targets": [name_pattern(n) for n in quantized], "weights": weights_args(cfg),
+    group = {"targets": ["Linear"], "weights": weights_args(cfg),
              "input_activations": None, "output_activations": None, "format": fmt}
     return {"quant_method": "compressed-tensors", "format": fmt, "quantization_status": "compressed",
-            "config_groups": {"group_0": group}, "ignore": [name_pattern(n) for n in others],
+            "config_groups": {"group_0": group}, "ignore": sorted({name_pattern(n) for n in others}),
             "kv_cache_scheme": None, "sparsity_config": {}, "version": CT_VERSION}
 
 
