@@ -93,6 +93,8 @@ def test_eagle3_taps_and_policy_mapping(target, target_dir, tmp_path):
     assert s.speculative_tokens == 2 and any("nearest chain" in n for n in s.notes)
     back = load_drafter(tmp_path / "tree", target)
     assert back.taps == (1, 4, 6)
+    # a model id as verifier: the drafter carries the embedding speculators stores (test_speculators_embedding)
+    src = save_drafter(d, tmp_path / "e3-shared", include_shared=True)
     export_hf(src, tmp_path / "chain", "speculators", verifier="org/some-model", policy="chain:5")
     cfg = json.loads((tmp_path / "chain" / "config.json").read_text())
     assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 5
@@ -239,3 +241,19 @@ def test_partly_quantized_fused_layer_is_flagged(target, target_dir, tmp_path):
     ok = export_hf(drafter_dir("eagle3", target, tmp_path / "b", "int8"), tmp_path / "t", "speculators",
                    verifier=str(target_dir))
     assert not any("fused Linear" in n for n in ok.notes)
+
+
+# ------------------------------------------------------------------- what the engines load (issue 34)
+
+def test_speculators_eagle3_stores_the_verifiers_embedding(target, target_dir, tmp_path):
+    """speculators' own eagle3 checkpoints keep `embed_tokens.weight` and its Eagle3DraftModel reads it
+    (speculators 0.9.0); left out, transformers allocates it uninitialised. The export writes the
+    verifier's; with only a model id to read it from, it refuses."""
+    src = drafter_dir("eagle3", target, tmp_path, "int4")
+    out = export_hf(src, tmp_path / "s", "speculators", verifier=str(target_dir)).out
+    t = load_file(str(out / "model.safetensors"))
+    assert torch.equal(t["embed_tokens.weight"], target.model.embed_tokens.weight)
+    assert_same(load_drafter(src, target), load_drafter(out, target))  # still read back as before
+    with pytest.raises(UsageError, match="embed_tokens.*local target directory"):
+        export_hf(src, tmp_path / "x", "speculators", verifier="org/some-model")
+    assert not (tmp_path / "x").exists()

@@ -175,6 +175,8 @@ def export_hf(drafter: str | Path, out: str | Path, fmt: str, *, verifier: str |
                                       "quantization config (vLLM 0.33 model_executor/models/llama_eagle3.py), so a "
                                       "quantized lm_head has nothing to load into: quantize without --include "
                                       "lm_head")
+                if "embed_tokens.weight" not in weights:
+                    weights = {**weights, "embed_tokens.weight": _verifier_embedding(local, dtype)}
     else:
         rename, cfg_out, layout = (lambda n: n), dict(public), f"public {family}"
     tensors: dict[str, Tensor] = {}
@@ -206,6 +208,20 @@ def export_hf(drafter: str | Path, out: str | Path, fmt: str, *, verifier: str |
         save_weights(tensors, tmp / "model.safetensors")
     return ExportSummary(out, fmt, family, layout, step.get("scheme") if step else None, speculative_tokens,
                          len(tensors), tuple(notes))
+
+
+def _verifier_embedding(local: Path | None, dtype: str) -> Tensor:
+    """The verifier's embed_tokens [V, H]: speculators' eagle3 checkpoints store it and its Eagle3DraftModel
+    reads it (left out, transformers allocates it uninitialised)."""
+    if local is None:
+        raise UsageError("speculators' eagle3 layout stores the verifier's embed_tokens (its Eagle3DraftModel reads "
+                         "it from the checkpoint): pass --verifier as the local target directory, or save the "
+                         "drafter with the target's embedding (save_drafter(..., include_shared=True))")
+    w = read_weights(local)
+    emb = w.get("model.embed_tokens.weight")
+    if emb is None:
+        raise CheckpointError(f"{local}: model.embed_tokens.weight is not stored")
+    return emb.to(getattr(torch, dtype))
 
 
 def _verifier_head(local: Path | None, dtype: str) -> Tensor:

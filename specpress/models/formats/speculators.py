@@ -19,7 +19,9 @@ target_layer_ids + 1. A DFlash tap on the target's LAST layer output (hidden_sta
 vLLM cannot tap it, so such a drafter is refused.
 
 Weights: eagle3 `midlayer.*` -> `layers.0.*` (fc, norm, lm_head, d2t, t2d unchanged; d2t/t2d dropped
-when the draft vocab is the full vocab, where speculators keeps no mapping); dflash unchanged plus the
+when the draft vocab is the full vocab, where speculators keeps no mapping) plus the verifier's
+`embed_tokens.weight` (speculators' own eagle3 checkpoints keep it, and its Eagle3DraftModel reads it:
+without it the embedding is whatever memory transformers allocated); dflash unchanged plus the
 verifier's `lm_head.weight` (speculators' DFlash stores it). The specpress block rides along (speculators
 configs allow extra fields) so provenance and the target fingerprint survive the round trip.
 
