@@ -257,3 +257,18 @@ def test_speculators_eagle3_stores_the_verifiers_embedding(target, target_dir, t
     with pytest.raises(UsageError, match="embed_tokens.*local target directory"):
         export_hf(src, tmp_path / "x", "speculators", verifier="org/some-model")
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("family", ["eagle3", "dflash"])
+def test_modelopt_fp8_weight_scale_is_one_dimensional(family, target, tmp_path):
+    """ModelOpt writes per-channel fp8 scales `[N]`, and TensorRT-LLM's FP8 rowwise method
+    (tensorrt_llm/_torch/modules/linear.py FP8RowwiseLinearMethod.create_weights: weight_scale
+    `empty(out_features)`) and vLLM 0.33's ModelOpt per-channel scheme allocate `[N]`: `[N, 1]` fails to copy."""
+    src = drafter_dir(family, target, tmp_path, "fp8")
+    out = export_hf(src, tmp_path / "mo", "modelopt").out
+    t = load_file(str(out / "model.safetensors"))
+    scales = {k: v for k, v in t.items() if k.endswith(".weight_scale")}
+    assert scales
+    for k, s in scales.items():
+        w = t[k.removesuffix("_scale")]
+        assert s.dtype == torch.float32 and tuple(s.shape) == (w.shape[0],), k
