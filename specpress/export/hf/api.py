@@ -4,8 +4,13 @@ Works on the stored tensors, not on a rebuilt model: every quantized code and sc
 out or renamed, never recomputed, so the export is bit-identical to what specpress measured.
 
     speculators   eagle3 / dflash in the speculators layout (speculators.py); lm as a plain HF Llama dir;
-                  quantized Linears as compressed-tensors (compressed_tensors.py)
-    modelopt      the family's public layout + hf_quant_config.json (fp8 only; modelopt.py)
+                  quantized Linears as compressed-tensors (compressed_tensors.py): for vLLM
+    modelopt      the family's public layout + hf_quant_config.json (fp8 only; modelopt.py): for TensorRT-LLM
+
+SGLang (0.5.x) has no route for a quantized drafter from here: it reads the EAGLE layout, not speculators;
+its ModelOpt FP8 config reads every FP8 quant_algo as static per-tensor FP8 (one scale per shard and an
+input_scale; python/sglang/srt/layers/quantization/modelopt_quant.py), not per-channel; and its EAGLE-3
+`fc` is a plain Linear that would drop an fp8 scale. A float drafter's own directory is what it reads.
 """
 
 from __future__ import annotations
