@@ -188,6 +188,19 @@ def test_every_quantized_linear_matches_its_scheme_and_every_float_one_is_ignore
     assert "lm_head" not in stored_q  # R1: vLLM's EAGLE-3 lm_head takes no quantization config
 
 
+@pytest.mark.parametrize("taps", [(2, 5), (1, 3, 4, 6)], ids=["2-taps", "4-taps"])
+def test_vllm_sizes_fc_for_the_drafters_taps(taps, targets, tmp_path):
+    """R5: a drafter with 2 or 4 taps gets an fc vLLM allocates at its stored shape."""
+    d, cfg, tensors = export(targets, 8, tmp_path, "int8", exclude=("fc",), taps=taps)
+    hf = {**cfg["transformer_layer_config"]}  # base.py: transformer_layer_config + update_eagle3's fields
+    hf.update(draft_vocab_size=cfg["draft_vocab_size"], target_hidden_size=cfg["target_hidden_size"],
+              eagle_aux_hidden_state_layer_ids=cfg["eagle_aux_hidden_state_layer_ids"])
+    ids = (hf.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    count = len(ids) if ids else 3
+    assert hf["eagle_aux_hidden_state_layer_ids"] == list(taps)  # the layers vLLM taps (ids it reads first)
+    assert tensors["fc.weight"].shape == (d.config.hidden_size, hf["target_hidden_size"] * count)
+
+
 def test_a_quantized_draft_head_is_refused(targets, tmp_path):
     """R1: vLLM's EAGLE-3 lm_head is a ParallelLMHead without a quantization config."""
     t, tdir = targets[8]

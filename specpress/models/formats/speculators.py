@@ -8,7 +8,8 @@ config.json (speculators 0.9 `SpeculatorModelConfig` subclasses):
                                  "greedy", verifier: {name_or_path, architectures}}
     transformer_layer_config    the draft layers as an HF config (eagle3: llama; dflash: qwen3)
     eagle3: draft_vocab_size, target_hidden_size, norm_before_residual (false: the residual is the raw
-            fused feature), norm_before_fc / fc_norm / norm_output (false), eagle_aux_hidden_state_layer_ids
+            fused feature), norm_before_fc / fc_norm / norm_output (false), eagle_aux_hidden_state_layer_ids;
+            transformer_layer_config.eagle_config (the public layout's: vLLM counts `fc`'s taps from its list)
     dflash: draft_vocab_size (= the target vocab), block_size, target_hidden_size, mask_token_id,
             aux_hidden_state_layer_ids, sliding_window_non_causal / sample_from_anchor (false)
 
@@ -98,9 +99,12 @@ def build_config(family: str, config: Any, public: Mapping[str, Any], verifier: 
         "target_hidden_size": getattr(config, "target_hidden_size", None) or config.hidden_size,
     }
     if family == "eagle3":
+        taps = config.target_layer_ids
+        # vLLM builds the drafter's hf_config from transformer_layer_config (transformers_utils/configs/
+        # speculators/base.py) and counts the taps `fc` fuses from eagle_config's list (3 when absent)
+        tlc["eagle_config"] = dict(public["eagle_config"])
         out.update(norm_before_residual=False, norm_before_fc=False, fc_norm=False, norm_output=False,
-                   eagle_aux_hidden_state_layer_ids=None if config.target_layer_ids is None
-                   else list(config.target_layer_ids))
+                   eagle_aux_hidden_state_layer_ids=None if taps is None else list(taps))
     else:
         tlc["layer_types"] = ["full_attention"] * config.num_hidden_layers
         out.update(block_size=config.block_size, mask_token_id=config.mask_token_id,
@@ -166,7 +170,7 @@ def to_public_config(cfg: Mapping[str, Any], source: str, num_target_layers: int
         raise ConfigError(f"{source}: a {mtype} transformer_layer_config of model_type {tlc.get('model_type')!r} "
                           f"is not computed by specpress (only {want!r})")
     tlc.pop("model_type", None)
-    out: dict[str, Any] = dict(tlc)
+    out: dict[str, Any] = dict(tlc)  # eagle3: its eagle_config (written for vLLM) is the public layout's
     if mtype == "eagle3":
         if int(tlc.get("num_hidden_layers", 1)) != 1:
             raise ConfigError(f"{source}: eagle3 with {tlc.get('num_hidden_layers')} layers; specpress reads one")
