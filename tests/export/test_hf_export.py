@@ -289,3 +289,31 @@ def test_help_and_notes_do_not_promise_sglang_a_quantized_route(target, tmp_path
     s = export_hf(drafter_dir("eagle3", target, tmp_path, "fp8"), tmp_path / "mo", "modelopt")
     assert any(n.startswith("not for SGLang") for n in s.notes)
     assert not any("SGLang also" in n or "/ SGLang" in n for n in s.notes)
+
+
+def test_a_tap_on_the_targets_last_layer_is_refused(target, target_dir, tmp_path):
+    """hidden_states[L] is taken after the final norm here; vLLM 0.33 collects the residual entering a layer
+    (model_executor/models/llama.py aux_hidden_state_layers), so a tap L would be another feature there."""
+    from dataclasses import replace
+
+    from specpress.models.drafter import build_drafter
+
+    base = make("eagle3", target)
+    d = build_drafter(replace(base.config, target_layer_ids=(2, 4, L)))
+    d.load_state_dict(base.state_dict())
+    src = save_drafter(d.attach_target(target), tmp_path / "e3")
+    with pytest.raises(ConfigError, match=rf"taps hidden_states\[{L}\].*after the final norm.*below {L}"):
+        export_hf(src, tmp_path / "x", "speculators", verifier=str(target_dir))
+    assert not (tmp_path / "x").exists()
+
+
+def test_vllm_kernel_notes_are_current():
+    """vLLM 0.33: 8-bit weights with zero points run through Machete on sm90 (quantization/utils/
+    machete_utils.py: uint8 with zero points, groups -1/64/128; kernels/mixed_precision/machete.py: capability
+    90); Marlin (kernels/mixed_precision/marlin.py) pads shapes that are not whole tiles."""
+    from specpress.models.formats.compressed_tensors import serving_notes
+
+    asym = " ".join(serving_notes({"name": "int", "bits": 8, "group_size": 32, "symmetric": False},
+                                  {"layers.0.mlp.down_proj": (40, 32)}))
+    assert "Machete" in asym and "sm90" in asym and "4-bit weights only" in asym
+    assert "pads" in asym and "may fall back" not in asym and "refuse" not in asym

@@ -169,6 +169,7 @@ def export_hf(drafter: str | Path, out: str | Path, fmt: str, *, verifier: str |
             if family == "dflash" and speculative_tokens > config.block_size - 1:
                 raise ConfigError(f"policy {policy} drafts {speculative_tokens} tokens; this dflash drafter's block "
                                   f"holds {config.block_size - 1}")
+            sp.check_taps(family, config, (block.get("target") or {}).get("num_hidden_layers"))
             cfg_out = sp.build_config(family, config, {**public, "torch_dtype": dtype}, verifier_cfg,
                                       speculative_tokens)
             rename, layout = (lambda n: sp.rename_out(family, n)), f"speculators {family}"

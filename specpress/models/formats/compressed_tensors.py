@@ -246,11 +246,12 @@ def serving_notes(cfg: Mapping[str, Any], shapes: Mapping[str, tuple[int, int]])
                      f"{', '.join(map(str, VLLM_GROUP_SIZES))} or per-channel; this checkpoint will not load "
                      f"there: quantize with --group-size 32/64/128")
     if not cfg.get("symmetric", True) and int(cfg["bits"]) == 8:
-        notes.append("asymmetric int8: vLLM's WNA16 kernels take zero points for 4-bit weights only; use "
-                     "symmetric int8 to serve it")
+        notes.append("asymmetric int8: vLLM 0.33 runs 8-bit weights with zero points through Machete, on Hopper "
+                     "(sm90) only and with groups of 64 or 128 or per channel; Marlin, its kernel on other GPUs, "
+                     "takes zero points for 4-bit weights only: serve it on an sm90 GPU or quantize symmetric int8")
     small = sorted(n for n, (rows, cols) in shapes.items() if cols % 128 or rows % 64)
     if small:
         notes.append(f"{len(small)} quantized Linear(s) ({', '.join(small[:3])}{' …' if len(small) > 3 else ''}) "
-                     f"have in_features not a multiple of 128 or out_features not a multiple of 64, which "
-                     f"Marlin needs; vLLM may fall back to a slower kernel or refuse them")
+                     f"have in_features not a multiple of 128 or out_features not a multiple of 64: vLLM 0.33's "
+                     f"Marlin pads them to its tiles (they load and run; the padding costs some compute)")
     return notes
