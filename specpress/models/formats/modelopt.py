@@ -76,6 +76,6 @@ def notes() -> list[str]:
     return [f"ModelOpt has no per-channel fp8 weight-only algorithm: written as {QUANT_ALGO}, so TensorRT-LLM / "
             f"vLLM also quantize the drafter's activations per token (dynamic), which specpress did not "
             f"measure; re-measure tau on the server",
-            "not for SGLang: its ModelOpt FP8 config (0.5.x) loads static per-tensor FP8 (quant_algo \"FP8\", one "
-            "weight_scale per shard plus an input_scale) only, and its EAGLE-3 fc is a plain Linear that would "
-            "drop an fp8 scale"]
+            ("not for SGLang: its ModelOpt FP8 config (0.5.x) loads static per-tensor FP8 (quant_algo \"FP8\", one "
+             "weight_scale per shard plus an input_scale) only, and its EAGLE-3 fc is a plain Linear that would "
+             "drop an fp8 scale")]
