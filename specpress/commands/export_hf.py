@@ -14,7 +14,11 @@ import click
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory (written atomically).")
 @click.option("--format", "fmt", required=True, type=click.Choice(["speculators", "modelopt"]),
               help="speculators: vLLM's drafter layout, quantized Linears as compressed-tensors (lm drafters as a "
-                   "plain HF dir). modelopt: ModelOpt's unified layout (hf_quant_config.json; fp8).")
+                   "plain HF dir). modelopt: ModelOpt's unified layout for TensorRT-LLM (hf_quant_config.json; fp8 "
+                   "per channel). Neither is for SGLang when quantized (read from SGLang 0.5.x): its ModelOpt FP8 "
+                   "config takes static per-tensor FP8 (quant_algo \"FP8\") only and its EAGLE-3 fc is a plain "
+                   "Linear that would drop an fp8 scale (keep it in float with --exclude fc); SGLang reads a float "
+                   "drafter's own directory.")
 @click.option("--verifier", default=None,
               help="The target the server loads (model id or path); recorded in speculators_config. A local "
                    "directory is checked against the target the drafter was built for.")
@@ -23,7 +27,9 @@ import click
                    "nearest chain; block:B for dflash). Default: chain of 3, dflash block_size - 1.")
 @click.option("--force", is_flag=True, help="Replace --out if it exists.")
 def hf(drafter: str, out: str, fmt: str, verifier: str | None, policy: str | None, force: bool) -> None:
-    """Export a drafter for vLLM / SGLang / TensorRT-LLM: the same codes and scales, re-laid out."""
+    """Export a drafter for vLLM (speculators) or TensorRT-LLM (modelopt): the same codes and scales, re-laid out.
+
+    SGLang has no quantized route here (see --format); it reads a float drafter's own directory."""
     from specpress.export.hf import export_hf
 
     summary = export_hf(drafter, out, fmt, verifier=verifier, policy=policy, force=force)

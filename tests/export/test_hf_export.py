@@ -93,6 +93,8 @@ def test_eagle3_taps_and_policy_mapping(target, target_dir, tmp_path):
     assert s.speculative_tokens == 2 and any("nearest chain" in n for n in s.notes)
     back = load_drafter(tmp_path / "tree", target)
     assert back.taps == (1, 4, 6)
+    # a model id as verifier: the drafter carries the embedding speculators stores (test_speculators_embedding)
+    src = save_drafter(d, tmp_path / "e3-shared", include_shared=True)
     export_hf(src, tmp_path / "chain", "speculators", verifier="org/some-model", policy="chain:5")
     cfg = json.loads((tmp_path / "chain" / "config.json").read_text())
     assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 5
@@ -239,3 +241,79 @@ def test_partly_quantized_fused_layer_is_flagged(target, target_dir, tmp_path):
     ok = export_hf(drafter_dir("eagle3", target, tmp_path / "b", "int8"), tmp_path / "t", "speculators",
                    verifier=str(target_dir))
     assert not any("fused Linear" in n for n in ok.notes)
+
+
+# ------------------------------------------------------------------- what the engines load (issue 34)
+
+def test_speculators_eagle3_stores_the_verifiers_embedding(target, target_dir, tmp_path):
+    """speculators' own eagle3 checkpoints keep `embed_tokens.weight` and its Eagle3DraftModel reads it
+    (speculators 0.9.0); left out, transformers allocates it uninitialised. The export writes the
+    verifier's; with only a model id to read it from, it refuses."""
+    src = drafter_dir("eagle3", target, tmp_path, "int4")
+    out = export_hf(src, tmp_path / "s", "speculators", verifier=str(target_dir)).out
+    t = load_file(str(out / "model.safetensors"))
+    assert torch.equal(t["embed_tokens.weight"], target.model.embed_tokens.weight)
+    assert_same(load_drafter(src, target), load_drafter(out, target))  # still read back as before
+    with pytest.raises(UsageError, match="embed_tokens.*local target directory"):
+        export_hf(src, tmp_path / "x", "speculators", verifier="org/some-model")
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("family", ["eagle3", "dflash"])
+def test_modelopt_fp8_weight_scale_is_one_dimensional(family, target, tmp_path):
+    """ModelOpt writes per-channel fp8 scales `[N]`, and TensorRT-LLM's FP8 rowwise method
+    (tensorrt_llm/_torch/modules/linear.py FP8RowwiseLinearMethod.create_weights: weight_scale
+    `empty(out_features)`) and vLLM 0.33's ModelOpt per-channel scheme allocate `[N]`: `[N, 1]` fails to copy."""
+    src = drafter_dir(family, target, tmp_path, "fp8")
+    out = export_hf(src, tmp_path / "mo", "modelopt").out
+    t = load_file(str(out / "model.safetensors"))
+    scales = {k: v for k, v in t.items() if k.endswith(".weight_scale")}
+    assert scales
+    for k, s in scales.items():
+        w = t[k.removesuffix("_scale")]
+        assert s.dtype == torch.float32 and tuple(s.shape) == (w.shape[0],), k
+
+
+def test_help_and_notes_do_not_promise_sglang_a_quantized_route(target, tmp_path):
+    """SGLang 0.5.x (python/sglang/srt/layers/quantization/modelopt_quant.py ModelOptFp8Config) serves
+    static per-tensor FP8 only, and its EAGLE-3 `fc` (models/llama_eagle3.py) is a plain Linear: neither
+    export is for SGLang when quantized, and the help says so with SGLang's rule."""
+    from click.testing import CliRunner
+
+    from specpress.commands.export_hf import hf
+
+    r = CliRunner().invoke(hf, ["--help"])
+    text = " ".join(r.output.split())
+    assert r.exit_code == 0 and "vLLM / SGLang / TensorRT-LLM" not in text
+    assert 'quant_algo "FP8"' in text and "--exclude fc" in text and "SGLang" in text
+    s = export_hf(drafter_dir("eagle3", target, tmp_path, "fp8"), tmp_path / "mo", "modelopt")
+    assert any(n.startswith("not for SGLang") for n in s.notes)
+    assert not any("SGLang also" in n or "/ SGLang" in n for n in s.notes)
+
+
+def test_a_tap_on_the_targets_last_layer_is_refused(target, target_dir, tmp_path):
+    """hidden_states[L] is taken after the final norm here; vLLM 0.33 collects the residual entering a layer
+    (model_executor/models/llama.py aux_hidden_state_layers), so a tap L would be another feature there."""
+    from dataclasses import replace
+
+    from specpress.models.drafter import build_drafter
+
+    base = make("eagle3", target)
+    d = build_drafter(replace(base.config, target_layer_ids=(2, 4, L)))
+    d.load_state_dict(base.state_dict())
+    src = save_drafter(d.attach_target(target), tmp_path / "e3")
+    with pytest.raises(ConfigError, match=rf"taps hidden_states\[{L}\].*after the final norm.*below {L}"):
+        export_hf(src, tmp_path / "x", "speculators", verifier=str(target_dir))
+    assert not (tmp_path / "x").exists()
+
+
+def test_vllm_kernel_notes_are_current():
+    """vLLM 0.33: 8-bit weights with zero points run through Machete on sm90 (quantization/utils/
+    machete_utils.py: uint8 with zero points, groups -1/64/128; kernels/mixed_precision/machete.py: capability
+    90); Marlin (kernels/mixed_precision/marlin.py) pads shapes that are not whole tiles."""
+    from specpress.models.formats.compressed_tensors import serving_notes
+
+    asym = " ".join(serving_notes({"name": "int", "bits": 8, "group_size": 32, "symmetric": False},
+                                  {"layers.0.mlp.down_proj": (40, 32)}))
+    assert "Machete" in asym and "sm90" in asym and "4-bit weights only" in asym
+    assert "pads" in asym and "may fall back" not in asym and "refuse" not in asym

@@ -4,8 +4,13 @@ Works on the stored tensors, not on a rebuilt model: every quantized code and sc
 out or renamed, never recomputed, so the export is bit-identical to what specpress measured.
 
     speculators   eagle3 / dflash in the speculators layout (speculators.py); lm as a plain HF Llama dir;
-                  quantized Linears as compressed-tensors (compressed_tensors.py)
-    modelopt      the family's public layout + hf_quant_config.json (fp8 only; modelopt.py)
+                  quantized Linears as compressed-tensors (compressed_tensors.py): for vLLM
+    modelopt      the family's public layout + hf_quant_config.json (fp8 only; modelopt.py): for TensorRT-LLM
+
+SGLang (0.5.x) has no route for a quantized drafter from here: it reads the EAGLE layout, not speculators;
+its ModelOpt FP8 config reads every FP8 quant_algo as static per-tensor FP8 (one scale per shard and an
+input_scale; python/sglang/srt/layers/quantization/modelopt_quant.py), not per-channel; and its EAGLE-3
+`fc` is a plain Linear that would drop an fp8 scale. A float drafter's own directory is what it reads.
 """
 
 from __future__ import annotations
@@ -164,11 +169,20 @@ def export_hf(drafter: str | Path, out: str | Path, fmt: str, *, verifier: str |
             if family == "dflash" and speculative_tokens > config.block_size - 1:
                 raise ConfigError(f"policy {policy} drafts {speculative_tokens} tokens; this dflash drafter's block "
                                   f"holds {config.block_size - 1}")
+            sp.check_taps(family, config, (block.get("target") or {}).get("num_hidden_layers"))
             cfg_out = sp.build_config(family, config, {**public, "torch_dtype": dtype}, verifier_cfg,
                                       speculative_tokens)
             rename, layout = (lambda n: sp.rename_out(family, n)), f"speculators {family}"
             if family == "dflash":
                 weights = {**weights, "lm_head.weight": _verifier_head(local, dtype)}
+            if family == "eagle3":
+                if "lm_head" in quantized:
+                    raise ConfigError("vLLM builds an EAGLE-3 drafter's lm_head as a ParallelLMHead without a "
+                                      "quantization config (vLLM 0.33 model_executor/models/llama_eagle3.py), so a "
+                                      "quantized lm_head has nothing to load into: quantize without --include "
+                                      "lm_head")
+                if "embed_tokens.weight" not in weights:
+                    weights = {**weights, "embed_tokens.weight": _verifier_embedding(local, dtype)}
     else:
         rename, cfg_out, layout = (lambda n: n), dict(public), f"public {family}"
     tensors: dict[str, Tensor] = {}
@@ -200,6 +214,20 @@ def export_hf(drafter: str | Path, out: str | Path, fmt: str, *, verifier: str |
         save_weights(tensors, tmp / "model.safetensors")
     return ExportSummary(out, fmt, family, layout, step.get("scheme") if step else None, speculative_tokens,
                          len(tensors), tuple(notes))
+
+
+def _verifier_embedding(local: Path | None, dtype: str) -> Tensor:
+    """The verifier's embed_tokens [V, H]: speculators' eagle3 checkpoints store it and its Eagle3DraftModel
+    reads it (left out, transformers allocates it uninitialised)."""
+    if local is None:
+        raise UsageError("speculators' eagle3 layout stores the verifier's embed_tokens (its Eagle3DraftModel reads "
+                         "it from the checkpoint): pass --verifier as the local target directory, or save the "
+                         "drafter with the target's embedding (save_drafter(..., include_shared=True))")
+    w = read_weights(local)
+    emb = w.get("model.embed_tokens.weight")
+    if emb is None:
+        raise CheckpointError(f"{local}: model.embed_tokens.weight is not stored")
+    return emb.to(getattr(torch, dtype))
 
 
 def _verifier_head(local: Path | None, dtype: str) -> Tensor:

@@ -60,20 +60,47 @@ def weights_args(cfg: Mapping[str, Any]) -> dict[str, Any]:
             "actorder": None, "observer": "minmax", "block_structure": None}
 
 
+LAYER_INDEX = re.compile(r"(^|\.)layers\.\d+\.")
+
+
 def name_pattern(name: str) -> str:
-    """A compressed-tensors target/ignore entry for module `name` that also matches a serving engine's
-    prefixed name (vLLM calls `fc` `model.fc`): `re:` + the name anchored at a dotted boundary."""
-    return r"re:(.*\.)?" + re.escape(name) + "$"
+    """A compressed-tensors ignore entry for Linear `name` (checkpoint name) that matches it under any
+    serving engine's naming: `re:` + the name anchored at a dotted boundary, with a decoder layer's index
+    left open. vLLM prefixes the drafter's modules (`fc` is `model.fc`) and numbers an EAGLE-3 draft
+    layer after the target's depth (`model.layers.{num_target_layers}`, vLLM 0.33
+    model_executor/models/llama_eagle3.py), and matches `re:` entries against those names unrewritten
+    (quantization/compressed_tensors/utils.py)."""
+    m = LAYER_INDEX.search(name)
+    if m is None:
+        return r"re:(.*\.)?" + re.escape(name) + "$"
+    head, tail = name[:m.end(1)], name[m.end():]
+    return r"re:(.*\.)?" + re.escape(head) + r"layers\.\d+\." + re.escape(tail) + "$"
+
+
+def check_layer_uniform(quantized: list[str], others: list[str]) -> None:
+    """A module kept in float in one decoder layer must be float in every layer: the config names modules
+    without their layer index (name_pattern), so a per-layer choice cannot be written."""
+    qs, fs = {name_pattern(n) for n in quantized}, {name_pattern(n) for n in others}
+    both = sorted(qs & fs)
+    if both:
+        raise ConfigError(f"{', '.join(p[3:] for p in both)}: quantized in some decoder layers and float in others. "
+                          f"The compressed-tensors config names a drafter's modules without their layer index "
+                          f"(vLLM renumbers the draft layers after the target's depth), so it cannot tell them "
+                          f"apart: quantize that module in every layer or in none (--include / --exclude by its "
+                          f"name, e.g. --exclude down_proj)")
 
 
 def quantization_config(cfg: Mapping[str, Any], quantized: list[str], others: list[str]) -> dict[str, Any]:
     """config.json's `quantization_config` for Linears `quantized` (checkpoint names) under quantize config
-    `cfg`; `others` are the Linears left in full precision (listed in `ignore`)."""
+    `cfg`; `others` are the Linears left in full precision. The group targets every Linear by class
+    (`Linear`: torch's, and vLLM's LinearBase subclasses) and `ignore` lists the float ones, so both match
+    under any naming (see name_pattern)."""
+    check_layer_uniform(quantized, others)
     fmt = "float-quantized" if cfg["name"] == "fp8" else "pack-quantized"
-    group = {"targets": [name_pattern(n) for n in quantized], "weights": weights_args(cfg),
+    group = {"targets": ["Linear"], "weights": weights_args(cfg),
              "input_activations": None, "output_activations": None, "format": fmt}
     return {"quant_method": "compressed-tensors", "format": fmt, "quantization_status": "compressed",
-            "config_groups": {"group_0": group}, "ignore": [name_pattern(n) for n in others],
+            "config_groups": {"group_0": group}, "ignore": sorted({name_pattern(n) for n in others}),
             "kv_cache_scheme": None, "sparsity_config": {}, "version": CT_VERSION}
 
 
@@ -219,11 +246,12 @@ def serving_notes(cfg: Mapping[str, Any], shapes: Mapping[str, tuple[int, int]])
                      f"{', '.join(map(str, VLLM_GROUP_SIZES))} or per-channel; this checkpoint will not load "
                      f"there: quantize with --group-size 32/64/128")
     if not cfg.get("symmetric", True) and int(cfg["bits"]) == 8:
-        notes.append("asymmetric int8: vLLM's WNA16 kernels take zero points for 4-bit weights only; use "
-                     "symmetric int8 to serve it")
+        notes.append("asymmetric int8: vLLM 0.33 runs 8-bit weights with zero points through Machete, on Hopper "
+                     "(sm90) only and with groups of 64 or 128 or per channel; Marlin, its kernel on other GPUs, "
+                     "takes zero points for 4-bit weights only: serve it on an sm90 GPU or quantize symmetric int8")
     small = sorted(n for n, (rows, cols) in shapes.items() if cols % 128 or rows % 64)
     if small:
         notes.append(f"{len(small)} quantized Linear(s) ({', '.join(small[:3])}{' …' if len(small) > 3 else ''}) "
-                     f"have in_features not a multiple of 128 or out_features not a multiple of 64, which "
-                     f"Marlin needs; vLLM may fall back to a slower kernel or refuse them")
+                     f"have in_features not a multiple of 128 or out_features not a multiple of 64: vLLM 0.33's "
+                     f"Marlin pads them to its tiles (they load and run; the padding costs some compute)")
     return notes

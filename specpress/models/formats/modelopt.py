@@ -2,7 +2,8 @@
 
 specpress fp8 (e4m3 weights, one float32 scale per output channel, weight-only) ->
 ModelOpt `FP8_PER_CHANNEL_PER_TOKEN`: `<name>.weight` float8_e4m3fn [N, K], `<name>.weight_scale` float32
-[N, 1], the same codes and scales. ModelOpt has no per-channel fp8 WEIGHT-ONLY algorithm (its weight-only
+[N] (1-D: what ModelOpt writes and what TensorRT-LLM's FP8 rowwise method and vLLM's ModelOpt per-channel
+scheme allocate), the same codes and scales. ModelOpt has no per-channel fp8 WEIGHT-ONLY algorithm (its weight-only
 fp8, FP8_PB_WO, scales 128x128 blocks), so a server loading this also quantizes activations per token:
 the export's summary says so. The checkpoint keeps the family's public layout (ModelOpt's own EAGLE export
 writes `midlayer.*`, `eagle_config`), plus `hf_quant_config.json` and a `quantization_config` in config.json.
@@ -43,7 +44,7 @@ def quantization_config(excluded: list[str]) -> dict[str, Any]:
 
 
 def compress_module(stored: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    return {"weight": stored["weight_fp8"], "weight_scale": stored["scales"].reshape(-1, 1)}
+    return {"weight": stored["weight_fp8"], "weight_scale": stored["scales"].reshape(-1).contiguous()}
 
 
 def decompress_module(stored: Mapping[str, Tensor], shape: tuple[int, int], where: str) -> dict[str, Tensor]:
@@ -73,5 +74,8 @@ def parse(hq: Mapping[str, Any], source: str) -> tuple[dict[str, Any], list[str]
 
 def notes() -> list[str]:
     return [f"ModelOpt has no per-channel fp8 weight-only algorithm: written as {QUANT_ALGO}, so TensorRT-LLM / "
-            f"vLLM / SGLang also quantize the drafter's activations per token (dynamic), which specpress did "
-            f"not measure; re-measure tau on the server"]
+            f"vLLM also quantize the drafter's activations per token (dynamic), which specpress did not "
+            f"measure; re-measure tau on the server",
+            ("not for SGLang: its ModelOpt FP8 config (0.5.x) loads static per-tensor FP8 (quant_algo \"FP8\", one "
+             "weight_scale per shard plus an input_scale) only, and its EAGLE-3 fc is a plain Linear that would "
+             "drop an fp8 scale")]

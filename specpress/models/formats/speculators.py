@@ -8,7 +8,8 @@ config.json (speculators 0.9 `SpeculatorModelConfig` subclasses):
                                  "greedy", verifier: {name_or_path, architectures}}
     transformer_layer_config    the draft layers as an HF config (eagle3: llama; dflash: qwen3)
     eagle3: draft_vocab_size, target_hidden_size, norm_before_residual (false: the residual is the raw
-            fused feature), norm_before_fc / fc_norm / norm_output (false), eagle_aux_hidden_state_layer_ids
+            fused feature), norm_before_fc / fc_norm / norm_output (false), eagle_aux_hidden_state_layer_ids;
+            transformer_layer_config.eagle_config (the public layout's: vLLM counts `fc`'s taps from its list)
     dflash: draft_vocab_size (= the target vocab), block_size, target_hidden_size, mask_token_id,
             aux_hidden_state_layer_ids, sliding_window_non_causal / sample_from_anchor (false)
 
@@ -19,7 +20,9 @@ target_layer_ids + 1. A DFlash tap on the target's LAST layer output (hidden_sta
 vLLM cannot tap it, so such a drafter is refused.
 
 Weights: eagle3 `midlayer.*` -> `layers.0.*` (fc, norm, lm_head, d2t, t2d unchanged; d2t/t2d dropped
-when the draft vocab is the full vocab, where speculators keeps no mapping); dflash unchanged plus the
+when the draft vocab is the full vocab, where speculators keeps no mapping) plus the verifier's
+`embed_tokens.weight` (speculators' own eagle3 checkpoints keep it, and its Eagle3DraftModel reads it:
+without it the embedding is whatever memory transformers allocated); dflash unchanged plus the
 verifier's `lm_head.weight` (speculators' DFlash stores it). The specpress block rides along (speculators
 configs allow extra fields) so provenance and the target fingerprint survive the round trip.
 
@@ -70,6 +73,19 @@ def cannot_hold(family: str, config: Any) -> str | None:
     return None
 
 
+def check_taps(family: str, config: Any, num_target_layers: int | None) -> None:
+    """Refuse an eagle3 tap vLLM cannot reproduce: hidden_states[L] (the last layer's output) is taken after
+    the final norm here, while vLLM collects the residual entering a layer (vLLM 0.33
+    model_executor/models/llama.py, aux_hidden_state_layers), which exists only for ids < L."""
+    taps = getattr(config, "target_layer_ids", None) if family == "eagle3" else None
+    n = getattr(config, "num_target_layers", None) or num_target_layers
+    if taps is None or n is None or max(taps) < n:
+        return
+    raise ConfigError(f"this eagle3 drafter taps hidden_states[{n}], the target's last layer output, which specpress "
+                      f"takes after the final norm; vLLM taps the residual entering a layer (ids < {n}, before any "
+                      f"norm), so it would feed this drafter another feature. Re-distill it with taps below {n}")
+
+
 def proposal(tokens: int) -> dict[str, Any]:
     return {"proposal_type": "greedy", "speculative_tokens": int(tokens), "verifier_accept_k": 1,
             "accept_tolerance": 0.0}
@@ -96,9 +112,12 @@ def build_config(family: str, config: Any, public: Mapping[str, Any], verifier: 
         "target_hidden_size": getattr(config, "target_hidden_size", None) or config.hidden_size,
     }
     if family == "eagle3":
+        taps = config.target_layer_ids
+        # vLLM builds the drafter's hf_config from transformer_layer_config (transformers_utils/configs/
+        # speculators/base.py) and counts the taps `fc` fuses from eagle_config's list (3 when absent)
+        tlc["eagle_config"] = dict(public["eagle_config"])
         out.update(norm_before_residual=False, norm_before_fc=False, fc_norm=False, norm_output=False,
-                   eagle_aux_hidden_state_layer_ids=None if config.target_layer_ids is None
-                   else list(config.target_layer_ids))
+                   eagle_aux_hidden_state_layer_ids=None if taps is None else list(taps))
     else:
         tlc["layer_types"] = ["full_attention"] * config.num_hidden_layers
         out.update(block_size=config.block_size, mask_token_id=config.mask_token_id,
@@ -164,7 +183,7 @@ def to_public_config(cfg: Mapping[str, Any], source: str, num_target_layers: int
         raise ConfigError(f"{source}: a {mtype} transformer_layer_config of model_type {tlc.get('model_type')!r} "
                           f"is not computed by specpress (only {want!r})")
     tlc.pop("model_type", None)
-    out: dict[str, Any] = dict(tlc)
+    out: dict[str, Any] = dict(tlc)  # eagle3: its eagle_config (written for vLLM) is the public layout's
     if mtype == "eagle3":
         if int(tlc.get("num_hidden_layers", 1)) != 1:
             raise ConfigError(f"{source}: eagle3 with {tlc.get('num_hidden_layers')} layers; specpress reads one")
