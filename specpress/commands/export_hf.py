@@ -24,9 +24,14 @@ import click
 @click.option("--force", is_flag=True, help="Replace --out if it exists.")
 def hf(drafter: str, out: str, fmt: str, verifier: str | None, policy: str | None, force: bool) -> None:
     """Export a drafter for vLLM / SGLang / TensorRT-LLM: the same codes and scales, re-laid out."""
+    from pathlib import Path
+
+    from specpress.artifacts import claim_output
     from specpress.export.hf import export_hf
 
-    summary = export_hf(drafter, out, fmt, verifier=verifier, policy=policy, force=force)
+    local = verifier if verifier is not None and Path(verifier).expanduser().exists() else None  # not a model id
+    with claim_output(out, force=force, inputs={"--drafter": drafter, "--verifier": local}):
+        summary = export_hf(drafter, out, fmt, verifier=verifier, policy=policy, force=force)
     for line in summary.lines():
         click.echo(line)
 

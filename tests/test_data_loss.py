@@ -1,0 +1,79 @@
+"""Issue 35, data loss: nothing specpress writes may destroy what it reads. The export commands claim --out
+like every other command; single-file outputs (bench --json) are refused inside an input; --force replaces
+only what specpress wrote; regenerate --resume refuses a partial file that is not what it recorded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from drafters_common import make, random_eos_target, save_with_tokenizer
+
+from specpress.cli import cli
+from specpress.errors import UsageError
+from specpress.models.drafter_io import save_drafter
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("loss")
+    t = random_eos_target()
+    tdir, data = save_with_tokenizer(t, root)
+    drafter = save_drafter(make("eagle3", t), root / "e3")
+    (root / "notes.txt").write_text("my notes\n")
+    onnx = root / "onnx"  # stands for an `export onnx` output: export trt's input
+    onnx.mkdir()
+    (onnx / "manifest.json").write_text(json.dumps({"format": "specpress-onnx", "format_version": 2}))
+    return root, tdir, data, drafter, onnx
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under root with its bytes: an input must come out of a refused command byte for byte."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    """Fail the test if a command builds the target or loads a drafter: its refusal must come before any work."""
+    from specpress.models import drafter_io
+    from specpress.models.target import TargetModel
+
+    monkeypatch.setattr(TargetModel, "__init__", lambda *a, **k: pytest.fail("built the target before refusing"))
+    monkeypatch.setattr(drafter_io, "load_drafter", lambda *a, **k: pytest.fail("loaded a drafter before refusing"))
+
+
+def export_args(cmd, tdir, drafter, onnx, out):
+    return {
+        "onnx": ["export", "onnx", "--drafter", drafter, "--target", tdir, "--out", out],
+        "target": ["export", "target", "--target", tdir, "--out", out],
+        "hf": ["export", "hf", "--drafter", drafter, "--format", "speculators", "--verifier", tdir, "--out", out],
+        "trt": ["export", "trt", "--onnx", onnx, "--out", out],
+    }[cmd]
+
+
+@pytest.mark.parametrize("cmd, where", [("onnx", "drafter"), ("onnx", "target"), ("onnx", "parent"),
+                                        ("onnx", "inside"), ("target", "target"), ("target", "parent"),
+                                        ("hf", "drafter"), ("hf", "verifier"), ("trt", "onnx")])
+def test_export_out_over_an_input_is_refused_even_with_force(setup, cmd, where, no_loading):
+    root, tdir, _, drafter, onnx = setup
+    out = {"drafter": drafter, "target": tdir, "verifier": tdir, "parent": root, "inside": drafter / "graphs",
+           "onnx": onnx}[where]
+    before = snapshot(root)
+    res = invoke(*export_args(cmd, tdir, drafter, onnx, out), "--force")
+    assert isinstance(res.exception, UsageError) and res.exception.exit_code == 2, (res.output, res.exception)
+    assert "would destroy the input" in str(res.exception) and "even with --force" in str(res.exception)
+    assert snapshot(root) == before
+
+
+@pytest.mark.parametrize("cmd", ["onnx", "target", "hf", "trt"])
+def test_export_out_that_cannot_be_written_is_refused_before_any_work(setup, cmd, no_loading):
+    root, tdir, _, drafter, onnx = setup
+    res = invoke(*export_args(cmd, tdir, drafter, onnx, root / "notes.txt" / "sub"))
+    assert isinstance(res.exception, UsageError), (res.output, res.exception)
+    assert "is a file, not a directory" in str(res.exception)
