@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 from drafters_common import make, random_eos_target, save_with_tokenizer
 
+from specpress.artifacts import write_file
 from specpress.cli import cli
 from specpress.errors import UsageError
 from specpress.models.drafter_io import save_drafter
@@ -77,3 +78,46 @@ def test_export_out_that_cannot_be_written_is_refused_before_any_work(setup, cmd
     res = invoke(*export_args(cmd, tdir, drafter, onnx, root / "notes.txt" / "sub"))
     assert isinstance(res.exception, UsageError), (res.output, res.exception)
     assert "is a file, not a directory" in str(res.exception)
+
+
+@pytest.mark.parametrize("where", ["drafter weights", "target config", "tokenizer", "prompts"])
+def test_bench_json_inside_an_input_is_refused(setup, where, no_loading):
+    root, tdir, _, drafter, _ = setup
+    prompts = root / "p.jsonl"
+    prompts.write_text('{"input_ids": [1, 2]}\n')
+    path = {"drafter weights": drafter / "model.safetensors", "target config": tdir / "config.json",
+            "tokenizer": tdir / "tokenizer.json", "prompts": prompts}[where]
+    before = snapshot(root)
+    for force in ([], ["--force"]):
+        res = invoke("bench", "--target", tdir, "--drafter", drafter, "--prompts", prompts, "--max-new-tokens", "2",
+                     "--json", path, *force)
+        assert isinstance(res.exception, UsageError) and res.exception.exit_code == 2, (res.output, res.exception)
+        assert "would destroy the input" in str(res.exception) and str(path) in str(res.exception)
+    assert snapshot(root) == before
+
+
+def test_bench_json_over_an_existing_file_needs_force_and_is_written_atomically(setup, tmp_path, monkeypatch):
+    _, tdir, _, _, _ = setup
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"input_ids": [1, 2]}\n')
+    out = tmp_path / "m.json"
+    out.write_text("keep me\n")
+    base = ["bench", "--target", tdir, "--prompts", prompts, "--max-new-tokens", "2", "--json", out]
+    res = invoke(*base)
+    assert isinstance(res.exception, UsageError) and "already exists" in str(res.exception)
+    assert "--force" in str(res.exception) and out.read_text() == "keep me\n"
+    res = invoke(*base, "--force")
+    assert res.exit_code == 0, (res.output, res.exception)
+    assert json.loads(out.read_text())["tau"] == 1.0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json", "p.jsonl"]  # no temp file or lock left
+
+    from specpress import artifacts
+
+    def full_disk(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(artifacts.os, "fsync", full_disk)
+    with pytest.raises(OSError):
+        write_file(out, "new")
+    assert json.loads(out.read_text())["tau"] == 1.0  # the old file stands and no temp file is left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json", "p.jsonl"]
