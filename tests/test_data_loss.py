@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from drafters_common import make, random_eos_target, save_with_tokenizer
 
-from specpress.artifacts import write_file
+from specpress.artifacts import MARKERS, artifact_kind, write_file
 from specpress.cli import cli
 from specpress.errors import UsageError
 from specpress.models.drafter_io import save_drafter
@@ -121,3 +121,53 @@ def test_bench_json_over_an_existing_file_needs_force_and_is_written_atomically(
         write_file(out, "new")
     assert json.loads(out.read_text())["tau"] == 1.0  # the old file stands and no temp file is left
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json", "p.jsonl"]
+
+
+def test_force_replaces_only_what_specpress_wrote(setup, tmp_path, no_loading):
+    _, tdir, data, drafter, onnx = setup
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "thesis.tex").write_text("four years of work\n")
+    (junk / "figures").mkdir()
+    quantize = ["quantize", "--drafter", drafter, "--scheme", "int8", "--out", junk]
+    for args in (quantize, export_args("onnx", tdir, drafter, onnx, junk), export_args("trt", tdir, drafter, onnx, junk)):
+        for force in ([], ["--force"]):
+            res = invoke(*args, *force)
+            assert isinstance(res.exception, UsageError) and res.exception.exit_code == 2, (res.output, res.exception)
+            msg = str(res.exception)
+            assert str(junk) in msg and "figures, thesis.tex" in msg and "remove it by hand" in msg, msg
+    assert (junk / "thesis.tex").read_text() == "four years of work\n"
+
+    from specpress.sweep.recipe import load_recipe
+    from specpress.sweep.results import guard_out
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(json.dumps({"target": str(tdir), "drafter": str(drafter), "prompts": str(data),
+                                  "policies": ["chain:3"], "max_new_tokens": 4,
+                                  "grid": [{"quantize": {"scheme": "int8"}}]}))  # JSON is YAML
+    with pytest.raises(UsageError, match="remove it by hand"):
+        guard_out(junk, load_recipe(recipe), resume=False, force=True)
+    assert sorted(p.name for p in junk.iterdir()) == ["figures", "thesis.tex"]
+
+
+def test_force_still_replaces_an_artifact_or_an_empty_dir(setup, tmp_path):
+    _, _, _, drafter, _ = setup
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    res = invoke("quantize", "--drafter", drafter, "--scheme", "int8", "--out", empty, "--force")
+    assert res.exit_code == 0, (res.output, res.exception)
+    assert artifact_kind(empty) == "a specpress drafter"
+    res = invoke("quantize", "--drafter", drafter, "--scheme", "int4", "--group-size", "8", "--out", empty, "--force")
+    assert res.exit_code == 0, (res.output, res.exception)
+    assert json.loads((empty / "config.json").read_text())["specpress"]["steps"][-1]["scheme"] == "int4"
+
+
+def test_every_writer_is_recognised():
+    """artifact_kind knows each format tag the writers put in their manifests (kept as literals there)."""
+    from specpress.manifest import FORMAT, TARGET_FORMAT
+    from specpress.zoo.card import ZOO_FORMAT
+
+    assert MARKERS["manifest.json"][0] == FORMAT and MARKERS["target_manifest.json"] == (TARGET_FORMAT,)
+    assert MARKERS["zoo.json"] == (ZOO_FORMAT,)
+    trt = pytest.importorskip("specpress.export.trt.builder")
+    assert trt.FORMAT in MARKERS["manifest.json"]
