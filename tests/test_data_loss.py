@@ -13,7 +13,7 @@ from drafters_common import make, random_eos_target, save_with_tokenizer
 
 from specpress.artifacts import MARKERS, artifact_kind, write_file
 from specpress.cli import cli
-from specpress.errors import UsageError
+from specpress.errors import Interrupted, UsageError
 from specpress.models.drafter_io import save_drafter
 
 
@@ -171,3 +171,61 @@ def test_every_writer_is_recognised():
     assert MARKERS["zoo.json"] == (ZOO_FORMAT,)
     trt = pytest.importorskip("specpress.export.trt.builder")
     assert trt.FORMAT in MARKERS["manifest.json"]
+
+
+def _interrupted_regen(tdir, data, out, monkeypatch):
+    """Run regenerate with one sequence per batch, stopped by Ctrl-C in its second batch."""
+    from specpress.compress import regen
+
+    real = regen.continue_batch
+    calls = []
+
+    def stop_second(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    args = ["regenerate", "--target", tdir, "--data", data, "--out", out, "--sequences", "3", "--prompt-tokens", "4",
+            "--new-tokens", "4", "--batch", "1"]
+    monkeypatch.setattr(regen, "continue_batch", stop_second)
+    res = invoke(*args)
+    assert isinstance(res.exception, Interrupted), (res.output, res.exception)
+    monkeypatch.setattr(regen, "continue_batch", real)
+    return args
+
+
+@pytest.mark.parametrize("damage", ["cut short", "changed"])
+def test_regenerate_resume_refuses_a_partial_that_is_not_what_it_recorded(setup, tmp_path, monkeypatch, damage):
+    _, tdir, data, _, _ = setup
+    out = tmp_path / "r.jsonl"
+    args = _interrupted_regen(tdir, data, out, monkeypatch)
+    part = out.with_name("r.jsonl.partial")
+    text = part.read_bytes()
+    assert json.loads(part.with_name("r.jsonl.partial.state").read_text())["bytes"] == len(text)
+    damaged = text[:len(text) // 2] if damage == "cut short" else text.replace(b'"text"', b'"TEXT"', 1)
+    part.write_bytes(damaged)
+    res = invoke(*args, "--resume")
+    assert isinstance(res.exception, UsageError) and res.exception.exit_code == 2, (res.output, res.exception)
+    msg = str(res.exception)
+    assert str(part) in msg and "\n" not in msg and "--force instead of --resume" in msg
+    assert ("cut short" if damage == "cut short" else "sha256 differs") in msg
+    assert part.read_bytes() == damaged and not out.exists()  # never padded, never continued
+
+    res = invoke(*args, "--force")  # the fix the message names
+    assert res.exit_code == 0, (res.output, res.exception)
+    lines = out.read_text().splitlines()
+    assert len(lines) == 3 and all(json.loads(line)["text"] for line in lines) and b"\0" not in out.read_bytes()
+
+
+def test_regenerate_resume_of_an_intact_partial_still_writes_the_same_file(setup, tmp_path, monkeypatch):
+    _, tdir, data, _, _ = setup
+    whole = tmp_path / "whole.jsonl"
+    res = invoke("regenerate", "--target", tdir, "--data", data, "--out", whole, "--sequences", "3",
+                 "--prompt-tokens", "4", "--new-tokens", "4", "--batch", "1")
+    assert res.exit_code == 0, (res.output, res.exception)
+    out = tmp_path / "r.jsonl"
+    args = _interrupted_regen(tdir, data, out, monkeypatch)
+    res = invoke(*args, "--resume")
+    assert res.exit_code == 0, (res.output, res.exception)
+    assert out.read_bytes() == whole.read_bytes()
