@@ -195,7 +195,7 @@ def _interrupted_regen(tdir, data, out, monkeypatch):
     return args
 
 
-@pytest.mark.parametrize("damage", ["cut short", "changed"])
+@pytest.mark.parametrize("damage", ["cut short", "changed", "other run"])
 def test_regenerate_resume_refuses_a_partial_that_is_not_what_it_recorded(setup, tmp_path, monkeypatch, damage):
     _, tdir, data, _, _ = setup
     out = tmp_path / "r.jsonl"
@@ -203,13 +203,19 @@ def test_regenerate_resume_refuses_a_partial_that_is_not_what_it_recorded(setup,
     part = out.with_name("r.jsonl.partial")
     text = part.read_bytes()
     assert json.loads(part.with_name("r.jsonl.partial.state").read_text())["bytes"] == len(text)
-    damaged = text[:len(text) // 2] if damage == "cut short" else text.replace(b'"text"', b'"TEXT"', 1)
+    damaged = {"cut short": text[:len(text) // 2], "changed": text.replace(b'"text"', b'"TEXT"', 1),
+               "other run": text}[damage]
     part.write_bytes(damaged)
-    res = invoke(*args, "--resume")
+    if damage != "other run":  # the partial's bytes are checked before the target is loaded
+        from specpress.models.target import TargetModel
+
+        monkeypatch.setattr(TargetModel, "__init__", lambda *a, **k: pytest.fail("loaded the target first"))
+    res = invoke(*args, "--resume", *(["--seed", "1"] if damage == "other run" else []))
+    monkeypatch.undo()
     assert isinstance(res.exception, UsageError) and res.exception.exit_code == 2, (res.output, res.exception)
     msg = str(res.exception)
     assert str(part) in msg and "\n" not in msg and "--force instead of --resume" in msg
-    assert ("cut short" if damage == "cut short" else "sha256 differs") in msg
+    assert {"cut short": "cut short", "changed": "sha256 differs", "other run": "different run"}[damage] in msg
     assert part.read_bytes() == damaged and not out.exists()  # never padded, never continued
 
     res = invoke(*args, "--force")  # the fix the message names

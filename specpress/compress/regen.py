@@ -106,30 +106,43 @@ def _partial(out: Path) -> tuple[Path, Path]:
 
 
 def _start(out: Path, key: dict[str, Any], resume: bool) -> dict[str, Any]:
-    """The state of a matching interrupted run ({done, bytes, stats}), or a fresh one."""
+    """The state of a matching interrupted run ({done, bytes, sha256, stats}), or a fresh one."""
     fresh = {"key": key, "done": 0, "bytes": 0, "stats": {"generated_tokens": 0, "stopped_at_eos": 0,
                                                           "round_trip_exact": 0, "seconds": 0.0}}
-    part, state_path = _partial(out)
     if not resume:
         return fresh
-    if not state_path.exists() or not part.exists():
-        raise UsageError(f"--resume: no interrupted run to continue ({part} and its .state are missing); "
-                         f"run again without --resume")
-    try:
-        state = json.loads(state_path.read_text())
-    except (OSError, ValueError, RecursionError) as exc:
-        raise UsageError(f"--resume: cannot read {state_path} ({exc}); {_START_OVER.format(part=part)}") from None
-    if not isinstance(state, dict):
-        raise UsageError(f"--resume: {state_path} is not a regenerate state; {_START_OVER.format(part=part)}")
+    part = _partial(out)[0]
+    state = _read_state(out)
     if state.get("key") != key:
         old = state.get("key", {})
         diff = sorted(k for k in set(old) | set(key) if old.get(k) != key.get(k))
         raise UsageError(f"--resume: {part} was written by a different run (differs in {', '.join(diff)}); "
-                         f"run again without --resume to start over")
+                         f"{_START_OVER.format(part=part)}")
     return state
 
 
 _START_OVER = "delete {part} (or run regenerate again with --force instead of --resume) to start over"
+
+
+def _read_state(out: Path) -> dict[str, Any]:
+    part, state_path = _partial(out)
+    if not state_path.exists() or not part.exists():
+        raise UsageError(f"--resume: no interrupted run to continue ({part} or its .state is missing); "
+                         f"{_START_OVER.format(part=part)}")
+    try:
+        state = json.loads(state_path.read_text())
+    except (OSError, ValueError, RecursionError) as exc:
+        raise UsageError(f"--resume: cannot read {state_path} ({exc}); {_START_OVER.format(part=part)}") from None
+    if not isinstance(state, dict) or not isinstance(state.get("stats"), dict):
+        raise UsageError(f"--resume: {state_path} is not a regenerate state; {_START_OVER.format(part=part)}")
+    return state
+
+
+def verify_partial(out: str | Path) -> None:
+    """Check, before anything is loaded, that `<out>.partial` holds what its state recorded (see
+    `_continue_from`); the run itself checks again, with the run's key."""
+    out = Path(out).expanduser()
+    _continue_from(_partial(out)[0], _read_state(out))
 
 
 def _continue_from(part: Path, state: dict[str, Any]) -> Any:
@@ -142,7 +155,7 @@ def _continue_from(part: Path, state: dict[str, Any]) -> Any:
                          f"{_START_OVER.format(part=part)}")
     size = part.stat().st_size
     if size < n:
-        raise UsageError(f"--resume: {part} holds {size:,} bytes but {done} sequences were recorded in its first "
+        raise UsageError(f"--resume: {part} holds {size:,} bytes but {done} sequence(s) were recorded in its first "
                          f"{n:,}: it was cut short since; {_START_OVER.format(part=part)}")
     digest = hashlib.sha256()
     with open(part, "rb") as f:
@@ -154,7 +167,7 @@ def _continue_from(part: Path, state: dict[str, Any]) -> Any:
             digest.update(chunk)
             left -= len(chunk)
     if "sha256" in state and digest.hexdigest() != state["sha256"]:
-        raise UsageError(f"--resume: the first {n:,} bytes of {part} are not the {done} sequences the interrupted "
+        raise UsageError(f"--resume: the first {n:,} bytes of {part} are not the {done} sequence(s) the interrupted "
                          f"run wrote (sha256 differs): it was changed since; {_START_OVER.format(part=part)}")
     return digest
 
@@ -178,7 +191,7 @@ def regenerate(target: TargetModel, tokenizer: Any, stream: np.ndarray, cfg: Reg
     out.parent.mkdir(parents=True, exist_ok=True)
     params = cfg.sampling()
     dev = target.lm_head.weight.device
-    digest = _continue_from(part, state) if state["done"] else hashlib.sha256()
+    digest = _continue_from(part, state) if resume else hashlib.sha256()
     with open(part, "r+b" if state["done"] else "wb") as f:
         f.truncate(state["bytes"])
         f.seek(state["bytes"])
