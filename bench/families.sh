@@ -28,7 +28,7 @@ distill lm --layers 2
 [ -f "$OUT/prompts.jsonl" ] || python bench/make_prompts.py --target "$T" --n "$N" --tokens 64 --out "$OUT/prompts.jsonl"
 bench() {  # family policy name
   OMP_NUM_THREADS=2 specpress bench --target "$T" --drafter "$OUT/$1" --policy "$2" --prompts "$OUT/prompts.jsonl" \
-      --max-new-tokens "$NEW" --json "$OUT/$3.json"
+      --max-new-tokens "$NEW" --json "$OUT/$3.json" --force  # a rerun re-measures
 }
 bench eagle3 chain:4 eagle3-chain4
 bench eagle3 "dynamic:depth=6,topk=8,budget=32" eagle3-dynamic

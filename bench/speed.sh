@@ -35,7 +35,7 @@ for fam in ${FAMILIES:-eagle3}; do
       name=$(echo "$policy" | tr -c 'a-z0-9\n' '-')
       echo "== $fam $policy $dtype"
       specpress bench --target "$T" --drafter "$OUT/$fam" --policy "$policy" --dtype "$dtype" \
-          --prompts "$OUT/prompts.jsonl" --max-new-tokens "$NEW" --json "$OUT/$fam-$name-$dtype.json" \
+          --prompts "$OUT/prompts.jsonl" --max-new-tokens "$NEW" --json "$OUT/$fam-$name-$dtype.json" --force \
           2>&1 | tail -2 | head -1
     done
   done

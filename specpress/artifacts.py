@@ -3,12 +3,17 @@
 `claim_output` is the one check every command's --out (and bench --json) goes through, before loading
 or training anything: the output must not be, contain or lie inside an input (refused even with
 --force: a --force there would destroy the input); an existing output needs --force; its directory
-must be writable; a `<out>.partial` left by an interrupted run needs --resume or --force. The claim
+must be writable; a `<out>.partial` left by an interrupted run needs --resume or --force. --force
+replaces only what specpress wrote (`artifact_kind`: a drafter, an export, a zoo target, a sweep) or an
+empty directory; any other existing directory is refused, --force or not. A single file (bench --json,
+regenerate --out) is refused when it is or lies inside an input, like a directory. `check_output` runs
+these checks alone (an output written at the end of the command); `claim_output` runs them, then
 holds a lock (`.<name>.lock` beside the output, with the holder's pid) for the whole run, so a second
 writer of the same output fails at once naming the first.
 
 `atomic_dir` writes an artifact directory: a temp dir beside the target, then a rename; a failure
-leaves the old artifact untouched. Files made through temp files get ordinary permissions (0644
+leaves the old artifact untouched. `write_file` / `write_json` write one file the same way (temp file
+beside it, then os.replace). Files made through temp files get ordinary permissions (0644
 under the usual umask), not the temp file's owner-only mode.
 """
 
@@ -134,11 +139,71 @@ def _relation(out: Path, inp: Path) -> str | None:
     return None
 
 
-def check_new(out: Path | str, force: bool, flag: str = "--out") -> None:
-    """The one existence check: an existing output is replaced only when the user says --force."""
+# What specpress writes, by the file that marks it (the writers' constants, checked equal in the tests; kept
+# here as literals so that this module imports nothing heavy): file -> the "format" values it may carry.
+MARKERS: dict[str, tuple[str, ...]] = {
+    "manifest.json": ("specpress-onnx", "specpress-tensorrt-engines"),  # export onnx, export trt
+    "target_manifest.json": ("specpress-onnx-target",),                 # export target (and its caches)
+    "zoo.json": ("specpress-zoo",),                                     # zoo build
+}
+_MARKER_BYTES = 1 << 24  # a marker is a small JSON file; anything larger is not one of ours
+
+
+def _read_marker(path: Path) -> Any:
+    try:
+        if not path.is_file() or path.stat().st_size > _MARKER_BYTES:
+            return None
+        return json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError):  # unreadable, not UTF-8, not JSON: not a specpress marker
+        return None
+
+
+def artifact_kind(path: Path | str) -> str | None:
+    """What specpress wrote at directory `path` ('a drafter', 'an ONNX export', …), or None when it does not
+    recognise it: a config.json with a `specpress` block (drafters, export hf), an export manifest with
+    specpress's format, a zoo target's zoo.json, or a sweep's recipe.json."""
+    path = Path(path)
+    cfg = _read_marker(path / "config.json")
+    if isinstance(cfg, dict) and isinstance(cfg.get("specpress"), dict) and "format_version" in cfg["specpress"]:
+        return "a specpress drafter"
+    for name, formats in MARKERS.items():
+        raw = _read_marker(path / name)
+        if isinstance(raw, dict) and raw.get("format") in formats:
+            return f"a specpress {raw['format']} directory"
+    recipe = _read_marker(path / "recipe.json")
+    if isinstance(recipe, dict) and {"hash", "recipe"} <= recipe.keys():
+        return "a specpress sweep"
+    return None
+
+
+def dir_listing(path: Path, shown: int = 3) -> str:
+    try:
+        names = sorted(p.name for p in path.iterdir())
+    except OSError as exc:
+        return f"unreadable: {exc.strerror}"
+    more = f", … ({len(names)} entries)" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def check_replaceable(out: Path | str, flag: str = "--out") -> None:
+    """An existing directory may be replaced only when specpress wrote it or it is empty; refuse anything else
+    (--force or not), naming a few of its entries."""
     out = Path(out).expanduser()
-    if out.exists() and not force:
-        raise UsageError(f"{out} already exists; choose another {flag} or pass --force to replace it")
+    if not out.is_dir() or artifact_kind(out) is not None or not any(out.iterdir()):
+        return
+    raise UsageError(f"{flag} {out} is a directory specpress did not write (it holds {dir_listing(out)}); --force "
+                     f"replaces only a specpress artifact (drafter, export, zoo target, sweep) or an empty "
+                     f"directory: remove it by hand or choose another {flag}")
+
+
+def check_new(out: Path | str, force: bool, flag: str = "--out") -> None:
+    """The one existence check: an existing output is replaced only when the user says --force, and only
+    when specpress wrote it (a directory: `check_replaceable`)."""
+    out = Path(out).expanduser()
+    if out.exists():
+        check_replaceable(out, flag)
+        if not force:
+            raise UsageError(f"{out} already exists; choose another {flag} or pass --force to replace it")
 
 
 def check_inputs(out: Path, inputs: Mapping[str, Any], flag: str = "--out") -> None:
@@ -171,17 +236,18 @@ def check_writable(out: Path, flag: str = "--out") -> None:
                          f"location") from None
 
 
-def check_output_file(path: Path | str, flag: str, inputs: Mapping[str, Any] | None = None) -> None:
-    """A file the command writes at the end (bench --json): not an input, not a directory, writable; checked
-    before the work so a bad path does not cost the result."""
-    path = Path(path).expanduser()
-    for name, inp in (inputs or {}).items():  # a file beside or inside an input harms nothing; over one, it does
-        if inp is not None and path.resolve() == Path(inp).expanduser().resolve():
-            raise UsageError(f"{flag} {path} is the input {name} {inp}: writing it would destroy the input; "
-                             f"choose another {flag}")
-    if path.is_dir():
-        raise UsageError(f"{flag} {path} is a directory; give a file path")
-    check_writable(path, flag)
+def check_output(out: Path | str, *, force: bool = False, inputs: Mapping[str, Any] | None = None,
+                 kind: Kind = "dir", flag: str = "--out") -> Path:
+    """Every check on an output, in order, before any work: not an input (nor inside or around one), the
+    kind it will be, new or replaceable with --force, writable. Returns the expanded path."""
+    out = Path(out).expanduser()
+    check_inputs(out, inputs or {}, flag)
+    if out.exists() and (out.is_dir() != (kind == "dir")):
+        raise UsageError(f"{flag} {out} exists and is {'a directory' if out.is_dir() else 'a file'}; "
+                         f"a {kind} is written there; choose another {flag}")
+    check_new(out, force, flag)
+    check_writable(out, flag)
+    return out
 
 
 @contextmanager
@@ -192,13 +258,7 @@ def claim_output(out: Path | str, *, force: bool = False, inputs: Mapping[str, A
 
     partial: the command keeps `<out>.partial` for --resume; resume: the user asked to continue one.
     """
-    out = Path(out).expanduser()
-    check_inputs(out, inputs or {}, flag)
-    if out.exists() and (out.is_dir() != (kind == "dir")):
-        raise UsageError(f"{flag} {out} exists and is {'a directory' if out.is_dir() else 'a file'}; "
-                         f"a {kind} is written there; choose another {flag}")
-    check_new(out, force, flag)
-    check_writable(out, flag)
+    out = check_output(out, force=force, inputs=inputs, kind=kind, flag=flag)
     claim = OutputClaim(out, partial_path(out) if partial else None)
     with hold_lock(out):
         part = claim.partial
@@ -240,10 +300,23 @@ def atomic_dir(out: Path | str, *, force: bool = False) -> Iterator[Path]:
             raise
 
 
-def write_json(path: Path, obj: Any) -> None:
-    """Write JSON atomically (temp file + rename), readable like any other file."""
+def write_file(path: Path | str, data: bytes | str) -> None:
+    """Write one file atomically: a temp file beside it, flushed, then os.replace; readable like any other
+    file. A failure (a full disk) leaves the old file as it was and no temp file behind."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
-    make_readable(tmp)
-    tmp.replace(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        make_readable(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path | str, obj: Any) -> None:
+    """Write JSON atomically (`write_file`)."""
+    write_file(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")

@@ -185,10 +185,11 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
 @TARGET_BACKEND
 @STRICT
 @click.option("--json", "json_out", type=click.Path(path_type=Path), help="Write the full metrics object here.")
+@click.option("--force", is_flag=True, help="Replace an existing --json file.")
 def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_new_tokens: int, policy: str | None,
           temperature: float, top_k: int, top_p: float, seed: int, dtype: str, backend: str,
           compile_drafter: bool, compile_target: bool, compare_dir: Path | None, compare_backend: str | None,
-          target_backend: str, strict: bool, json_out: Path | None) -> None:
+          target_backend: str, strict: bool, json_out: Path | None, force: bool) -> None:
     """Decode every prompt of a file and report acceptance (tau, AR[k]), tokens/s and speedup.
 
     With --drafter, each prompt is decoded speculatively AND plainly, interleaved in this process, so
@@ -232,7 +233,7 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
     from rich.console import Console
     from rich.progress import Progress
 
-    from specpress.artifacts import check_output_file, write_json
+    from specpress.artifacts import check_output, write_json
     from specpress.machine import LoadMeter, load_warning
     from specpress.runtime.bench import bench_plain, bench_speculative, default_policy, load_bench_inputs
     from specpress.runtime.compile import compile_errors
@@ -248,8 +249,9 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
         raise click.UsageError("--compare-backend names the backend of --compare-drafter; pass --compare-drafter too")
     compare_backend = compare_backend or backend
     if json_out:  # before decoding: a bad path must not cost the measurement
-        check_output_file(json_out, "--json", {"--target": target_dir, "--prompts": prompts_file,
-                                               "--drafter": drafter_dir, "--compare-drafter": compare_dir})
+        check_output(json_out, force=force, kind="file", flag="--json",
+                     inputs={"--target": target_dir, "--prompts": prompts_file, "--drafter": drafter_dir,
+                             "--compare-drafter": compare_dir})
     console = Console(stderr=True)
     target, prompts = load_bench_inputs(target_dir, prompts_file, dtype)
     config = {"target": str(target_dir), "prompts_file": str(prompts_file), "dtype": dtype,
@@ -304,8 +306,7 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
             console.print("warning: " + warning, style="yellow", highlight=False)
     report(console, result, len(prompts), pol)
     if json_out:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        write_json(json_out, result)
+        write_json(json_out, result)  # its directory was made by check_output
         console.print(f"wrote {json_out}")
     else:
         click.echo(json.dumps({k: v for k, v in result.items() if k not in ("outputs", "per_prompt")}, indent=2))

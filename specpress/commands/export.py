@@ -50,11 +50,14 @@ def onnx(drafter_dir: Path, target_dir: Path, out: Path, attention: str, opset: 
       specpress export onnx --drafter drafters/eagle3 --target ~/.cache/specpress/zoo/small --out onnx/eagle3
       specpress run --backend onnxruntime --drafter onnx/eagle3 --target ~/.cache/specpress/zoo/small ...
     """
+    from specpress.artifacts import claim_output
     from specpress.export.onnx import ExportOptions, export_from_dirs
 
     options = ExportOptions(attention=attention, opset=opset, dtype=dtype, quant_format=quant_format,
                             accuracy_level=accuracy_level, force=force)
-    rep = export_from_dirs(drafter_dir, target_dir, out, options, progress=lambda s: click.echo(f"  {s}", err=True))
+    with claim_output(out, force=force, inputs={"--drafter": drafter_dir, "--target": target_dir}):
+        rep = export_from_dirs(drafter_dir, target_dir, out, options,
+                               progress=lambda s: click.echo(f"  {s}", err=True))
     own = sum(rep.graphs.values())
     click.echo(f"exported {len(rep.graphs)} graph(s) -> {rep.out}  ({rep.seconds:.1f} s, attention {attention}, "
                f"{dtype})")
@@ -95,10 +98,12 @@ def target(target_dir: Path, out: Path, dtype: str, force: bool) -> None:
     Example:
       specpress export target --target ~/.cache/specpress/zoo/small --out onnx/target
     """
+    from specpress.artifacts import claim_output
     from specpress.export.target import TargetExportOptions, export_target_from_dir
 
-    rep = export_target_from_dir(target_dir, out, TargetExportOptions(dtype=dtype, force=force),
-                                 progress=lambda s: click.echo(f"  {s}", err=True))
+    options = TargetExportOptions(dtype=dtype, force=force)
+    with claim_output(out, force=force, inputs={"--target": target_dir}):
+        rep = export_target_from_dir(target_dir, out, options, progress=lambda s: click.echo(f"  {s}", err=True))
     d = rep.decode
     click.echo(f"exported the target -> {rep.out}  ({rep.seconds:.1f} s, {dtype}, {rep.bytes:,} B)")
     click.echo(f"  random inputs: {_worst(rep.errors)}; tolerance max_rel {rep.tolerance:g}")

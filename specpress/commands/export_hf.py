@@ -30,9 +30,14 @@ def hf(drafter: str, out: str, fmt: str, verifier: str | None, policy: str | Non
     """Export a drafter for vLLM (speculators) or TensorRT-LLM (modelopt): the same codes and scales, re-laid out.
 
     SGLang has no quantized route here (see --format); it reads a float drafter's own directory."""
+    from pathlib import Path
+
+    from specpress.artifacts import claim_output
     from specpress.export.hf import export_hf
 
-    summary = export_hf(drafter, out, fmt, verifier=verifier, policy=policy, force=force)
+    local = verifier if verifier is not None and Path(verifier).expanduser().exists() else None  # not a model id
+    with claim_output(out, force=force, inputs={"--drafter": drafter, "--verifier": local}):
+        summary = export_hf(drafter, out, fmt, verifier=verifier, policy=policy, force=force)
     for line in summary.lines():
         click.echo(line)
 

@@ -63,13 +63,15 @@ def _axes(values: tuple[str, ...]) -> tuple[tuple[str, Any], ...]:
 def trt(onnx_dir: Path | None, out: Path, target_gpu: str, max_tree: int | None, max_context: int | None,
         axis_specs: tuple[str, ...], flavour: str, probe: bool, force: bool, verbose: bool) -> None:
     """Build TensorRT engines (one per exported graph) with the tree-attention plugin."""
+    from specpress.artifacts import claim_output
     from specpress.errors import UsageError
     from specpress.export.trt.builder import BuildOptions, read_source_manifest, build_engines
     from specpress.export.trt.profiles import Budget
 
     if (onnx_dir is None) == (not probe):
         raise UsageError("give exactly one of --onnx DIR (an `export onnx` output) or --probe")
-    with tempfile.TemporaryDirectory(prefix="specpress-trt-probe-") as scratch:
+    with claim_output(out, force=force, inputs={"--onnx": onnx_dir}), \
+            tempfile.TemporaryDirectory(prefix="specpress-trt-probe-") as scratch:
         if probe:
             from specpress.export.trt.probe import save_probe
 

@@ -60,7 +60,7 @@ def regenerate(target_dir: Path, data_path: Path, out: Path, sequences: int, pro
     from specpress.artifacts import claim_output
     from specpress.commands.guards import check_seq_len, interrupted, regen_saved
     from specpress.compress.data import data_stream
-    from specpress.compress.regen import RegenConfig, regenerate as run
+    from specpress.compress.regen import RegenConfig, verify_partial, regenerate as run
     from specpress.models.target import load_target
     from specpress.models.tokenizer import load_tokenizer
     from specpress.ticker import LogTicker, bar_columns
@@ -71,6 +71,9 @@ def regenerate(target_dir: Path, data_path: Path, out: Path, sequences: int, pro
                       partial=True, resume=resume) as claim:  # before loading anything
         for note in claim.notes:
             click.echo(f"note: {note}", err=True)
+        assert claim.partial is not None
+        if resume and claim.partial.exists():
+            verify_partial(out)  # a partial cut short or changed is refused before the target is loaded
         check_seq_len(target_dir, prompt_tokens + new_tokens, batch, training=False,
                       what=f"--prompt-tokens {prompt_tokens} + --new-tokens {new_tokens}")
         target = load_target(target_dir)

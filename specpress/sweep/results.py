@@ -39,10 +39,12 @@ def guard_out(out: Path, recipe: Recipe, *, resume: bool, force: bool) -> None:
         raise UsageError(f"--out {out} exists and is not a directory")
     rfile = out / RECIPE
     if out.is_dir() and any(out.iterdir()):
-        if not rfile.is_file():
-            if not force:
-                raise UsageError(f"--out {out} is not empty and holds no {RECIPE}: not a sweep output directory; "
-                                 f"choose another --out, or pass --force to use it anyway")
+        if not rfile.is_file():  # --force clears a sweep's outputs; it never writes into a foreign directory
+            from specpress.artifacts import dir_listing
+
+            raise UsageError(f"--out {out} is not empty and holds no {RECIPE}: not a sweep output directory (it "
+                             f"holds {dir_listing(out)}); --force replaces only a sweep's outputs: remove it by hand "
+                             f"or choose another --out")
         else:
             old = json.loads(rfile.read_text())
             n = len(read_results(out))

@@ -157,5 +157,6 @@ def test_every_scheme_through_every_consumer(word, method, extra, wide, tmp_path
     assert manifest["quantization"]["schemes"] == [word]
     assert manifest["quantization"]["tolerances"] == {word: S.scheme_of(cfg).tolerance}
     _ok(run(cli, ["bench", "--target", str(tdir), "--drafter", str(onnx_dir), "--backend", "onnxruntime",
-                  "--prompts", str(prompts), "--max-new-tokens", "12", "--policy", "chain:3", "--json", str(res)]))
+                  "--prompts", str(prompts), "--max-new-tokens", "12", "--policy", "chain:3", "--json", str(res),
+                  "--force"]))  # replaces the torch run's file
     assert json.loads(res.read_text())["lossless_mismatches"] == 0

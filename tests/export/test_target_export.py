@@ -137,7 +137,7 @@ def test_bench_runs_the_whole_loop_in_onnxruntime(tmp_path, target, monkeypatch)
     outs = {}
     for tb in ("torch", "onnxruntime", "onnxruntime"):
         res = CliRunner().invoke(cli, base + ["--backend", "onnxruntime", "--target-backend", tb,
-                                              "--json", str(tmp_path / f"{tb}.json")])
+                                              "--json", str(tmp_path / f"{tb}.json"), "--force"])  # rerun: replace
         assert res.exit_code == 0, res.output
         outs[tb] = json.loads((tmp_path / f"{tb}.json").read_text())
     assert "cached at" in res.output and len(list((tmp_path / "cache" / "onnx-target").iterdir())) == 1

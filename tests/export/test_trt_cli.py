@@ -57,7 +57,8 @@ def test_usage_errors(tmp_path):
     assert isinstance(res.exception, UsageError) and "--onnx DIR" in str(res.exception)
     res = runner.invoke(trt, ["--probe", "--onnx", str(tmp_path), "--out", str(tmp_path / "e")])
     assert isinstance(res.exception, UsageError)
-    res = runner.invoke(trt, ["--onnx", str(tmp_path), "--out", str(tmp_path / "e")])
+    (tmp_path / "src").mkdir()  # beside --out: an --out inside its --onnx input is refused first
+    res = runner.invoke(trt, ["--onnx", str(tmp_path / "src"), "--out", str(tmp_path / "e")])
     assert isinstance(res.exception, UsageError) and "no .onnx files" in str(res.exception)
     res = runner.invoke(trt, ["--probe", "--out", str(tmp_path / "e"), "--axis", "tree"])
     assert isinstance(res.exception, UsageError) and "NAME=MIN:OPT:MAX" in str(res.exception)
