@@ -10,8 +10,8 @@ from dataclasses import fields, replace
 
 import pytest
 import torch
-
 from drafters_common import randomize
+
 from specpress.compress.quantize import quantize
 from specpress.errors import ConfigError
 from specpress.export.hf import export_hf
