@@ -43,10 +43,8 @@ EXPECTED = {
     "fp8/rtn/static/channel": (W, "no per-channel fp8 with a static input_scale"),
     "fp8/rtn/none/tensor": (W, W), "fp8/rtn/dynamic/tensor": (W, W), "fp8/rtn/static/tensor": (W, W),
     "nvfp4/rtn/none": (W, W), "nvfp4/rtn/static": (W, W),
-    "mxfp4/rtn/none": ("has no encoding for a mxfp4", "has no encoding for a mxfp4"),
-    "mxfp4/rtn/dynamic": ("has no encoding for a mxfp4", "has no encoding for a mxfp4"),
-    "mxfp8/rtn/none": ("has no encoding for a mxfp8", "has no encoding for a mxfp8"),
-    "mxfp8/rtn/dynamic": ("has no encoding for a mxfp8", "has no encoding for a mxfp8"),
+    "mxfp4/rtn/none": (W, "names no MXFP4 quant_algo"), "mxfp4/rtn/dynamic": (W, "names no MXFP4 quant_algo"),
+    "mxfp8/rtn/none": (W, "would be served with MX activations"), "mxfp8/rtn/dynamic": (W, W),
 }
 
 

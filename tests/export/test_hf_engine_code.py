@@ -2,10 +2,10 @@
 
 - compressed-tensors 0.20.1: `QuantizationConfig` parses our quantization_config; the format it infers for the
   parsed scheme (`infer_module_format`) is the one we wrote; where it has a preset for the scheme (FP8,
-  FP8_DYNAMIC, W8A8, NVFP4, NVFP4A16) ours equals it; its compressors decompress our tensors to our dequantized
+  FP8_DYNAMIC, W8A8, NVFP4, NVFP4A16, MXFP8(A16), MXFP4(A16)) ours equals it; its compressors decompress our tensors to our dequantized
   weights; its `fake_quantize` with our input_scale (or per-token scales) quantizes activations as ours do.
 - nvidia-modelopt 0.47: `process_layer_quant_config` (the writer of hf_quant_config.json) gives our quant_algo
-  and fields for the format ModelOpt would name the layer; `NVFP4QTensor` / `FP8QTensor` dequantize our
+  and fields for the format ModelOpt would name the layer; `NVFP4QTensor` / `FP8QTensor` / `MXFP8QTensor` dequantize our
   tensors to our weights bit for bit; `pack_int4_in_uint8` / `to_quantized_weight` (its INT4-AWQ / INT8 export)
   give our bytes from our weights and scales.
 """
@@ -60,6 +60,8 @@ CT_CELLS = {  # name -> (config, compressed-tensors preset it equals or None)
     "int8-static": (config_for("int8", activations="static"), None),
     "int8-gptq-static": (config_for("int8", "gptq", activations="static"), None),
     "nvfp4": (config_for("nvfp4"), "NVFP4A16"), "nvfp4-static": (config_for("nvfp4", activations="static"), "NVFP4"),
+    "mxfp8": (config_for("mxfp8", activations="none"), "MXFP8A16"), "mxfp8-dynamic": (config_for("mxfp8"), "MXFP8"),
+    "mxfp4": (config_for("mxfp4", activations="none"), "MXFP4A16"), "mxfp4-dynamic": (config_for("mxfp4"), "MXFP4"),
 }
 
 
@@ -98,6 +100,9 @@ def test_compressed_tensors_reads_our_activation_and_nvfp4_schemes(cell, tmp_pat
         dense = compressor.decompress(dict(loc), scheme)["weight"]
         if inferred != scheme.format:
             assert torch.equal(BaseCompressor.load_from_registry(inferred).decompress(dict(loc), scheme)["weight"], dense)
+        if cfg.scheme in ("mxfp4", "mxfp8"):  # decompressed in bf16 (its e8m0 scales as bf16, exact powers of 2)
+            assert torch.equal(dense, ours.to(dense.dtype)), name
+            continue
         if cfg.scheme != "nvfp4":
             assert torch.equal(dense.float(), ours), name
         else:  # decompressed in bf16 by design; in fp32: our codes exactly, the scale product within one rounding
@@ -134,6 +139,7 @@ MO_CELLS = {  # name -> (config, the quantization format ModelOpt's get_quantiza
     "int4-awq": (config_for("int4", "awq"), "int4_awq"), "int4-rtn": (config_for("int4"), "int4_awq"),
     "int8-smoothquant": (config_for("int8", "smoothquant"), "int8_sq"),
     "int8-static": (config_for("int8", activations="static"), "int8_sq"), "int8": (config_for("int8"), "int8_wo"),
+    "mxfp8-dynamic": (config_for("mxfp8"), "mxfp8"),
 }
 
 
@@ -145,12 +151,12 @@ def test_modelopt_reads_our_unified_checkpoint(cell, tmp_path):
         process_layer_quant_config,
         to_quantized_weight,
     )
-    from modelopt.torch.quantization.qtensor import FP8QTensor, NVFP4QTensor
+    from modelopt.torch.quantization.qtensor import FP8QTensor, MXFP8QTensor, NVFP4QTensor
 
     cfg, fmt = MO_CELLS[cell]
     d, tensors, out = exported(cfg, "modelopt", tmp_path)
     hq = json.loads((out / "hf_quant_config.json").read_text())["quantization"]
-    block = 16 if "nvfp4" in fmt else (cfg.group_size or 0) if fmt == "int4_awq" else 0
+    block = 16 if "nvfp4" in fmt else 32 if fmt == "mxfp8" else (cfg.group_size or 0) if fmt == "int4_awq" else 0
     ref = process_layer_quant_config({"m.l.quantization": fmt, "m.l.awq_block_size": block})
     assert {k: hq.get(k) for k in ref if k not in ("exclude_modules", "kv_cache_quant_algo")} == \
         {k: v for k, v in ref.items() if k not in ("exclude_modules", "kv_cache_quant_algo")}
@@ -165,6 +171,9 @@ def test_modelopt_reads_our_unified_checkpoint(cell, tmp_path):
             s = loc["weight_scale"]
             got = FP8QTensor(ours.shape, torch.float32, loc["weight"]).dequantize(
                 torch.float32, scale=s if s.dim() == 0 else s[:, None])
+            assert torch.equal(got, ours), name
+        elif cfg.scheme == "mxfp8":
+            got = MXFP8QTensor(ours.shape, torch.float32, loc["weight"]).dequantize(torch.float32, scale=loc["weight_scale"])
             assert torch.equal(got, ours), name
         elif cfg.scheme == "int4":
             assert torch.equal(pack_int4_in_uint8(ours, loc["weight_scale"], cfg.group_size), loc["weight"]), name

@@ -12,6 +12,9 @@ group each scheme is written as, and its tensors per Linear (N = out_features, K
     nvfp4                      nvfp4-pack-quantized (presets NVFP4A16 / NVFP4): weight_packed uint8 [N, K/2]
                                (element 2j in the low nibble), weight_scale e4m3 [N, K/16], weight_global_scale f32
                                [1] = 1 / ModelOpt's weight_scale_2; W4A4: input_global_scale f32 [1] = 1 / input_scale
+    mxfp8 / mxfp4              mxfp8-quantized (presets MXFP8A16 / MXFP8): weight e4m3 [N, K]; mxfp4-pack-quantized
+                               (MXFP4A16 / MXFP4): weight_packed uint8 [N, K/2]; both weight_scale uint8 e8m0 [N, K/32];
+                               dynamic MX activations as input_activations (group 32, dynamic)
 
 The codes and block scales are specpress's own bytes; an input_scale is the one specpress calibrated
 (amax / 448 for fp8, amax / 127 for int8). NVFP4's global scales are stored as reciprocals, so reading them
@@ -197,3 +200,46 @@ def _nvfp4_notes(c: Any, shapes: Mapping[str, tuple[int, int]]) -> list[str]:
 register_facet(CT, "nvfp4")(Encoding(
     CT, "nvfp4 (W4A16, or W4A4 with static activations; nvfp4-pack-quantized)", lambda c: None, _nvfp4_spec,
     _nvfp4_encode, _nvfp4_decode, _nvfp4_notes, exact=False))
+
+
+# ---------------------------------------------------------------------------------------------- MX (OCP)
+
+
+def _mx_format(c: Any) -> str:
+    return "mxfp4-pack-quantized" if c.elements == "e2m1" else "mxfp8-quantized"
+
+
+def _mx_spec(c: Any) -> dict[str, Any]:
+    bits = 4 if c.elements == "e2m1" else 8
+    w = {"num_bits": bits, "type": "float", "symmetric": True, "group_size": 32, "strategy": "group",
+         "dynamic": False, "scale_dtype": "torch.uint8", "zp_dtype": "torch.uint8"}  # zp_dtype: as its MX presets
+    a = None if c.act_mode == "none" else {**w, "dynamic": True}
+    return {"weights": w, "input_activations": a, "format": _mx_format(c)}
+
+
+def _mx_key(c: Any) -> str:
+    return "weight_packed" if c.elements == "e2m1" else "weight"
+
+
+def _mx_encode(stored: Mapping[str, Tensor], c: Any) -> dict[str, Tensor]:
+    return {_mx_key(c): stored["weight"], "weight_scale": stored["weight_scale"]}
+
+
+def _mx_decode(tensors: Mapping[str, Tensor], c: Any, shape: tuple[int, int], where: str) -> dict[str, Tensor]:
+    n, k = shape
+    f = "compressed-tensors", f"the {c.scheme} scheme"
+    w = checked_tensor(tensors, "weight_packed", torch.uint8, (n, k // 2), where, *f) if c.elements == "e2m1" else \
+        checked_tensor(tensors, "weight", torch.float8_e4m3fn, (n, k), where, *f)
+    return {"weight": w, "weight_scale": checked_tensor(tensors, "weight_scale", torch.uint8, (n, k // 32), where, *f)}
+
+
+def _mx_notes(c: Any, shapes: Mapping[str, tuple[int, int]]) -> list[str]:
+    if c.act_mode == "none":
+        return []
+    return [(f"{c.scheme} activations are quantized by the server at run time, with its own rule for each block's "
+             f"e8m0 exponent; specpress's (minifloat.py) may pick a different exponent for some blocks")]
+
+
+register_facet(CT, "mx")(Encoding(
+    CT, "mxfp4 / mxfp8 (weight-only or dynamic MX activations; mxfp4-pack-quantized, mxfp8-quantized)",
+    lambda c: None, _mx_spec, _mx_encode, _mx_decode, _mx_notes))

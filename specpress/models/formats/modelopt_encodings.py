@@ -17,9 +17,11 @@ scale tensors it registers). Per Linear (N = out_features, K = in_features):
     W8A16                       int8 symmetric per channel        weight int8 [N, K], weight_scale f32 [N]
     W8A8_SQ_PER_CHANNEL         int8 per channel, static acts     the same + input_scale f32 [] (smoothquant: +
                                                                   pre_quant_scale f32 [K])
+    MXFP8 (group_size 32)       mxfp8, dynamic MX activations     weight e4m3 [N, K], weight_scale uint8 e8m0 [N, K/32]
 
 Every code and scale is specpress's own, re-laid out. Refused with the rule: fp8 per-channel weights with
-static activations, dynamic int8 activations, grouped or asymmetric int8, asymmetric or per-channel int4.
+static activations, dynamic int8 activations, grouped or asymmetric int8, asymmetric or per-channel int4,
+mxfp4 (no MXFP4 quant_algo for a Linear) and weight-only mxfp8 (MXFP8 quantizes the inputs too).
 """
 
 from __future__ import annotations
@@ -238,3 +240,35 @@ register_facet(MODELOPT, "integer")(Encoding(
     MODELOPT, "int4 symmetric in groups (W4A16_AWQ, with awq's pre_quant_scale), int8 symmetric per channel (W8A16; "
               "W8A8_SQ_PER_CHANNEL with static activations, smoothquant's pre_quant_scale)", _int_refuse, _int_spec,
     _int_encode, _int_decode, _int_notes))
+
+
+# ---------------------------------------------------------------------------------------------- MX (OCP)
+
+
+def _mx_refuse(c: Any) -> str | None:
+    if c.elements == "e2m1":
+        return (f"ModelOpt's unified checkpoint names no MXFP4 quant_algo for a Linear ({V} "
+                f"process_layer_quant_config passes the format through as the lower-case 'mxfp4', which no engine "
+                f"rule here is read for): export mxfp4 with --format speculators")
+    if c.act_mode == "none":
+        return (f"ModelOpt's MXFP8 is named from the weight quantizer alone ({V} get_quantization_format) and its "
+                f"MXFP8 recipe quantizes the inputs the same way, so a weight-only mxfp8 drafter written as MXFP8 "
+                f"would be served with MX activations: quantize with --activations dynamic, or export with "
+                f"--format speculators")
+    return None
+
+
+def _mx_encode(stored: Mapping[str, Tensor], c: Any) -> dict[str, Tensor]:
+    return {"weight": stored["weight"], "weight_scale": stored["weight_scale"]}
+
+
+def _mx_decode(tensors: Mapping[str, Tensor], c: Any, shape: tuple[int, int], where: str) -> dict[str, Tensor]:
+    n, k = shape
+    return {"weight": _get(tensors, "weight", torch.float8_e4m3fn, (n, k), where, "MXFP8"),
+            "weight_scale": _get(tensors, "weight_scale", torch.uint8, (n, k // 32), where, "MXFP8")}
+
+
+register_facet(MODELOPT, "mx")(Encoding(
+    MODELOPT, "mxfp8 with dynamic MX activations (MXFP8)", _mx_refuse, lambda c: {"quant_algo": "MXFP8", "group_size": 32},
+    _mx_encode, _mx_decode,
+    lambda c, shapes: ["MXFP8 activations are quantized by the server at run time with its own e8m0 exponent rule"]))
