@@ -149,3 +149,42 @@ def test_a_static_input_scale_is_never_written_weight_only(sources, tmp_path):
             n_in = sum(k.endswith((".input_scale", ".input_global_scale")) for k in keys)
             n_q = len(load_drafter(out).provenance[-1]["quantized"])
             assert n_in == n_q > 0, (cell, fmt, n_in, n_q)
+
+
+FAMILY_CELLS = {  # the activation / NVFP4 schemes on the families the engines load, through their layouts
+    "fp8-static-tensor": lambda: replace(config_for("fp8", activations="static"), granularity="tensor"),
+    "int8-static": lambda: config_for("int8", activations="static"),
+    "nvfp4-static": lambda: config_for("nvfp4", activations="static", exclude=("down_proj",)),
+}
+
+
+@pytest.mark.parametrize("cell", list(FAMILY_CELLS))
+@pytest.mark.parametrize("family,fmt", [("eagle3", "speculators"), ("dflash", "speculators"), ("eagle3", "modelopt"),
+                                        ("mtp", "modelopt")])
+def test_family_layouts_carry_the_activation_schemes(family, fmt, cell, target, target_dir, tmp_path):
+    from drafters_common import make, run
+
+    d = make(family, target)
+    quantize(d, FAMILY_CELLS[cell](), calibration=lambda m: run(m, target))
+    src = save_drafter(d, tmp_path / "src")
+    out = export_hf(src, tmp_path / "out", fmt, verifier=str(target_dir)).out
+    a, b = load_drafter(src, target), load_drafter(out, target)
+    exact = not (cell.startswith("nvfp4") and fmt == "speculators")
+    _same_stored(a, b, exact)
+    ya, yb = run(a, target), run(b, target)
+    assert torch.equal(ya, yb) if exact else torch.allclose(ya, yb, rtol=1e-5, atol=1e-5)
+
+
+def test_an_edited_quantization_config_is_refused_on_reading(sources, tmp_path):
+    """Our own export is decoded by the recorded scheme's encoding only when the file's config group is the
+    one that encoding writes: dropping input_activations (a static drafter made to look weight-only) fails."""
+    import json
+
+    from specpress.errors import CheckpointError
+
+    out = export_hf(sources("fp8/rtn/static/tensor"), tmp_path / "out", "speculators").out
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["quantization_config"]["config_groups"]["group_0"]["input_activations"] = None
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="input_activations.*re-export"):
+        load_drafter(out)
