@@ -43,7 +43,8 @@ V = f"compressed-tensors {ct.CT_VERSION}"
 PRE_QUANT_RULE = (f"compressed-tensors has no encoding for a pre_quant_scale (AWQ/SmoothQuant) here: its schemes "
                   f"hold weights, scales, zero points and input scales ({V} quantization/quant_scheme.py), and "
                   f"llm-compressor folds the smoothing into the preceding layer instead, which these codes (of W·s) "
-                  f"cannot be re-laid out into. Export with --format modelopt, or quantize with --method rtn / gptq")
+                  f"cannot be re-laid out into. Export with --format modelopt (awq as W4A16_AWQ, smoothquant with static "
+                  f"activations as W8A8_SQ_PER_CHANNEL), or quantize with --method rtn / gptq")
 
 
 def _act(kind: str, mode: str) -> dict[str, Any] | None:
