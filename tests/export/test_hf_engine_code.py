@@ -151,7 +151,11 @@ def test_modelopt_reads_our_unified_checkpoint(cell, tmp_path):
         process_layer_quant_config,
         to_quantized_weight,
     )
-    from modelopt.torch.quantization.qtensor import FP8QTensor, MXFP8QTensor, NVFP4QTensor
+    from modelopt.torch.quantization.qtensor import (
+        FP8QTensor,
+        MXFP8QTensor,
+        NVFP4QTensor,
+    )
 
     cfg, fmt = MO_CELLS[cell]
     d, tensors, out = exported(cfg, "modelopt", tmp_path)
