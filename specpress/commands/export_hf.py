@@ -14,11 +14,22 @@ import click
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory (written atomically).")
 @click.option("--format", "fmt", required=True, type=click.Choice(["speculators", "modelopt"]),
               help="speculators: vLLM's drafter layout, quantized Linears as compressed-tensors (lm drafters as a "
-                   "plain HF dir). modelopt: ModelOpt's unified layout for TensorRT-LLM (hf_quant_config.json; fp8 "
-                   "per channel). Neither is for SGLang when quantized (read from SGLang 0.5.x): its ModelOpt FP8 "
-                   "config takes static per-tensor FP8 (quant_algo \"FP8\") only and its EAGLE-3 fc is a plain "
-                   "Linear that would drop an fp8 scale (keep it in float with --exclude fc); SGLang reads a float "
-                   "drafter's own directory.")
+                   "plain HF dir): int4 / int8 weight-only as pack-quantized; int8 with --activations dynamic / static "
+                   "as int-quantized (symmetric, per channel); fp8 (any activations, channel or tensor) as "
+                   "float-quantized with input_activations; nvfp4 as nvfp4-pack-quantized; mxfp8 / mxfp4 as "
+                   "mxfp8-quantized / mxfp4-pack-quantized. modelopt: ModelOpt's "
+                   "unified layout for TensorRT-LLM (hf_quant_config.json): fp8 as FP8 (per-tensor + static) or "
+                   "FP8_PER_CHANNEL_PER_TOKEN; nvfp4 as NVFP4 (W4A4) or W4A16_NVFP4; int4 as W4A16_AWQ (awq's "
+                   "pre_quant_scale kept); int8 as W8A16 or W8A8_SQ_PER_CHANNEL (smoothquant's pre_quant_scale "
+                   "kept); mxfp8 with dynamic activations as MXFP8. Refused with the format's rule (read from compressed-tensors 0.20.1 quantization/"
+                   "quant_scheme.py and ModelOpt 0.47 torch/export/quant_utils.py): a pre_quant_scale (awq, "
+                   "smoothquant) in compressed-tensors; grouped / asymmetric int8 with activations; per-channel fp8 "
+                   "with static activations, per-token int8 activations, zero points, mxfp4 and weight-only mxfp8 in "
+                   "ModelOpt; bitsandbytes and --kv-cache fp8 in both (README: the scheme x format table). Neither is a tested "
+                   "SGLang route when quantized (read from SGLang 0.5.x): it reads no speculators layout, its "
+                   "ModelOpt FP8 config takes static per-tensor FP8 (quant_algo \"FP8\") only and its EAGLE-3 fc is "
+                   "a plain Linear that would drop an fp8 scale (keep it in float with --exclude fc); SGLang reads a "
+                   "float drafter's own directory.")
 @click.option("--verifier", default=None,
               help="The target the server loads (model id or path); recorded in speculators_config. A local "
                    "directory is checked against the target the drafter was built for.")

@@ -11,6 +11,11 @@ block whose last step is the quantization the checkpoint holds (rebuilt from its
 the checkpoint was not written by specpress); to_specpress_weights renames and re-lays the tensors out
 under specpress's keys (modules.py), bit for bit. Both return their input unchanged for specpress's own
 layout. The writers live in specpress/export/hf/.
+
+A checkpoint specpress wrote records its quantize step: its Linears are read back by that scheme's encoding in
+the format (models/formats/encodings.py), after checking that the format's own description (config group /
+quant_algo) is the one that encoding writes. Others are read from their quantization config (weight-only
+int4 / int8 / fp8 per channel).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
+import torch
 from torch import Tensor
 
 from specpress.errors import CheckpointError, ConfigError
@@ -53,9 +59,13 @@ def _hf_quant_config(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{f} is not valid JSON ({exc})") from None
 
 
-def _quant(cfg: Mapping[str, Any], path: Path) -> tuple[str, dict[str, Any] | None, list[str]]:
-    """(kind, specpress quantize config dict or None, target/exclude patterns)."""
+def _quant(cfg: Mapping[str, Any], path: Path, mine: Mapping[str, Any] | None = None
+           ) -> tuple[str, dict[str, Any] | None, list[str]]:
+    """(kind, specpress quantize config dict or None, target/exclude patterns); `mine`: the quantize step
+    specpress recorded, whose config is the one read (checked against the file by _check_recorded)."""
     kind = layout({k: v for k, v in cfg.items() if k != "speculators_model_type"}, path)
+    if mine is not None and kind != "none":
+        return kind, dict(mine.get("config") or {}), []
     if kind == "compressed-tensors":
         from specpress.models.formats.compressed_tensors import parse_quantization_config
 
@@ -110,11 +120,14 @@ def to_specpress_config(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]
     else:
         out = {k: v for k, v in cfg.items() if k not in ("quantization_config", "specpress")}
         rename = lambda n: n  # noqa: E731
-    qkind, qcfg, _ = _quant(cfg, path)
     steps = list(block.get("steps") or [])
     from specpress.models.drafter_io import active_quantize_step
 
+    qkind, qcfg, _ = _quant(cfg, path, active_quantize_step(steps))
+
     mine = active_quantize_step(steps)
+    if qcfg is not None and mine is not None:
+        _check_recorded(cfg, path, qkind, mine)
     if qcfg is not None and mine is None:
         names = [rename(n) for n in _stored_names(path, qkind)]
         scheme = "fp8" if qcfg["name"] == "fp8" else f"int{qcfg['bits']}"
@@ -123,9 +136,6 @@ def to_specpress_config(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]
     elif qcfg is None and mine is not None:
         raise CheckpointError(f"{path}: the specpress block records a {mine.get('scheme')} quantization but the "
                               f"checkpoint has no quantization_config; the file was edited: re-export it")
-    elif qcfg is not None and mine is not None and (mine.get("config") or {}).get("name") not in (qcfg["name"], "gptq"):
-        raise CheckpointError(f"{path}: the specpress block records {mine.get('scheme')} but the quantization "
-                              f"config holds {qcfg['name']}; re-export it")
     block["steps"] = steps
     block.pop("exported_as", None)
     out["specpress"] = block
@@ -141,24 +151,84 @@ def to_specpress_weights(path: Path | str, weights: dict[str, Tensor]) -> dict[s
     kind = layout(cfg, path)
     if kind is None:
         return weights
+    from specpress.models.drafter_io import active_quantize_step
     from specpress.models.formats import compressed_tensors as ct
     from specpress.models.formats import modelopt as mo
     from specpress.models.formats import speculators as sp
 
     mtype = cfg.get("speculators_model_type")
-    qkind, qcfg, _ = _quant(cfg, path)
-    names = _stored_names(path, qkind) if qcfg is not None else []
+    mine = active_quantize_step((cfg.get("specpress") or {}).get("steps"))
+    qkind, qcfg, _ = _quant(cfg, path, mine)
+    if qcfg is None:
+        names: list[str] = []
+    elif mine is not None:
+        names = [sp.rename_out(mtype, n) if mtype else n for n in mine.get("quantized") or ()]
+    else:
+        names = _stored_names(path, qkind)
+    enc = config = None
+    if qcfg is not None and mine is not None:
+        from specpress.models.formats.encodings import encoding
+        from specpress.models.quantized.scheme import config_from_dict
+
+        config = config_from_dict(qcfg)
+        enc = encoding(qkind if qkind == "compressed-tensors" else "modelopt", config)
     out: dict[str, Tensor] = {}
     for name in names:
         stored = {k[len(name) + 1:]: v for k, v in weights.items() if k.startswith(name + ".") and k != name + ".bias"}
-        shape = _shape(stored, qcfg, f"{path}: {name}")
-        mine = ct.decompress_module(stored, qcfg, shape, f"{path}: {name}") if qkind == "compressed-tensors" \
-            else mo.decompress_module(stored, shape, f"{path}: {name}")
-        out.update({f"{name}.{s}": t for s, t in mine.items()})
-    done = {f"{n}.{s}" for n in names for s in ("weight", "weight_packed", "weight_scale", "weight_shape",
-                                                 "weight_zero_point")}
-    out.update({k: v for k, v in weights.items() if k not in done})
+        where = f"{path}: {name}"
+        if enc is not None:
+            mine_t = enc.decode(stored, config, _linear_shape(stored, where), where)
+        elif qkind == "compressed-tensors":
+            mine_t = ct.decompress_module(stored, qcfg, _shape(stored, qcfg, where), where)
+        else:
+            mine_t = mo.decompress_module(stored, _shape(stored, qcfg, where), where)
+        out.update({f"{name}.{s}": t for s, t in mine_t.items()})
+    prefixes = tuple(n + "." for n in names)
+    out.update({k: v for k, v in weights.items() if not k.startswith(prefixes) or k.endswith(".bias")})
     return sp.to_public_weights(mtype, out) if mtype else out
+
+
+def _linear_shape(stored: Mapping[str, Tensor], where: str) -> tuple[int, int]:
+    """(out_features, in_features) of a Linear from its encoded tensors: weight_shape, or the weight's rows and
+    the columns its packing implies (uint8 codes two per byte; W4A16_AWQ's two output rows per byte)."""
+    if "weight_shape" in stored:
+        n, k = (int(v) for v in stored["weight_shape"].tolist())
+        return n, k
+    for key in ("weight", "weight_packed"):
+        w = stored.get(key)
+        if w is not None and w.dim() == 2:
+            n, k = int(w.shape[0]), int(w.shape[1])
+            if w.dtype.is_floating_point or w.dtype == torch.int8:
+                return n, k
+            s = stored.get("weight_scale")
+            if s is not None and s.dim() == 2 and s.shape[0] == 2 * n:  # W4A16_AWQ: [N/2, K]
+                return 2 * n, k
+            return n, 2 * k  # e2m1 / int4 codes, two per byte along the input
+    raise CheckpointError(f"{where}: cannot tell the Linear's shape (no weight_shape or 2-D weight stored)")
+
+
+def _check_recorded(cfg: Mapping[str, Any], path: Path, kind: str, mine: Mapping[str, Any]) -> None:
+    """The format's own description of the quantization equals what the recorded scheme's encoding writes."""
+    from specpress.models.formats.encodings import encoding
+    from specpress.models.quantized.scheme import config_from_dict
+
+    config = config_from_dict(mine.get("config") or {})
+    fmt = "compressed-tensors" if kind == "compressed-tensors" else "modelopt"
+    try:
+        spec = encoding(fmt, config).spec(config)
+    except ConfigError as exc:
+        raise CheckpointError(f"{path}: the specpress block records a {mine.get('scheme')} quantization that "
+                              f"{fmt} cannot hold ({exc}); the file was edited: re-export it") from None
+    if fmt == "compressed-tensors":
+        groups = (cfg.get("quantization_config") or {}).get("config_groups") or {}
+        g = next(iter(groups.values()), {}) if len(groups) == 1 else {}
+        got = {k: g.get(k) for k in spec}
+    else:
+        q = _hf_quant_config(path).get("quantization") or {}
+        got = {k: q.get(k) for k in spec}
+    if got != spec:
+        raise CheckpointError(f"{path}: the specpress block records {mine.get('scheme')} ({mine.get('method')}) but "
+                              f"the {fmt} config holds {got}, not {spec}; the file was edited: re-export it")
 
 
 def rename_index(path: Path | str, index: dict[str, Any]) -> dict[str, Any]:

@@ -144,10 +144,10 @@ def test_refuses_what_a_format_cannot_hold(target, target_dir, tmp_path):
     d = load_drafter(nf4, target)
     quantize(d, config_for("nf4", group_size=32, exclude=("down_proj",)))
     nf4 = save_drafter(d, tmp_path / "nf4")
-    with pytest.raises(ConfigError, match=r"cannot hold a nf4.*int4 .*int8 .*fp8"):
+    with pytest.raises(ConfigError, match=r"compressed-tensors has no encoding for a nf4 \(bnb\).*holds int4 .*int8 .*fp8"):
         export_hf(nf4, tmp_path / "x", "speculators", verifier=str(target_dir))
-    with pytest.raises(ConfigError, match="no counterpart for a int4"):
-        export_hf(drafter_dir("mtp", target, tmp_path, "int4"), tmp_path / "y", "modelopt")
+    with pytest.raises(ConfigError, match="ModelOpt's integer formats have no zero points"):
+        export_hf(drafter_dir("mtp", target, tmp_path, "int4-asym"), tmp_path / "y", "modelopt")
     with pytest.raises(ConfigError, match="no layout for specpress's 'mtp'"):
         export_hf(drafter_dir("mtp", target, tmp_path, None), tmp_path / "z", "speculators", verifier="x/y")
     with pytest.raises(UsageError, match="not quantized"):

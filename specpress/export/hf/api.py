@@ -4,8 +4,13 @@ Works on the stored tensors, not on a rebuilt model: every quantized code and sc
 out or renamed, never recomputed, so the export is bit-identical to what specpress measured.
 
     speculators   eagle3 / dflash in the speculators layout (speculators.py); lm as a plain HF Llama dir;
-                  quantized Linears as compressed-tensors (compressed_tensors.py): for vLLM
-    modelopt      the family's public layout + hf_quant_config.json (fp8 only; modelopt.py): for TensorRT-LLM
+                  quantized Linears as compressed-tensors: for vLLM
+    modelopt      the family's public layout + hf_quant_config.json (modelopt.py): for TensorRT-LLM
+
+Each quantized Linear is written by its scheme's encoding in the format (a facet registered per scheme,
+models/formats/encodings.py; ct_encodings.py, modelopt_encodings.py), which also holds the format's rule
+when a scheme, activation mode or method has no form there: the export refuses it with that rule rather
+than write a file that drops a tensor (an input_scale, a pre_quant_scale) or means something else.
 
 SGLang (0.5.x) has no route for a quantized drafter from here: it reads the EAGLE layout, not speculators;
 its ModelOpt FP8 config reads every FP8 quant_algo as static per-tensor FP8 (one scale per shard and an
@@ -26,6 +31,7 @@ from specpress.artifacts import atomic_dir, write_json
 from specpress.errors import CheckpointError, ConfigError, UsageError
 from specpress.models.formats import compressed_tensors as ct
 from specpress.models.formats import modelopt as mo
+from specpress.models.formats.encodings import CT, MODELOPT, encoding
 from specpress.models.formats import speculators as sp
 from specpress.models.drafter import get_family
 from specpress.models.io import read_config, read_weights, save_weights
@@ -138,6 +144,7 @@ def export_hf(drafter: str | Path, out: str | Path, fmt: str, *, verifier: str |
     """Write `drafter` to `out` in serving format `fmt` (speculators | modelopt); return the summary."""
     from specpress.models import serving_io
     from specpress.models.drafter_io import active_quantize_step, read_drafter_config
+    from specpress.models.quantized.scheme import config_from_dict
 
     if fmt not in FORMATS:
         raise ConfigError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
@@ -146,7 +153,8 @@ def export_hf(drafter: str | Path, out: str | Path, fmt: str, *, verifier: str |
     block = dict(raw.get("specpress") or {})
     weights = serving_io.to_specpress_weights(drafter, read_weights(drafter))
     step = active_quantize_step(block.get("steps"))
-    qcfg = (ct.check_scheme(step) if fmt == "speculators" else mo.check_scheme(step)) if step else None
+    qcfg = config_from_dict(step.get("config") or {}) if step else None
+    enc = encoding(CT if fmt == "speculators" else MODELOPT, qcfg) if qcfg is not None else None
     if fmt == "modelopt" and step is None:
         raise UsageError("--format modelopt writes ModelOpt's quantized layout; this drafter is not quantized "
                          "(its public layout is what ModelOpt, TensorRT-LLM and SGLang read already)")
@@ -191,18 +199,19 @@ def export_hf(drafter: str | Path, out: str | Path, fmt: str, *, verifier: str |
         if owner is None and not (fmt == "speculators" and sp.drop_on_write(family, config, k)):
             tensors[rename(k)] = v
     for name, stored in quantized.items():
-        new = ct.compress_module(stored, qcfg) if fmt == "speculators" else mo.compress_module(stored)
+        assert enc is not None
+        new = enc.encode(stored, qcfg)
         tensors.update({f"{rename(name)}.{s}": t for s, t in new.items()})
     others = [rename(n) for n in linears if n not in quantized]
     extra_files: dict[str, Any] = {}
-    if qcfg is not None:
+    if enc is not None:
+        spec = enc.spec(qcfg)
         if fmt == "speculators":
-            cfg_out["quantization_config"] = ct.quantization_config(qcfg, [rename(n) for n in quantized], others)
-            notes += ct.serving_notes(qcfg, {rename(n): linears[n] for n in quantized})
+            cfg_out["quantization_config"] = ct.quantization_config(spec, [rename(n) for n in quantized], others)
         else:
-            cfg_out["quantization_config"] = mo.quantization_config(others)
-            extra_files["hf_quant_config.json"] = mo.hf_quant_config(others)
-            notes += mo.notes()
+            cfg_out["quantization_config"] = mo.quantization_config(spec, others)
+            extra_files["hf_quant_config.json"] = mo.hf_quant_config(spec, others)
+        notes += enc.notes(qcfg, {rename(n): linears[n] for n in quantized})
         notes += fused_notes(set(quantized), linears)
     cfg_out["torch_dtype"] = dtype
     cfg_out["specpress"] = {**block, "exported_as": fmt}

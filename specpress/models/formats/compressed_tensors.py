@@ -39,16 +39,6 @@ HOLDS = ("int4 (rtn, gptq; symmetric or asymmetric)", "int8 (rtn, gptq; symmetri
 VLLM_GROUP_SIZES = (32, 64, 128)  # Marlin / Machete WNA16 group sizes (-1, per channel, too)
 
 
-def check_scheme(step: Mapping[str, Any], fmt: str = "compressed-tensors") -> dict[str, Any]:
-    """The recorded quantize config, or a ConfigError naming what compressed-tensors can hold."""
-    cfg = dict(step.get("config") or {})
-    if cfg.get("name") in ("int", "gptq", "fp8"):
-        return cfg
-    raise ConfigError(f"{fmt} cannot hold a {step.get('scheme')} ({step.get('method')}) drafter: it holds "
-                      f"{'; '.join(HOLDS)}. Re-quantize the full-precision drafter with one of those "
-                      f"(specpress quantize --scheme int4|int8|fp8), or export it dequantized")
-
-
 def weights_args(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The `weights` QuantizationArgs of a config group for a recorded quantize config."""
     if cfg["name"] == "fp8":
@@ -90,17 +80,17 @@ def check_layer_uniform(quantized: list[str], others: list[str]) -> None:
                           f"name, e.g. --exclude down_proj)")
 
 
-def quantization_config(cfg: Mapping[str, Any], quantized: list[str], others: list[str]) -> dict[str, Any]:
-    """config.json's `quantization_config` for Linears `quantized` (checkpoint names) under quantize config
-    `cfg`; `others` are the Linears left in full precision. The group targets every Linear by class
-    (`Linear`: torch's, and vLLM's LinearBase subclasses) and `ignore` lists the float ones, so both match
-    under any naming (see name_pattern)."""
+def quantization_config(group: Mapping[str, Any], quantized: list[str], others: list[str]) -> dict[str, Any]:
+    """config.json's `quantization_config` for Linears `quantized` (checkpoint names) in one config group
+    (`group`: its weights, input_activations and format, from the scheme's encoding, ct_encodings.py);
+    `others` are the Linears left in full precision. The group targets every Linear by class (`Linear`:
+    torch's, and vLLM's LinearBase subclasses) and `ignore` lists the float ones, so both match under any
+    naming (see name_pattern)."""
     check_layer_uniform(quantized, others)
-    fmt = "float-quantized" if cfg["name"] == "fp8" else "pack-quantized"
-    group = {"targets": ["Linear"], "weights": weights_args(cfg),
-             "input_activations": None, "output_activations": None, "format": fmt}
-    return {"quant_method": "compressed-tensors", "format": fmt, "quantization_status": "compressed",
-            "config_groups": {"group_0": group}, "ignore": sorted({name_pattern(n) for n in others}),
+    g = {"targets": ["Linear"], "weights": dict(group["weights"]), "input_activations": group.get("input_activations"),
+         "output_activations": None, "format": group["format"]}
+    return {"quant_method": "compressed-tensors", "format": group["format"], "quantization_status": "compressed",
+            "config_groups": {"group_0": g}, "ignore": sorted({name_pattern(n) for n in others}),
             "kv_cache_scheme": None, "sparsity_config": {}, "version": CT_VERSION}
 
 

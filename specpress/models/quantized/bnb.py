@@ -219,7 +219,7 @@ def _make(word: str, method: str, w: Words) -> BnbConfig:
         raise ConfigError(f"bitsandbytes {word} is weight-only here: --activations / --act-calibration do not apply")
     default = None if word == "int8" else 64
     return BnbConfig(quant_type=word, blocksize=default if w.group_size is None else w.group_size,
-                     **w.settings(drop=("group_size", "symmetric")))
+                     **w.settings(drop=("group_size", "symmetric", "activations", "act_calibration")))
 
 
 def _quantize(model: nn.Module, names: list[str], config: BnbConfig, notes: list[str]) -> None:
