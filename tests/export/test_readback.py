@@ -1,7 +1,7 @@
 """Issue 35, reading back what specpress wrote: an export (and the on-demand export caches) is checked against
 the sizes and sha256 its manifest records before onnxruntime or TensorRT opens a file of it, and every path
 a manifest names stays inside the export. A damaged user export is refused with one line naming the file and
-the fix; a damaged cache is exported again, saying so."""
+the fix; a damaged cache is exported again, saying so; `export trt` refuses a tampered source before building."""
 
 from __future__ import annotations
 
@@ -151,3 +151,47 @@ def test_an_unloadable_graph_with_good_hashes_is_a_message_not_a_traceback(setup
     _edit_manifest(d, lambda raw: raw["files"].update(file_records(d, ["step.onnx"])))
     res, _ = bench(setup, d)
     refused(res, "step.onnx: onnxruntime", "cannot load it", "export onnx")
+
+
+def _version(v):
+    def edit(raw):
+        raw["format_version"] = v
+    return edit
+
+
+def _sha(raw):
+    raw["files"]["step.onnx"]["sha256"] = "0" * 64
+
+
+TAMPERED = {  # name -> (what it does to the source, words of the refusal)
+    "format_version 99": (lambda d: _edit_manifest(d, _version(99)), ["format_version 99", "re-export"]),
+    "foreign format": (lambda d: _edit_manifest(d, lambda raw: raw.update(format="other")), ["expected 'specpress-onnx'"]),
+    "graph outside": (lambda d: _edit_manifest(d, _graph_to("../outside.onnx")), ["'../outside.onnx'"]),
+    "recorded hash changed": (lambda d: _edit_manifest(d, _sha), ["step.onnx does not match its sha256"]),
+    "graph bit flip": (lambda d: flip(d / "step.onnx"), ["step.onnx does not match its sha256"]),
+    "graph not recorded": (lambda d: _edit_manifest(d, lambda raw: raw["files"].pop("step.onnx")),
+                           ["'step.onnx' but records no sha256"]),
+}
+
+
+@pytest.mark.parametrize("case", list(TAMPERED))
+def test_export_trt_refuses_a_tampered_source_before_building(setup, tmp_path, monkeypatch, case):
+    from specpress.export.trt import builder
+
+    monkeypatch.setattr(builder, "load_tensorrt", lambda *a, **k: pytest.fail("loaded TensorRT before refusing"))
+    d = _copy(setup, tmp_path)
+    damage, words = TAMPERED[case]
+    damage(d)
+    res = CliRunner().invoke(cli, ["export", "trt", "--onnx", str(d), "--out", str(tmp_path / "engines")])
+    refused(res, *words)
+    assert not (tmp_path / "engines").exists()
+
+
+def test_export_trt_builds_only_the_graphs_the_checked_manifest_lists(setup, tmp_path):
+    from specpress.export.trt.builder import read_source_manifest, source_graphs
+
+    d = _copy(setup, tmp_path)
+    (d / "stray.onnx").write_bytes(b"not listed")
+    names = [p.name for p in source_graphs(d, read_source_manifest(d))]
+    assert names == [g["file"] for g in json.loads((d / "manifest.json").read_text())["graphs"]]
+    assert "stray.onnx" not in names
