@@ -7,11 +7,17 @@ says what was expected and how to fix it.
 Each graph records its `role`: the runner call it serves and the drafter cache layers it holds, so a
 backend drives the graphs of any family without knowing the family. Format 1 manifests (before roles)
 still load: their roles follow from the graph names every family used then (`format1_role`).
+
+Reading an export back goes through `open_export` / `open_target_export`, never through the loaders
+alone: besides the manifest they check every file it names (`verify_files`: inside the export, present,
+its size and sha256 as recorded in the manifest's `files`), so a damaged export is refused with a
+CheckpointError naming the file and the fix before onnxruntime or TensorRT ever opens it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -21,7 +27,7 @@ from specpress.errors import CheckpointError
 
 MANIFEST = "manifest.json"
 FORMAT = "specpress-onnx"
-FORMAT_VERSION = 2  # 2: every graph records its role
+FORMAT_VERSION = 3  # 2: every graph records its role; 3: `files` records every file's size and sha256
 # the DrafterRunner call a graph serves (runtime/backends/base.py): fuse_taps, feature_step, block_drafts (its
 # block pass, then its Markov head's bias per position), lm_step
 CALLS = ("fuse", "feature", "block", "markov", "lm")
@@ -118,6 +124,11 @@ class ExportManifest:
     plugin: Mapping[str, Any] = field(default_factory=dict)  # the TreeAttention contract when attention=plugin
     # the real-round check (export/rounds.py): policy, prompts, rounds, agree, near_ties, errors per graph
     validation_rounds: Mapping[str, Any] = field(default_factory=dict)
+    files: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # name -> {bytes, sha256} (file_records)
+
+    def file_names(self) -> list[str]:
+        """Every file of the export a backend opens: the graphs, then the shared tensors."""
+        return [g.file for g in self.graphs] + ([self.shared_file] if self.shared_file else [])
 
     @property
     def drafter_bytes(self) -> int:
@@ -241,7 +252,7 @@ def manifest_from_dict(raw: Mapping[str, Any], source: str = MANIFEST) -> Export
 
 TARGET_MANIFEST = "target_manifest.json"
 TARGET_FORMAT = "specpress-onnx-target"
-TARGET_FORMAT_VERSION = 1
+TARGET_FORMAT_VERSION = 2  # 2: `files` records the graph's and the weights' size and sha256
 
 
 @dataclass(frozen=True)
@@ -268,6 +279,10 @@ class TargetExportManifest:
     specpress_version: str
     format: str = TARGET_FORMAT
     format_version: int = TARGET_FORMAT_VERSION
+    files: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # name -> {bytes, sha256} (file_records)
+
+    def file_names(self) -> list[str]:
+        return [self.file, self.data_file]
 
     def save(self, directory: Path) -> None:
         from specpress.artifacts import write_json
@@ -289,3 +304,93 @@ def load_target_manifest(directory: str | Path) -> TargetExportManifest:
     d["inputs"] = tuple(_tensor(t, f"{path}: inputs") for t in d["inputs"])
     d["outputs"] = tuple(_tensor(t, f"{path}: outputs") for t in d["outputs"])
     return TargetExportManifest(**d)
+
+
+# ----------------------------------------------------------------------------------------------
+# reading an export back: every file it names is inside it and is what the manifest recorded
+# ----------------------------------------------------------------------------------------------
+
+_CHUNK = 1 << 20
+_DIGESTS: dict[tuple[int, ...], str] = {}  # (dev, inode, size, mtime_ns, ctime_ns) -> sha256: hash a file once
+
+
+def sha256_file(path: Path) -> str:
+    """The sha256 of `path`, streamed in 1 MiB chunks (a real target's weights are gigabytes). A file whose
+    stat (inode, size, times) is unchanged since it was last hashed in this process is not read again, so the
+    check that reuses a cached export and the backend that then loads it hash each file once."""
+    st = path.stat()
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if key not in _DIGESTS:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+        _DIGESTS[key] = h.hexdigest()
+    return _DIGESTS[key]
+
+
+def file_records(directory: Path, names: list[str]) -> dict[str, dict[str, Any]]:
+    """{name: {bytes, sha256}} of the files `names` in `directory`: what an export's manifest records."""
+    return {n: {"bytes": (Path(directory) / n).stat().st_size, "sha256": sha256_file(Path(directory) / n)}
+            for n in names}
+
+
+def member(directory: Path, name: Any, source: str, fix: str) -> Path:
+    """`directory`/`name`, refused unless `name` is a relative path that stays inside `directory`: no absolute
+    path, no `..`, no symlink out of it."""
+    root = Path(directory).resolve()
+    if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts:
+        raise CheckpointError(f"{source} names the file {name!r}, which is not a path inside {root}; refused "
+                              f"(an export names only its own files); {fix}")
+    path = root / name
+    if not path.resolve().is_relative_to(root):
+        raise CheckpointError(f"{path} leads out of the export (it resolves to {path.resolve()}); refused "
+                              f"(an export names only its own files); {fix}")
+    return path
+
+
+def verify_files(directory: Path, files: Any, names: list[str], source: str, fix: str) -> None:
+    """Check that every file `names` lists is recorded in `files` ({name: {bytes, sha256}}) and that every
+    recorded file lies inside `directory` with that size and sha256; else a CheckpointError naming the file."""
+    for name in names:
+        member(directory, name, source, fix)
+    if not isinstance(files, Mapping) or not files:
+        raise CheckpointError(f"{source} records no sizes or sha256 of its files (it was written by an older "
+                              f"specpress), so they cannot be checked; {fix}")
+    unrecorded = [n for n in names if n not in files]
+    if unrecorded:
+        raise CheckpointError(f"{source} names {', '.join(map(repr, unrecorded))} but records no sha256 for it; {fix}")
+    for name, rec in files.items():
+        path = member(directory, name, source, fix)
+        if not (isinstance(rec, Mapping) and isinstance(rec.get("bytes"), int) and isinstance(rec.get("sha256"), str)):
+            raise CheckpointError(f"{source}: files[{name!r}] must be {{bytes, sha256}}, found {rec!r}; {fix}")
+        if not path.is_file():
+            raise CheckpointError(f"{path} is missing from the export (listed in {source}); {fix}")
+        size = path.stat().st_size
+        if size != rec["bytes"]:
+            raise CheckpointError(f"{path} is {size:,} bytes, the manifest records {rec['bytes']:,} (truncated, or "
+                                  f"swapped with another file); {fix}")
+        if sha256_file(path) != rec["sha256"]:
+            raise CheckpointError(f"{path} does not match its sha256 in the manifest (corrupt, or swapped with "
+                                  f"another file); {fix}")
+
+
+EXPORT_FIX = "export the drafter again with `specpress export onnx --drafter DIR --target DIR --out DIR`"
+TARGET_FIX = "export the target again with `specpress export target --target DIR --out DIR`"
+
+
+def open_export(directory: str | Path) -> ExportManifest:
+    """The manifest of the `export onnx` directory `directory`, once every file it names is checked
+    (`verify_files`): what a backend or `export trt` reads before opening any graph."""
+    directory = Path(directory).expanduser()
+    m = load_manifest(directory)
+    verify_files(directory, m.files, m.file_names(), str(directory / MANIFEST), EXPORT_FIX)
+    return m
+
+
+def open_target_export(directory: str | Path) -> TargetExportManifest:
+    """As open_export, for an `export target` directory."""
+    directory = Path(directory).expanduser()
+    m = load_target_manifest(directory)
+    verify_files(directory, m.files, m.file_names(), str(directory / TARGET_MANIFEST), TARGET_FIX)
+    return m

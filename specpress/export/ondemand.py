@@ -12,14 +12,17 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
+import sys
 from pathlib import Path
 from typing import Callable
 
 from specpress import __version__
+from specpress.artifacts import artifact_kind
 from specpress.errors import SpecpressError
 from specpress.export.onnx import ExportOptions, export_from_dirs
 from specpress.export.target import TargetExportOptions, export_target_from_dir
-from specpress.manifest import load_manifest, load_target_manifest
+from specpress.manifest import open_export, open_target_export
 
 
 def cache_root() -> Path:
@@ -54,7 +57,7 @@ def exported_dir_for(drafter_dir: str | Path, target_dir: str | Path, options: E
     drafter_dir, target_dir = Path(drafter_dir).expanduser(), Path(target_dir).expanduser()
     out = cache_root() / "onnx" / export_key(drafter_dir, target_dir, options)
     forced = dataclasses.replace(options, force=True)
-    return _reuse_or_export(out, str(drafter_dir), load_manifest,
+    return _reuse_or_export(out, str(drafter_dir), open_export,
                             lambda o: export_from_dirs(drafter_dir, target_dir, o, forced, progress), progress)
 
 
@@ -67,20 +70,28 @@ def exported_target_for(target_dir: str | Path, options: TargetExportOptions = T
     _hash_target(h, target_dir)
     out = cache_root() / "onnx-target" / _hash_options(h, options)
     forced = dataclasses.replace(options, force=True)
-    return _reuse_or_export(out, f"target {target_dir}", load_target_manifest,
+    return _reuse_or_export(out, f"target {target_dir}", open_target_export,
                             lambda o: export_target_from_dir(target_dir, o, forced, progress), progress)
 
 
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
 def _reuse_or_export(out: Path, what: str, load: Callable[[Path], object], export: Callable[[Path], object],
-                     progress: Callable[[str], None]) -> tuple[Path, bool]:
-    """(out, False) when `out` holds an export that `load` accepts; else export into it: (out, True)."""
+                     progress: Callable[[str], None], warn: Callable[[str], None] = _stderr) -> tuple[Path, bool]:
+    """(out, False) when `out` holds an export that `load` accepts (its files checked against their sha256);
+    else export into it: (out, True). A cached export that fails the check is never run: it is exported
+    again, and `warn` (stderr) says why."""
     if out.is_dir():
         try:
             load(out)
             progress(f"using the ONNX export of {what} cached at {out}")
             return out, False
-        except SpecpressError:
-            pass  # a stale or foreign directory: export again over it
+        except SpecpressError as exc:
+            warn(f"warning: the cached ONNX export of {what} at {out} failed its check ({exc}); exporting it again")
+            if artifact_kind(out) is None and not out.is_symlink():
+                shutil.rmtree(out)  # our cache entry, its manifest unreadable: atomic_dir would not replace it
     progress(f"exporting {what} to ONNX (once) into {out}")
     export(out)
     return out, True

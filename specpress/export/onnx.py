@@ -32,7 +32,13 @@ from specpress.export.families import build_graphs, cache_dims
 from specpress.export.graph import Graph
 from specpress.export.rounds import RoundsReport, validate_rounds
 from specpress.export.validate import TOLERANCE, case, check, compare, reference_copy
-from specpress.manifest import DrafterInfo, ExportManifest, GraphSpec, TensorSpec
+from specpress.manifest import (
+    DrafterInfo,
+    ExportManifest,
+    GraphSpec,
+    TensorSpec,
+    file_records,
+)
 from specpress.models.drafter import get_family
 
 SHARED_FILE = "target_shared.bin"
@@ -202,6 +208,7 @@ def export_onnx(drafter: Any, out: str | Path, options: ExportOptions = ExportOp
             shared_bytes=shared_bytes, provenance=tuple(dict(s) for s in drafter.provenance),
             target=drafter.target_fingerprint, validation=errors, specpress_version=__version__,
             plugin=_plugin_contract() if o.attention == "plugin" else {})
+        manifest = dataclasses.replace(manifest, files=file_records(tmp, manifest.file_names()))
         manifest.save(tmp)
         progress(f"validating on real drafting rounds ({get_family(drafter.family).default_policy}, greedy)")
         rounds = validate_rounds(ref, target, tmp)

@@ -36,7 +36,7 @@ from specpress.export.graph import Graph
 from specpress.export.onnx import DTYPES, require_onnxruntime, session_options, tensor_specs
 from specpress.export.rounds import NEAR_TIE_REL, round_prompts
 from specpress.export.validate import TOLERANCE, ExportValidationError, check, compare, random_tree_mask
-from specpress.manifest import TargetExportManifest
+from specpress.manifest import TargetExportManifest, file_records
 from specpress.models.drafter import target_fingerprint
 
 GRAPH_FILE, DATA_FILE = "target.onnx", "target.onnx.data"
@@ -161,7 +161,7 @@ def export_target(target: Any, out: str | Path, options: TargetExportOptions = T
             inputs=tensor_specs(model.graph.input), outputs=tensor_specs(model.graph.output),
             layers=cfg.num_hidden_layers, kv_heads=int(cfg.num_key_value_heads), head_dim=int(cfg.head_dim),
             config=cfg.to_hf(), target=target_fingerprint(cfg, target), validation=errors, validation_decode={},
-            specpress_version=__version__)
+            specpress_version=__version__, files=file_records(tmp, [GRAPH_FILE, DATA_FILE]))
         manifest.save(tmp)
         progress(f"validating greedy decoding through onnxruntime ({DECODE_PROMPTS} prompts x {DECODE_TOKENS} tokens)")
         decode = decode_agreement(ref, load_target_runner(tmp), tol)

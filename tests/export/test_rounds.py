@@ -3,6 +3,8 @@ with torch round by round; a corrupted graph that the rounds see fails the expor
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -11,7 +13,7 @@ pytest.importorskip("onnxruntime")
 
 from specpress.export.rounds import MAX_DISAGREE, RoundsReport, near_tie, ranks_read  # noqa: E402
 from specpress.export.validate import ExportValidationError, feed_mask  # noqa: E402
-from specpress.manifest import load_manifest  # noqa: E402
+from specpress.manifest import file_records, load_manifest  # noqa: E402
 from specpress.runtime.backends.exported import plugin_mask  # noqa: E402
 from specpress.runtime.policy import parse_policy  # noqa: E402
 
@@ -57,6 +59,9 @@ def test_a_graph_corrupted_before_the_rounds_fails_the_export_and_writes_nothing
 
     def corrupted(path, *a, **kw):  # after the random-input check passed: the file the rounds load is wrong
         hit.append(_perturb_one_initializer(path, "step"))
+        manifest = json.loads((path / "manifest.json").read_text())  # recorded as written: only the rounds can tell
+        manifest["files"].update(file_records(path, ["step.onnx"]))
+        (path / "manifest.json").write_text(json.dumps(manifest))
         return load(path, *a, **kw)
 
     monkeypatch.setattr(rounds, "load_runner", corrupted)

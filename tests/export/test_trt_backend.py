@@ -8,7 +8,8 @@ import sys
 import pytest
 import torch
 
-from specpress.errors import UsageError
+from specpress.errors import CheckpointError, UsageError
+from specpress.manifest import file_records
 from specpress.runtime.backends import tensorrt as backend
 from specpress.runtime.backends.tensorrt import (EngineSession, TensorRTRuntimeUnavailable, check_device,
                                                  load_runner, read_engine_manifest)
@@ -21,7 +22,8 @@ def _engine_dir(tmp_path, flavour="tensorrt_rtx", aot=True, ccs=("sm86",)):
     prof = {"q": {"min": [1, 4, 1, 64], "opt": [1, 4, 16, 64], "max": [1, 4, 64, 64]}}
     manifest = {"format": backend.ENGINE_FORMAT, "tensorrt": {"flavour": flavour, "version": "x", "ahead_of_time": aot},
                 "compute_capabilities": list(ccs),
-                "engines": {"level_step": {"file": "level_step.engine", "profiles": {"draft": prof}}}}
+                "engines": {"level_step": {"file": "level_step.engine", "profiles": {"draft": prof}}},
+                "files": file_records(d, ["level_step.engine"])}
     (d / "manifest.json").write_text(json.dumps(manifest))
     return d, manifest
 
@@ -31,8 +33,17 @@ def test_manifest_errors(tmp_path):
         read_engine_manifest(tmp_path)
     d, m = _engine_dir(tmp_path)
     assert read_engine_manifest(d) == m
+    (d / "level_step.engine").write_bytes(b"not a real engin!")  # same size, one byte changed
+    with pytest.raises(CheckpointError, match=r"level_step.engine does not match its sha256 .*export trt"):
+        read_engine_manifest(d)
     (d / "level_step.engine").unlink()
-    with pytest.raises(UsageError, match="lacks engine file"):
+    with pytest.raises(CheckpointError, match="level_step.engine is missing from the export"):
+        read_engine_manifest(d)
+    (d / "manifest.json").write_text(json.dumps({**m, "engines": {"x": {"file": "../x.engine"}}}))
+    with pytest.raises(CheckpointError, match=r"names the file '../x.engine', which is not a path inside"):
+        read_engine_manifest(d)
+    (d / "manifest.json").write_text(json.dumps({k: v for k, v in m.items() if k != "files"}))
+    with pytest.raises(CheckpointError, match="records no sizes or sha256 .* older specpress"):
         read_engine_manifest(d)
     (d / "manifest.json").write_text(json.dumps({"format": "specpress-onnx"}))
     with pytest.raises(UsageError, match="expected 'specpress-tensorrt-engines'"):

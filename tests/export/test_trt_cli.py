@@ -27,14 +27,13 @@ def _rtx_or_skip():
 def test_export_trt_builds_from_an_onnx_dir(tmp_path):
     _rtx_or_skip()
     src = tmp_path / "onnx"
-    save_probe(src / "level_step.onnx")
-    (src / "manifest.json").write_text(json.dumps({"family": "probe", "budget": {"max_tree": 48},
-                                                   "context_length": 640}))
+    save_probe(src / "level_step.onnx")  # bare graphs (no manifest.json: a foreign one is refused)
     res = CliRunner().invoke(trt, ["--onnx", str(src), "--out", str(tmp_path / "e"), "--target-gpu", "sm89",
+                                   "--max-tree", "48", "--max-context", "640",
                                    "--axis", "slots=1:32:700", "--flavour", "tensorrt_rtx"])
     assert res.exit_code == 0, res.output + repr(res.exception)
     m = json.loads((tmp_path / "e" / "manifest.json").read_text())
-    assert m["budget"] == {"max_tree": 48, "max_context": 640}  # read from the export's manifest
+    assert m["budget"] == {"max_tree": 48, "max_context": 640}
     prof = m["engines"]["level_step"]["profiles"]
     assert prof["draft"]["q"]["max"][2] == 48 and prof["prefill"]["q"]["max"][2] == 640
     assert prof["draft"]["k"]["max"][2] == 700

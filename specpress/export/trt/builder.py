@@ -7,6 +7,11 @@ profile per phase (`profiles.py`), builds, and writes `<graph>.engine` per graph
 export's own manifest (`onnx_manifest.json`, what a runner needs beside the engines). The output
 directory is written atomically.
 
+The source is checked before anything is built: an export with a manifest.json must be a specpress export
+this version reads, and every graph it lists must be the file it recorded (`manifest.open_export`: inside
+the export, size and sha256); only the graphs it lists are built. A directory with no manifest.json (the
+`--probe` graph, hand-made graphs) is built as it is: every `*.onnx` in it.
+
 Standard TensorRT builds for the GPU it runs on (it needs one); TensorRT for RTX builds ahead of time for
 the `targets` compute capabilities on any machine (no device needed).
 """
@@ -32,7 +37,7 @@ if TYPE_CHECKING:  # type-checked against tensorrt-stubs; tensorrt_rtx shares th
     import tensorrt
 
 FORMAT = "specpress-tensorrt-engines"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: `files` records the size and sha256 of every engine and of onnx_manifest.json
 Echo = Callable[[str], None]
 
 
@@ -205,13 +210,25 @@ def build_graph(lib: TensorRT, path: Path, options: BuildOptions, echo: Echo, ve
 
 
 def read_source_manifest(onnx_dir: Path) -> dict[str, Any] | None:
-    path = onnx_dir / "manifest.json"
-    if not path.is_file():
+    """The raw manifest.json of the `export onnx` directory `onnx_dir`, once `open_export` has checked it and
+    every file it names; None when the directory has none (bare graphs)."""
+    from specpress.manifest import open_export
+
+    path = Path(onnx_dir) / "manifest.json"
+    if not path.exists():
         return None
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{path} is not valid JSON ({exc}); re-run `specpress export onnx`") from exc
+    open_export(onnx_dir)
+    return cast(dict[str, Any], json.loads(path.read_text()))
+
+
+def source_graphs(onnx_dir: Path, source: dict[str, Any] | None) -> list[Path]:
+    """The graphs to build: those the checked manifest lists, in its order, else every `*.onnx`."""
+    from specpress.manifest import EXPORT_FIX, manifest_from_dict, member
+
+    if source is None:
+        return sorted(Path(onnx_dir).glob("*.onnx"))
+    return [member(Path(onnx_dir), g.file, str(Path(onnx_dir) / "manifest.json"), EXPORT_FIX)
+            for g in manifest_from_dict(source).graphs]
 
 
 def build_engines(onnx_dir: Path, out: Path, options: BuildOptions = BuildOptions(), *, echo: Echo = print,
@@ -219,9 +236,11 @@ def build_engines(onnx_dir: Path, out: Path, options: BuildOptions = BuildOption
     """Build one engine per `*.onnx` in `onnx_dir` into `out`; returns the manifest written there."""
     from specpress import __version__
     from specpress.artifacts import atomic_dir, write_json
+    from specpress.manifest import file_records
 
     onnx_dir = Path(onnx_dir)
-    files = sorted(onnx_dir.glob("*.onnx"))
+    source = read_source_manifest(onnx_dir)  # checked before TensorRT is even loaded
+    files = source_graphs(onnx_dir, source)
     if not files:
         raise UsageError(f"{onnx_dir} holds no .onnx files; expected the output of `specpress export onnx`")
     lib = load_tensorrt(options.flavour)
@@ -247,7 +266,6 @@ def build_engines(onnx_dir: Path, out: Path, options: BuildOptions = BuildOption
                             for k in ("attention_layers", "dequantize_layers") if entry[k])
             echo(f"  -> {entry['file']} ({entry['bytes']:,} B, {entry['plugin_layers']} plugin layer(s){extra}, "
                  f"{entry['build_seconds']:.1f} s)")
-        source = read_source_manifest(onnx_dir)
         if source is not None:
             shutil.copyfile(onnx_dir / "manifest.json", tmp / "onnx_manifest.json")
         manifest = {
@@ -260,6 +278,8 @@ def build_engines(onnx_dir: Path, out: Path, options: BuildOptions = BuildOption
             "plugins": [{"name": NAME, "namespace": NAMESPACE, "version": VERSION,
                          "implementation": "python: specpress.runtime.backends.trt.plugin (register before deserializing)"}],
             "engines": engines,
+            "files": file_records(tmp, [e["file"] for e in engines.values()]
+                                  + (["onnx_manifest.json"] if source is not None else [])),
             "build_seconds": round(time.perf_counter() - t0, 3),
             "provenance": {
                 "onnx_dir": str(onnx_dir.resolve()),

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from specpress.errors import CheckpointError, UsageError
-from specpress.manifest import TargetExportManifest, load_manifest, load_target_manifest
+from specpress.manifest import EXPORT_FIX, TARGET_FIX, TargetExportManifest, member, open_export, open_target_export
 from specpress.models.kv import KVCache
 from specpress.models.layers import causal_mask
 from specpress.models.target import TargetConfig, TargetOutput
@@ -65,22 +65,31 @@ def session_options(ort: Any, threads: int | None, fold_dequantize: bool = True)
     return opts
 
 
+def open_session(ort: Any, file: Path, opts: Any, providers: Sequence[str], fix: str) -> Any:
+    """An InferenceSession over `file` (already checked against its manifest); onnxruntime's own refusal
+    (a graph this onnxruntime cannot load) comes back as a CheckpointError naming the file and `fix`."""
+    state = ort.capi.onnxruntime_pybind11_state  # its errors (Fail, InvalidGraph, InvalidProtobuf, ...) share no base
+    errors = tuple(v for v in vars(state).values() if isinstance(v, type) and issubclass(v, Exception))
+    try:
+        return ort.InferenceSession(str(file), opts, providers=list(providers))
+    except (RuntimeError, OSError, *errors) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{file}: onnxruntime {ort.__version__} cannot load it ({first}); {fix}") from None
+
+
 def load_runner(path: str | Path, target: Any, device: torch.device | str = "cpu", *,
                 providers: Sequence[str] | None = None, threads: int | None = None, fold_dequantize: bool = True,
                 strict: bool = False, warn: Callable[[str], None] = print, **_: Any) -> ExportedRunner:
     """An ExportedRunner whose graphs run in onnxruntime sessions (see the module docstring)."""
     path = Path(path).expanduser()
-    manifest = load_manifest(path)
+    manifest = open_export(path)  # every graph and the shared tensors checked against their sha256
     device = torch.device(device)
     ort = _ort()
     opts = session_options(ort, threads, fold_dequantize)
     chosen = pick_providers(device, providers)
     sessions = {}
     for g in manifest.graphs:
-        file = path / g.file
-        if not file.is_file():
-            raise CheckpointError(f"{file} is missing from the export (listed in manifest.json); export again")
-        sessions[g.name] = ort.InferenceSession(str(file), opts, providers=chosen)
+        sessions[g.name] = open_session(ort, member(path, g.file, str(path), EXPORT_FIX), opts, chosen, EXPORT_FIX)
     ran = ",".join(sorted({s.get_providers()[0] for s in sessions.values()}))
     return build_runner(manifest, sessions, target, device, backend="onnxruntime", provider=ran, strict=strict,
                         warn=warn, numpy_io=True)
@@ -141,12 +150,9 @@ def load_target_runner(path: str | Path, device: torch.device | str = "cpu", *,
                        providers: Sequence[str] | None = None, threads: int | None = None) -> OnnxTarget:
     """An OnnxTarget over the `export target` directory at `path`."""
     path = Path(path).expanduser()
-    manifest = load_target_manifest(path)
-    file = path / manifest.file
-    if not file.is_file() or not (path / manifest.data_file).is_file():
-        raise CheckpointError(f"{path}: {manifest.file} or {manifest.data_file} is missing (listed in "
-                              f"target_manifest.json); export the target again")
+    manifest = open_target_export(path)  # the graph and its weights checked against their sha256
+    file = member(path, manifest.file, str(path), TARGET_FIX)
     device = torch.device(device)
     ort = _ort()
-    session = ort.InferenceSession(str(file), session_options(ort, threads), providers=pick_providers(device, providers))
+    session = open_session(ort, file, session_options(ort, threads), pick_providers(device, providers), TARGET_FIX)
     return OnnxTarget(manifest, session, device, session.get_providers()[0])

@@ -28,6 +28,7 @@ INSTALL_HINT = ("pip install 'specpress[trt]' (TensorRT from NVIDIA's index: --e
                 "https://pypi.nvidia.com) on a CUDA machine; engines built by TensorRT for RTX need "
                 "'specpress[trt-rtx]' and an RTX-class GPU")
 ENGINE_FORMAT = "specpress-tensorrt-engines"
+ENGINE_FIX = "rebuild the engines with `specpress export trt --onnx DIR --out DIR`"
 
 
 class TensorRTRuntimeUnavailable(SpecpressError):
@@ -35,7 +36,8 @@ class TensorRTRuntimeUnavailable(SpecpressError):
 
 
 def read_engine_manifest(path: Path) -> dict[str, Any]:
-    """The `export trt` manifest of `path`, checked for format and for every engine file it names."""
+    """The `export trt` manifest of `path`, checked for format and for every file it names (the engines and
+    onnx_manifest.json: inside `path`, with the size and sha256 it records)."""
     path = Path(path)
     mpath = path / "manifest.json"
     try:
@@ -43,12 +45,17 @@ def read_engine_manifest(path: Path) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError) as exc:
         raise UsageError(f"--drafter {path} is not an `specpress export trt` output (no readable manifest.json: "
                          f"{exc}); build one with `specpress export trt --onnx DIR --out DIR`") from exc
-    if manifest.get("format") != ENGINE_FORMAT:
-        raise UsageError(f"{mpath} is a {manifest.get('format', 'unknown')!r} manifest, expected {ENGINE_FORMAT!r} "
+    if not isinstance(manifest, dict) or manifest.get("format") != ENGINE_FORMAT:
+        found = manifest.get("format", "unknown") if isinstance(manifest, dict) else type(manifest).__name__
+        raise UsageError(f"{mpath} is a {found!r} manifest, expected {ENGINE_FORMAT!r} "
                          f"(the output of `specpress export trt`)")
-    missing = [e["file"] for e in manifest.get("engines", {}).values() if not (path / e["file"]).is_file()]
-    if missing or not manifest.get("engines"):
-        raise UsageError(f"{path} lacks engine file(s) {missing or '(none listed)'}; rebuild with `specpress export trt`")
+    engines = manifest.get("engines")
+    if not isinstance(engines, dict) or not engines or not all(isinstance(e, dict) for e in engines.values()):
+        raise UsageError(f"{mpath} lists no engines; rebuild with `specpress export trt`")
+    from specpress.manifest import verify_files
+
+    names = [e.get("file") for e in engines.values()]
+    verify_files(path, manifest.get("files"), names, str(mpath), ENGINE_FIX)  # inside, present, size + sha256
     return manifest
 
 
@@ -151,7 +158,7 @@ def load_runner(path: Path, target: Any, device: torch.device, **opts: Any):
     sessions = {name: EngineSession(trt, runtime, (Path(path) / e["file"]).read_bytes(), e, device)
                 for name, e in manifest["engines"].items()}
     onnx_manifest_path = Path(path) / "onnx_manifest.json"
-    if not onnx_manifest_path.is_file():
+    if "onnx_manifest.json" not in manifest["files"]:  # recorded (and so checked), or absent
         raise UsageError(f"{path} lacks onnx_manifest.json (the export's I/O description); rebuild it with "
                          f"`specpress export trt --onnx <an export onnx dir>`")
     try:
