@@ -183,6 +183,27 @@ def test_awq_beats_round_to_nearest_on_outlier_channels():
     assert errs["awq"] < errs["rtn"]
 
 
+def test_awq_clip_search_lowers_the_output_error_and_keeps_the_stored_form():
+    """auto_clip (the default) shrinks weight ranges where that lowers the output error: never worse than
+    the scaled round-to-nearest it starts from (ratio 1 is on its grid), and stored the same way."""
+    from dataclasses import replace as dc_replace
+
+    model, x = _outlier_model()
+    ref = model(x).detach()
+    out = {}
+    for clip in (False, True):
+        q = nn.Sequential(nn.Linear(64, 32, bias=False))
+        q.load_state_dict(model.state_dict())
+        quantize(q, dc_replace(config_for("int4", "awq", group_size=32), clip=clip), _loop(x))
+        out[clip] = (float((q(x) - ref).pow(2).mean()), quantized_modules(q)["0"])
+    assert out[True][0] < out[False][0]
+    a, b = out[False][1], out[True][1]
+    assert a.scales.shape == b.scales.shape and not torch.equal(a.scales, b.scales)
+    assert (b.scales.abs() <= a.scales.abs() * (1 + 1e-6)).all()  # a clipped range never widens a scale
+    assert torch.equal(a.pre_quant_scale, b.pre_quant_scale)
+    assert dc_replace(config_for("int4", "awq", group_size=32), clip=False).label() == "int4-g32-awq-noclip"
+
+
 @pytest.mark.parametrize("family", ["eagle", "eagle3", "mtp", "dflash", "lm"])
 def test_fp8_kv_cache_rounds_what_is_cached_stays_lossless_and_exports(family, tmp_path):
     """--kv-cache fp8: every K/V vector the drafter caches is e4m3 with its own scale; the loop stays lossless

@@ -10,7 +10,10 @@ export) or apply it as stored (`pre_quant_scale`, Model Optimizer's name).
                                     into the weights so both quantize to int8
     AWQ (Lin et al. 2023)           s_j = mean|x_j|^r, normalized to a geometric mean of 1, with r chosen from
                                     `grid` points in [0, 1) to minimize the group's output error on the
-                                    calibration inputs after round-to-nearest int4 (the llm-awq search)
+                                    calibration inputs after round-to-nearest int4 (the llm-awq search);
+                                    then, with `clip` (llm-awq's auto_clip, Model Optimizer's awq_clip), each
+                                    weight group's range is shrunk to the ratio in [0.5, 1] that minimizes
+                                    that group's share of the Linear's output error
 A Linear the calibration forward never ran is rounded to nearest without a scale (noted).
 """
 
@@ -29,9 +32,16 @@ from specpress.models.quantized.restore import replace_module
 EPS = 1e-5
 
 
-def _scaled_linear(lin: nn.Linear, s: Tensor, config: IntConfig) -> IntLinear:
-    """`lin` with its weight times s [K] rounded to nearest, and 1/s as its pre_quant_scale."""
+CLIP_STEPS, CLIP_SHRINK, CLIP_TOKENS = 20, 0.5, 512  # llm-awq's auto_clip grid and token sample
+
+
+def _scaled_linear(lin: nn.Linear, s: Tensor, config: IntConfig, x: Tensor | None = None) -> IntLinear:
+    """`lin` with its weight times s [K] rounded to nearest, and 1/s as its pre_quant_scale; with inputs `x`
+    (the Linear's own, before scaling), each weight group clipped first to the range that best keeps the
+    output (_clip)."""
     w = lin.weight.detach().float() * s[None, :]
+    if x is not None:
+        w = _clip(w, x / s, config)
     q, sc, z = P.quantize_int(w, config.bits, config.group_size, config.symmetric)
     return IntLinear.from_codes(lin, q, sc, z, bits=config.bits, group_size=config.group_size,
                                 symmetric=config.symmetric, act_mode=config.act_mode, pre_quant_scale=1.0 / s)
@@ -63,6 +73,30 @@ def quantize_smoothquant(model: nn.Module, names: list[str], config: SmoothQuant
     notes.append(f"smoothquant: alpha {config.alpha} over {len(groups)} input groups; activations {config.activations}")
 
 
+def _clip(w: Tensor, x: Tensor, config: IntConfig) -> Tensor:
+    """w [N, K] with every (row, input group) clamped to ±r · its amax, r from CLIP_STEPS ratios in
+    [1 - CLIP_SHRINK, 1], chosen per (row, group) to minimize the mean square of that group's part of the
+    output error, x_g · (w_g - Q(clamp(w_g)))ᵀ, over (at most CLIP_TOKENS of) the inputs x [n, K]."""
+    n, k = x.shape[0], w.shape[1]
+    g = config.group_size or k
+    if n == 0:
+        return w
+    x = x[torch.linspace(0, n - 1, min(n, CLIP_TOKENS)).long()]
+    wg, xg = w.reshape(w.shape[0], k // g, g), x.reshape(x.shape[0], k // g, g)
+    amax = wg.abs().amax(-1, keepdim=True)
+    best, best_err = amax.clone(), torch.full(amax.shape[:2], float("inf"))
+    for i in range(CLIP_STEPS):
+        m = amax * (1 - CLIP_SHRINK * i / CLIP_STEPS)
+        q, sc, z = P.quantize_int(torch.maximum(torch.minimum(wg, m), -m).reshape(w.shape), config.bits,
+                                  config.group_size, config.symmetric)
+        d = wg - P.dequantize_int(q, sc, z).reshape(wg.shape)
+        err = torch.einsum("tgk,ngk->tng", xg, d).pow(2).mean(0)
+        better = err < best_err
+        best = torch.where(better[..., None], m, best)
+        best_err = torch.where(better, err, best_err)
+    return torch.maximum(torch.minimum(wg, best), -best).reshape(w.shape)
+
+
 def _awq_scale(xmean: Tensor, r: float) -> Tensor:
     s = xmean.clamp(min=EPS) ** r
     return s / (s.max() * s.min()).sqrt()
@@ -92,6 +126,7 @@ def quantize_awq(model: nn.Module, names: list[str], config: AWQConfig, calibrat
                 best_r, best_err = r, err
         s = _awq_scale(xmean, best_r)
         for n, lin in zip(group, lins):
-            replace_module(model, n, _scaled_linear(lin, s, config))
+            replace_module(model, n, _scaled_linear(lin, s, config, x if config.clip else None))
         chosen.append(f"{'/'.join(group)} r={best_r:.2f}")
-    notes.append(f"awq: scale exponent per input group ({config.grid} grid points): {'; '.join(chosen)}")
+    clipped = ", weight ranges clipped" if config.clip else ""
+    notes.append(f"awq: scale exponent per input group ({config.grid} grid points){clipped}: {'; '.join(chosen)}")

@@ -114,23 +114,31 @@ class AWQConfig(IntConfig):
     ModelOpt and TensorRT-LLM use): for each group of Linears reading one input (q/k/v, gate/up), per input
     channel s = mean|x|^α over the calibration inputs; the weight is scaled by s before rounding to
     nearest and the input by 1/s (stored as `pre_quant_scale` [K], ModelOpt's name), with α chosen from
-    `grid` points in [0, 1) to minimize the group's output error on the calibration inputs."""
+    `grid` points in [0, 1) to minimize the group's output error on the calibration inputs; with `clip`
+    (llm-awq's default auto_clip, ModelOpt's awq_clip) each weight group's range is then searched too.
+    The stored form is the same either way (int4 groups + pre_quant_scale)."""
 
     name: ClassVar[str] = "awq"
     needs_calibration: ClassVar[bool] = True
     has_pre_quant_scale: ClassVar[bool] = True
 
     grid: int = 20
+    clip: bool = True
 
     def validate(self) -> None:
         super().validate()
         positive_int(self.grid, "awq grid")
+        if not isinstance(self.clip, bool):
+            raise ConfigError(f"awq clip: expected true or false, got {self.clip!r}")
         if self.bits != 4:
             raise ConfigError("awq chooses int4 codes; use --scheme int4")
 
     @property
     def method(self) -> str:
         return "awq"
+
+    def storage_label(self) -> str:
+        return super().storage_label() + ("" if self.clip else "-noclip")
 
     def sizing_config(self) -> IntConfig:
         return IntConfig(bits=4, group_size=self.group_size, symmetric=self.symmetric, include=self.include,
