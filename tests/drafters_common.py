@@ -101,3 +101,21 @@ def random_eos_target() -> TargetModel:
     """A freshly initialised target (seed 0) of the tiny shape with EOS id 0."""
     torch.manual_seed(0)
     return TargetModel(TargetConfig(**SHAPE, num_hidden_layers=L, eos_token_id=0))
+
+
+def stop_regen_at_batch(monkeypatch, n: int = 2):
+    """Make regenerate's n-th batch raise KeyboardInterrupt (a Ctrl-C mid-run); returns the real batch
+    function, to put back with monkeypatch.setattr(regen, "continue_batch", real)."""
+    from specpress.compress import regen
+
+    real = regen.continue_batch
+    calls = []
+
+    def stop(*a, **k):
+        calls.append(1)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(regen, "continue_batch", stop)
+    return real

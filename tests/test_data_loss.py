@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from drafters_common import make, random_eos_target, save_with_tokenizer
+from drafters_common import make, random_eos_target, save_with_tokenizer, stop_regen_at_batch
 
 from specpress.artifacts import MARKERS, artifact_kind, write_file
 from specpress.cli import cli
@@ -177,18 +177,9 @@ def _interrupted_regen(tdir, data, out, monkeypatch):
     """Run regenerate with one sequence per batch, stopped by Ctrl-C in its second batch."""
     from specpress.compress import regen
 
-    real = regen.continue_batch
-    calls = []
-
-    def stop_second(*a, **k):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
     args = ["regenerate", "--target", tdir, "--data", data, "--out", out, "--sequences", "3", "--prompt-tokens", "4",
             "--new-tokens", "4", "--batch", "1"]
-    monkeypatch.setattr(regen, "continue_batch", stop_second)
+    real = stop_regen_at_batch(monkeypatch)
     res = invoke(*args)
     assert isinstance(res.exception, Interrupted), (res.output, res.exception)
     monkeypatch.setattr(regen, "continue_batch", real)

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import pytest
 from pathlib import Path
 from click.testing import CliRunner
-from drafters_common import make, random_eos_target, save_with_tokenizer
+from drafters_common import make, random_eos_target, save_with_tokenizer, stop_regen_at_batch
 
 from specpress.artifacts import hold_lock, umask
 from specpress.cli import cli
@@ -171,16 +171,7 @@ def test_regenerate_ctrl_c_says_what_was_saved(setup, tmp_path, monkeypatch):
     root, tdir, data, drafter = setup
     import specpress.compress.regen as regen
 
-    real = regen.continue_batch
-    calls = []
-
-    def stop_second(*a, **k):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(regen, "continue_batch", stop_second)
+    real = stop_regen_at_batch(monkeypatch)
     out = tmp_path / "r.jsonl"
     args = [*commands(root, tdir, data, drafter, out)["regenerate"], "--batch", "1"]
     res = invoke(*args)
