@@ -119,3 +119,13 @@ def stop_regen_at_batch(monkeypatch, n: int = 2):
 
     monkeypatch.setattr(regen, "continue_batch", stop)
     return real
+
+
+def saved_target_and_drafter(root):
+    """A tiny random target saved with a tokenizer and data under root, and an EAGLE-3 drafter for it:
+    (target dir, data file, drafter dir), the inputs the CLI tests hand to commands."""
+    from specpress.models.drafter_io import save_drafter
+
+    t = random_eos_target()
+    tdir, data = save_with_tokenizer(t, root)
+    return tdir, data, save_drafter(make("eagle3", t), root / "e3")

@@ -9,20 +9,17 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from drafters_common import make, random_eos_target, save_with_tokenizer, stop_regen_at_batch
+from drafters_common import saved_target_and_drafter, stop_regen_at_batch
 
 from specpress.artifacts import MARKERS, artifact_kind, write_file
 from specpress.cli import cli
 from specpress.errors import Interrupted, UsageError
-from specpress.models.drafter_io import save_drafter
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("loss")
-    t = random_eos_target()
-    tdir, data = save_with_tokenizer(t, root)
-    drafter = save_drafter(make("eagle3", t), root / "e3")
+    tdir, data, drafter = saved_target_and_drafter(root)
     (root / "notes.txt").write_text("my notes\n")
     onnx = root / "onnx"  # stands for an `export onnx` output: export trt's input
     onnx.mkdir()

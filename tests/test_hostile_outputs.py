@@ -13,12 +13,11 @@ from contextlib import contextmanager
 import pytest
 from pathlib import Path
 from click.testing import CliRunner
-from drafters_common import make, random_eos_target, save_with_tokenizer, stop_regen_at_batch
+from drafters_common import saved_target_and_drafter, stop_regen_at_batch
 
 from specpress.artifacts import hold_lock, umask
 from specpress.cli import cli
 from specpress.errors import DataError, Interrupted, UsageError
-from specpress.models.drafter_io import save_drafter
 
 TRAIN = ["--steps", "3", "--batch", "2", "--seq-len", "16", "--draft-vocab", "40"]
 
@@ -26,9 +25,7 @@ TRAIN = ["--steps", "3", "--batch", "2", "--seq-len", "16", "--draft-vocab", "40
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("hostile")
-    t = random_eos_target()
-    tdir, data = save_with_tokenizer(t, root)
-    drafter = save_drafter(make("eagle3", t), root / "e3")
+    tdir, data, drafter = saved_target_and_drafter(root)
     return root, tdir, data, drafter
 
 
