@@ -82,7 +82,7 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
 
     Schemes (each --scheme lists the engine whose form it follows): int8 / int4 integer codes by
     round-to-nearest, GPTQ, AWQ (int4, W4A16 with a pre_quant_scale: Model Optimizer / TensorRT-LLM
-    INT4_AWQ) or SmoothQuant (int8 W8A8: Model Optimizer INT8_SQ); fp8 e4m3 weights with per-token
+    INT4_AWQ; activation-aware scales, then llm-awq's weight-range clipping search) or SmoothQuant (int8 W8A8: Model Optimizer INT8_SQ); fp8 e4m3 weights with per-token
     activations by default (vLLM FP8, llm-compressor FP8_DYNAMIC), static calibrated ones (Model Optimizer
     FP8) or none; nvfp4 (W4A16 by default, Model Optimizer's drafter default; W4A4 with --activations
     static); mxfp8 / mxfp4 (OCP MX, activations per block at run time by default); nf4 / fp4 (and int8 with
