@@ -74,10 +74,10 @@ class QuantizeConfig:
     def needs_data(self) -> bool:
         """Whether quantizing needs calibration inputs: a calibrated method, or static activation scales
         found from data (not fixed:V or weights)."""
-        from specpress.models.quantized.activations import parse_calibration
+        from specpress.models.quantized.activations import DEFAULT_CALIBRATION, parse_calibration
 
         return self.needs_calibration or (self.act_mode == "static" and parse_calibration(
-            str(getattr(self, "act_calibration", "max"))).kind not in ("fixed", "weights"))
+            str(getattr(self, "act_calibration", DEFAULT_CALIBRATION))).kind not in ("fixed", "weights"))
 
     def label(self) -> str:
         """A short name for tables and sweep point ids (`int4-g64-gptq`), module selection included."""

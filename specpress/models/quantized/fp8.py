@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from specpress.errors import ConfigError, UsageError
 from specpress.models.quantized import primitives as P
-from specpress.models.quantized.activations import FP8_MAX, act_label, check_activations, fp8_input
+from specpress.models.quantized.activations import DEFAULT_CALIBRATION, FP8_MAX, act_label, check_activations, fp8_input
 from specpress.models.quantized.configs import QuantizeConfig
 from specpress.models.quantized.modules import QuantizedLinear, check_stored, replace_linears
 from specpress.models.quantized.scheme import Scheme, Words, register_scheme
@@ -42,7 +42,7 @@ class Fp8Config(QuantizeConfig):
 
     granularity: str = "channel"
     activations: str = "none"
-    act_calibration: str = "max"
+    act_calibration: str = DEFAULT_CALIBRATION
 
     def validate(self) -> None:
         if self.granularity not in GRANULARITIES:

@@ -28,7 +28,8 @@ from torch import Tensor, nn
 
 from specpress.errors import ConfigError
 from specpress.models.quantized import int4_cpu, primitives as P
-from specpress.models.quantized.activations import INT8_MAX, act_label, check_activations, int8_input
+from specpress.models.quantized.activations import (DEFAULT_CALIBRATION, INT8_MAX, act_label, check_activations,
+                                                   int8_input)
 from specpress.models.quantized.configs import QuantizeConfig, positive_int
 from specpress.models.quantized.modules import QuantizedLinear, check_stored
 from specpress.models.quantized.restore import replace_module
@@ -48,7 +49,7 @@ class IntConfig(QuantizeConfig):
     group_size: int | None = 64
     symmetric: bool = True
     activations: str = "none"
-    act_calibration: str = "max"
+    act_calibration: str = DEFAULT_CALIBRATION
 
     def validate(self) -> None:
         if self.bits not in (4, 8):

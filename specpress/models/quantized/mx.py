@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from specpress.errors import ConfigError
 from specpress.models.quantized import minifloat as M
 from specpress.models.quantized import primitives as P
-from specpress.models.quantized.activations import act_label, check_activations
+from specpress.models.quantized.activations import DEFAULT_CALIBRATION, act_label, check_activations
 from specpress.models.quantized.configs import QuantizeConfig
 from specpress.models.quantized.modules import QuantizedLinear, check_blocks, check_stored, replace_linears
 from specpress.models.quantized.scheme import Scheme, Words, register_scheme
@@ -40,7 +40,7 @@ class MXConfig(QuantizeConfig):
 
     elements: str = "e4m3"
     activations: str = "none"
-    act_calibration: str = "max"
+    act_calibration: str = DEFAULT_CALIBRATION
 
     def validate(self) -> None:
         if self.elements not in ELEMENTS.values():

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from specpress.errors import ConfigError
 from specpress.models.quantized import minifloat as M
 from specpress.models.quantized import primitives as P
-from specpress.models.quantized.activations import act_label, check_activations
+from specpress.models.quantized.activations import DEFAULT_CALIBRATION, act_label, check_activations
 from specpress.models.quantized.configs import QuantizeConfig
 from specpress.models.quantized.modules import QuantizedLinear, check_blocks, check_stored, replace_linears
 from specpress.models.quantized.scheme import Scheme, Words, register_scheme
@@ -38,7 +38,7 @@ class NVFP4Config(QuantizeConfig):
     name: ClassVar[str] = "nvfp4"
 
     activations: str = "none"
-    act_calibration: str = "max"
+    act_calibration: str = DEFAULT_CALIBRATION
 
     def validate(self) -> None:
         check_activations("nvfp4", self.activations, self.act_calibration, ("none", "static"))
