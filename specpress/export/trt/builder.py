@@ -18,7 +18,6 @@ the `targets` compute capabilities on any machine (no device needed).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import platform
 import shutil
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, cast
 
 from specpress.errors import SpecpressError, UsageError
+from specpress.manifest import sha256_file
 from specpress.runtime.backends.trt.library import TensorRT, TensorRTUnavailable, load_tensorrt
 from specpress.runtime.backends.trt.plugin import NAME, NAMESPACE, VERSION, register_tree_attention
 from specpress.export.trt.profiles import AxisRange, Budget, Shapes, onnx_input_shapes, profiles
@@ -193,7 +193,7 @@ def build_graph(lib: TensorRT, path: Path, options: BuildOptions, echo: Echo, ve
         [network.get_output(i) for i in range(network.num_outputs)]
     entry = {
         "onnx": path.name,
-        "onnx_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "onnx_sha256": sha256_file(path),
         "inputs": {t.name: str(t.dtype).split(".")[-1].lower() for t in io[0]},
         "outputs": {t.name: str(t.dtype).split(".")[-1].lower() for t in io[1]},
         "profiles": {ph: {n: {"min": list(s[0]), "opt": list(s[1]), "max": list(s[2])} for n, s in shp.items()}
