@@ -36,8 +36,14 @@ import click
 @click.option("--policy", default=None,
               help="Draft policy to record as the proposal method (chain:K; tree / dynamic are written as the "
                    "nearest chain; block:B for dflash). Default: chain of 3, dflash block_size - 1.")
+@click.option("--materialize-head", is_flag=True,
+              help="Write a low-rank head (prune --head-rank) as its dense product, or a shared head over a reduced "
+                   "draft vocabulary (prune --share-head) as the target's rows (read from --verifier, a local "
+                   "directory), as one lm_head: vLLM and TensorRT-LLM load no other head. Costs the bytes the head "
+                   "saved (the export says how many); without it such a head is refused with the engines' rule.")
 @click.option("--force", is_flag=True, help="Replace --out if it exists.")
-def hf(drafter: str, out: str, fmt: str, verifier: str | None, policy: str | None, force: bool) -> None:
+def hf(drafter: str, out: str, fmt: str, verifier: str | None, policy: str | None, materialize_head: bool,
+       force: bool) -> None:
     """Export a drafter for vLLM (speculators) or TensorRT-LLM (modelopt): the same codes and scales, re-laid out.
 
     SGLang has no quantized route here (see --format); it reads a float drafter's own directory."""
@@ -48,7 +54,8 @@ def hf(drafter: str, out: str, fmt: str, verifier: str | None, policy: str | Non
 
     local = verifier if verifier is not None and Path(verifier).expanduser().exists() else None  # not a model id
     with claim_output(out, force=force, inputs={"--drafter": drafter, "--verifier": local}):
-        summary = export_hf(drafter, out, fmt, verifier=verifier, policy=policy, force=force)
+        summary = export_hf(drafter, out, fmt, verifier=verifier, policy=policy, force=force,
+                            materialize_head=materialize_head)
     for line in summary.lines():
         click.echo(line)
 

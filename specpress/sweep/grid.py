@@ -121,6 +121,10 @@ def prune_label(cfg: Any) -> str:
 
     parts = [f"{name}{_pct(getattr(cfg, name))}" for name in ("ffn", "heads") if getattr(cfg, name) is not None]
     parts += [f"{name}{getattr(cfg, name)}" for name in ("layers", "vocab") if getattr(cfg, name) is not None]
+    if cfg.head_rank is not None:
+        parts.append(f"headrank{cfg.head_rank}" + ("-actinit" if cfg.head_init == "activation" else ""))
+    if cfg.share_head:
+        parts.append("sharedhead")
     s = "-".join(parts)
     if cfg.structural and cfg.importance != "magnitude":
         s += f"-{cfg.importance}"

@@ -12,6 +12,10 @@ models/formats/encodings.py; ct_encodings.py, modelopt_encodings.py), which also
 when a scheme, activation mode or method has no form there: the export refuses it with that rule rather
 than write a file that drops a tensor (an input_scale, a pre_quant_scale) or means something else.
 
+A draft head that is not one dense Linear (a low-rank or a shared head, models/heads.py) follows the engines'
+rules in export/hf/heads.py: written without lm_head when the engines share the target's, else refused
+by name, or written dense with `materialize_head`.
+
 SGLang (0.5.x) has no route for a quantized drafter from here: it reads the EAGLE layout, not speculators;
 its ModelOpt FP8 config reads every FP8 quant_algo as static per-tensor FP8 (one scale per shard and an
 input_scale; python/sglang/srt/layers/quantization/modelopt_quant.py), not per-channel; and its EAGLE-3
@@ -29,6 +33,7 @@ from torch import Tensor, nn
 
 from specpress.artifacts import atomic_dir, write_json
 from specpress.errors import CheckpointError, ConfigError, UsageError
+from specpress.export.hf import heads
 from specpress.models.formats import compressed_tensors as ct
 from specpress.models.formats import modelopt as mo
 from specpress.models.formats.encodings import CT, MODELOPT, encoding
@@ -140,8 +145,9 @@ def _quantized(step: dict[str, Any] | None, weights: dict[str, Tensor]) -> dict[
 
 
 def export_hf(drafter: str | Path, out: str | Path, fmt: str, *, verifier: str | None = None,
-              policy: str | None = None, force: bool = False) -> ExportSummary:
-    """Write `drafter` to `out` in serving format `fmt` (speculators | modelopt); return the summary."""
+              policy: str | None = None, force: bool = False, materialize_head: bool = False) -> ExportSummary:
+    """Write `drafter` to `out` in serving format `fmt` (speculators | modelopt); return the summary.
+    materialize_head: write a low-rank or shared head as a dense lm_head where the engines load no other."""
     from specpress.models import serving_io
     from specpress.models.drafter_io import active_quantize_step, read_drafter_config
     from specpress.models.quantized.scheme import config_from_dict
@@ -152,6 +158,18 @@ def export_hf(drafter: str | Path, out: str | Path, fmt: str, *, verifier: str |
     family, config, raw = read_drafter_config(drafter)
     block = dict(raw.get("specpress") or {})
     weights = serving_io.to_specpress_weights(drafter, read_weights(drafter))
+    notes: list[str] = []
+    if heads.head_kind(config) != "dense":
+        heads.check(family, config, materialize_head)
+        if heads.refusal(family, config):
+            local = Path(verifier).expanduser() if verifier is not None else None
+            config, weights, block, note = heads.materialize(drafter, family, config, weights, block,
+                                                             local if local is not None and local.is_dir() else None,
+                                                             raw.get("torch_dtype") or "float32")
+            notes.append(note)
+        else:
+            notes.append("no lm_head written: the engines then share the target's whole lm_head, which is this "
+                         "drafter's shared head (its draft vocabulary is the target's)")
     step = active_quantize_step(block.get("steps"))
     qcfg = config_from_dict(step.get("config") or {}) if step else None
     enc = encoding(CT if fmt == "speculators" else MODELOPT, qcfg) if qcfg is not None else None
@@ -160,7 +178,6 @@ def export_hf(drafter: str | Path, out: str | Path, fmt: str, *, verifier: str |
                          "(its public layout is what ModelOpt, TensorRT-LLM and SGLang read already)")
     linears = linear_names(family, config)
     quantized = _quantized(step, weights)
-    notes: list[str] = []
     public = get_family(family).writer(config)
     dtype = raw.get("torch_dtype") or "float32"
     speculative_tokens = None
