@@ -55,7 +55,8 @@ import click
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--force", is_flag=True, help="Replace an existing --out.")
 def prune(drafter_dir: Path, out: Path, ffn: float | None, heads: float | None, layers: int | None,
-          vocab: int | None, head_rank: int | None, head_init: str, share_head: bool, importance: str, vocab_source: str, target_dir: Path | None, data_path: Path | None,
+          vocab: int | None, head_rank: int | None, head_init: str, share_head: bool, importance: str,
+          vocab_source: str, target_dir: Path | None, data_path: Path | None,
           continuation_tokens: int | None, recover_steps: int, recover_lr: float, batch: int, seq_len: int,
           calib_batches: int, vocab_tokens: int | None, kl_group: int,
           seed: int, force: bool) -> None:

@@ -124,7 +124,8 @@ def markdown(records: list[dict[str, Any]], title: str = "") -> str:
         parts.append("| " + " | ".join(cols) + " |")
         parts.append("|" + "|".join("---" for _ in cols) + "|")
         for r in rows:
-            parts.append("| " + " | ".join(c.replace("|", "\\|") for c in cells(r, COVERAGE in cols, SHARED in cols)) + " |")
+            row = cells(r, COVERAGE in cols, SHARED in cols)
+            parts.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
         parts.append("")
         parts.extend(f"**Warning** {w}\n" for w in coverage_warnings(rows))
     return "\n".join(parts)

@@ -94,11 +94,13 @@ def materialize(drafter_dir: Path, family: str, config: Any, weights: dict[str, 
     out = {k: v for k, v in weights.items() if not k.startswith("lm_head.")}
     out["lm_head.weight"] = head.to(dt).contiguous()
     steps = [dict(s) for s in block.get("steps") or ()]
-    step = active_quantize_step(steps)
-    if step is not None:
-        step["quantized"] = [n for n in step.get("quantized") or () if not n.startswith("lm_head.")]
-        step["notes"] = [*(step.get("notes") or ()), "export hf: the low-rank head was multiplied back into a "
-                         "dense float lm_head (its factors' codes are not in this export)"]
+    if active_quantize_step(steps) is not None:  # the last quantize step: its factors are gone
+        i = max(i for i, st in enumerate(steps) if st.get("step") == "quantize")
+        names = steps[i].get("quantized") or ()
+        steps[i]["quantized"] = [n for n in names if not n.startswith("lm_head.")]
+        if len(steps[i]["quantized"]) != len(names):
+            steps[i]["notes"] = [*(steps[i].get("notes") or ()), "export hf: the low-rank head's quantized factors "
+                                 "were multiplied back into a dense float lm_head (their codes are not in this export)"]
     size = torch.empty((), dtype=dt).element_size()
     note = (f"wrote a dense lm_head [{head.shape[0]}, {head.shape[1]}] ({head.numel() * size:,} bytes in {dtype}) in "
             f"place of the {'low-rank factors' if kind == 'low_rank' else 'shared target rows'} "
