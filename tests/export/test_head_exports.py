@@ -80,9 +80,10 @@ def test_cli_prune_inspect_bench_quantize_export_bench(variant, inputs, tmp_path
         assert json.loads(res.read_text())["lossless_mismatches"] == 0
 
 
-def test_onnx_shared_head_reads_the_targets_head_from_the_shared_file(target, exported, tmp_path):
+def test_onnx_heads_and_where_their_bytes_live(target, exported, tmp_path):
     """The shared head's rows are the target's head in target_shared.bin (not the drafter's graph bytes): a
-    low-rank or dense head's graph carries its own weights, the shared one's graph does not."""
+    low-rank or dense head's graph carries its own weights, the shared one's graph does not. Each export
+    (eagle3 low rank and shared, lm low rank) passed the exporter's checks against torch."""
     pytest.importorskip("onnxruntime")
     from specpress.export.onnx import ExportOptions, export_onnx
 
@@ -94,7 +95,9 @@ def test_onnx_shared_head_reads_the_targets_head_from_the_shared_file(target, ex
     assert shared.graphs["step"] < dense.graphs["step"] - head_bytes + 1024
     assert shared.shared_bytes == dense.shared_bytes + V * 32 * 4  # + the target's head, transposed
     assert low.graphs["step"] < dense.graphs["step"] - (head_bytes - 4 * (24 + 32) * 4) + 1024
-    for rep in (shared, low):
+    lm = randomize(build_drafter(CONFIGS["lm"]), 1).attach_target(target)
+    lm_low = export_onnx(prune(lm, PruneConfig(head_rank=4)), tmp_path / "lm", ExportOptions(), target=target)
+    for rep in (shared, low, lm_low):
         assert rep.rounds is not None and max(v["max_rel"] for o in rep.errors.values() for v in o.values()) < 1e-4
 
 
@@ -155,3 +158,29 @@ def test_cli_export_hf_flag(target, target_dir, tmp_path):
     out = _ok(invoke(cli, ["export", "hf", "--drafter", str(src), "--out", str(tmp_path / "x"), "--format",
                            "speculators", "--verifier", str(target_dir), "--materialize-head"]))
     assert "note: wrote a dense lm_head" in out
+
+
+@pytest.mark.trt
+@pytest.mark.parametrize("variant", ["rank", "shared"])
+def test_head_exports_build_with_tensorrt_for_rtx(variant, tmp_path):
+    """The factor MatMuls and the shared head's Gather of the target's rows parse and build (fp16, plugin form)."""
+    from test_trt_exports import _saved_pair
+
+    from specpress.export.onnx import ExportOptions, export_from_dirs
+    from specpress.export.trt.builder import BuildOptions, build_engines
+    from specpress.export.trt.profiles import Budget
+    from specpress.runtime.backends.trt.library import TensorRTUnavailable, load_tensorrt
+
+    try:
+        load_tensorrt("tensorrt_rtx")
+    except TensorRTUnavailable as exc:
+        pytest.skip(f"TensorRT for RTX is not installed ({exc})")
+    tdir, ddir = _saved_pair("eagle3", tmp_path)
+    d = load_drafter(ddir)
+    cfg = PruneConfig(head_rank=8) if variant == "rank" else PruneConfig(share_head=True)
+    src = save_drafter(prune(d, cfg), tmp_path / "head")
+    export_from_dirs(src, tdir, tmp_path / "onnx", ExportOptions(attention="plugin", dtype="fp16"))
+    manifest = build_engines(tmp_path / "onnx", tmp_path / "engines",
+                             BuildOptions(budget=Budget(max_tree=32, max_context=128), targets=("sm89",)),
+                             echo=lambda _m: None)
+    assert set(manifest["engines"]) == {"fuse", "step"}
