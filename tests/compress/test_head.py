@@ -150,6 +150,18 @@ def test_vocab_then_head_in_one_call_and_vocab_after_a_head(target):
             assert torch.equal(b.lm_head.down.weight, a.lm_head.down.weight)
 
 
+def test_structural_pruning_keeps_a_low_rank_or_shared_head(target, tmp_path):
+    d = make("eagle3", target)
+    for first in (PruneConfig(head_rank=4), PruneConfig(share_head=True)):
+        a = prune(d, first)
+        b = prune(a, PruneConfig(ffn=0.5, heads=0.5))
+        assert b.config.head_rank == a.config.head_rank and b.config.shared_head == a.config.shared_head
+        if a.lm_head is not None:
+            assert torch.equal(b.lm_head.up.weight, a.lm_head.up.weight)
+        assert torch.equal(run(load_drafter(save_drafter(b, tmp_path / str(first.share_head)), target), target),
+                           run(b, target))
+
+
 def test_activation_init_whitens_with_the_heads_calibration_inputs(target):
     """prune --head-init activation factorises with the covariance of the head's inputs on the calibration
     windows (the same windows and chained steps as the other stages) and beats plain SVD on those outputs."""
