@@ -184,3 +184,25 @@ def test_head_exports_build_with_tensorrt_for_rtx(variant, tmp_path):
                              BuildOptions(budget=Budget(max_tree=32, max_context=128), targets=("sm89",)),
                              echo=lambda _m: None)
     assert set(manifest["engines"]) == {"fuse", "step"}
+
+
+def test_modelopt_format_follows_the_same_rules(target, tmp_path):
+    """TensorRT-LLM's layout: a low-rank head is written dense (excluded from quantization, as ModelOpt keeps
+    lm_head) with --materialize-head; a shared head over the whole vocabulary is written without lm_head."""
+    from specpress.compress.quantize import config_for, quantize
+
+    low = prune(make("eagle3", target), PruneConfig(head_rank=4))
+    shared = prune(full_vocab_eagle3(target), PruneConfig(share_head=True))
+    for name, d in (("low", low), ("shared", shared)):
+        quantize(d, config_for("fp8", activations="none", include=("lm_head",) if name == "low" else ()))
+        src = save_drafter(d, tmp_path / name)
+        if name == "low":
+            with pytest.raises(ConfigError, match="ParallelLMHead"):
+                export_hf(src, tmp_path / "x", "modelopt")
+        s = export_hf(src, tmp_path / f"m-{name}", "modelopt", materialize_head=name == "low")
+        names = set(tensor_index(s.out))
+        assert ("lm_head.weight" in names) == (name == "low") and not any(".down." in n or ".up." in n for n in names)
+        excluded = json.loads((s.out / "hf_quant_config.json").read_text())["quantization"]["exclude_modules"]
+        assert ("lm_head" in excluded) == (name == "low")
+        back = load_drafter(s.out, target)
+        assert torch.allclose(run(back, target), run(load_drafter(src, target), target), atol=1e-4)
