@@ -38,3 +38,7 @@ class Interrupted(SpecpressError):
 
 class SweepFailed(SpecpressError):
     """A sweep finished but some of its points failed (and failures were not tolerated)."""
+
+
+class WriteError(SpecpressError):
+    """An output could not be written (a full disk, a quota); what was there before is left as it was."""

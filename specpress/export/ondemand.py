@@ -57,7 +57,7 @@ def exported_dir_for(drafter_dir: str | Path, target_dir: str | Path, options: E
     drafter_dir, target_dir = Path(drafter_dir).expanduser(), Path(target_dir).expanduser()
     out = cache_root() / "onnx" / export_key(drafter_dir, target_dir, options)
     forced = dataclasses.replace(options, force=True)
-    return _reuse_or_export(out, str(drafter_dir), open_export,
+    return _reuse_or_export(out, str(drafter_dir), lambda o: open_export(o, cache_fix(o)),
                             lambda o: export_from_dirs(drafter_dir, target_dir, o, forced, progress), progress)
 
 
@@ -70,8 +70,13 @@ def exported_target_for(target_dir: str | Path, options: TargetExportOptions = T
     _hash_target(h, target_dir)
     out = cache_root() / "onnx-target" / _hash_options(h, options)
     forced = dataclasses.replace(options, force=True)
-    return _reuse_or_export(out, f"target {target_dir}", open_target_export,
+    return _reuse_or_export(out, f"target {target_dir}", lambda o: open_target_export(o, cache_fix(o)),
                             lambda o: export_target_from_dir(target_dir, o, forced, progress), progress)
+
+
+def cache_fix(entry: Path) -> str:
+    """What a refusal of the cache entry `entry` tells the user (the user gave no --out to export again)."""
+    return f"delete {entry} and run the command again: specpress exports it anew into the cache"
 
 
 def _stderr(message: str) -> None:
@@ -89,7 +94,8 @@ def _reuse_or_export(out: Path, what: str, load: Callable[[Path], object], expor
             progress(f"using the ONNX export of {what} cached at {out}")
             return out, False
         except SpecpressError as exc:
-            warn(f"warning: the cached ONNX export of {what} at {out} failed its check ({exc}); exporting it again")
+            why = str(exc).removesuffix(f"; {cache_fix(out)}")
+            warn(f"warning: the cached ONNX export of {what} at {out} failed its check ({why}); exporting it again")
             if artifact_kind(out) is None and not out.is_symlink():
                 shutil.rmtree(out)  # our cache entry, its manifest unreadable: atomic_dir would not replace it
     progress(f"exporting {what} to ONNX (once) into {out}")
