@@ -34,7 +34,7 @@ import os
 import shutil
 import sys
 import tempfile
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Literal, Mapping
@@ -327,40 +327,49 @@ def check_writable(out: Path, flag: str = "--out") -> None:
 
 
 def check_output(out: Path | str, *, force: bool = False, inputs: Mapping[str, Any] | None = None,
-                 kind: Kind = "dir", flag: str = "--out") -> Path:
+                 kind: Kind = "dir", flag: str = "--out", in_place: bool = False) -> Path:
     """Every check on an output, in order, before any work: not an input (nor inside or around one), the
-    kind it will be, new or replaceable with --force, writable. Returns the expanded path."""
+    kind it will be, new or replaceable with --force (unless `in_place`: the command updates an existing
+    output and checks it itself, as a sweep does), writable. Returns the expanded path."""
     out = Path(out).expanduser()
     check_inputs(out, inputs or {}, flag)
     if out.exists() and (out.is_dir() != (kind == "dir")):
         raise UsageError(f"{flag} {out} exists and is {'a directory' if out.is_dir() else 'a file'}; "
                          f"a {kind} is written there; choose another {flag}")
-    check_new(out, force, flag)
-    check_writable(out, flag)
+    if not in_place:
+        check_new(out, force, flag)
+    check_writable(out / ".probe" if in_place and kind == "dir" else out, flag)
     return out
 
 
 @contextmanager
 def claim_output(out: Path | str, *, force: bool = False, inputs: Mapping[str, Any] | None = None,
                  kind: Kind = "dir", partial: bool = False, resume: bool = False,
-                 flag: str = "--out") -> Iterator[OutputClaim]:
+                 flag: str = "--out", companions: tuple[Path, ...] = (),
+                 in_place: bool = False) -> Iterator[OutputClaim]:
     """Check `out` as the module docstring says, then hold its lock while the caller works.
 
     partial: the command keeps `<out>.partial` for --resume; resume: the user asked to continue one.
+    companions: files the command writes beside `out` (regenerate's card), checked like it (not an input).
+    in_place: the command updates an existing directory and checks what is in it itself (sweep).
     """
-    out = check_output(out, force=force, inputs=inputs, kind=kind, flag=flag)
-    claim = OutputClaim(out, partial_path(out) if partial else None)
-    with hold_lock(out), claimed(out):
-        claim.notes += [f"removed {x}, left by an interrupted run" for x in clean_leftovers(out)]
-        part = claim.partial
-        if part is not None and part.exists() and not resume:
-            if not force:
-                raise UsageError(f"an interrupted run left {part}; continue it with --resume, or pass --force to "
-                                 f"discard it and start over")
-            claim.notes.append(f"discarding the interrupted run's {part} (--force without --resume)")
-        if part is not None and resume and not part.exists():
-            claim.notes.append(f"--resume: no interrupted run at {part}; starting from the beginning")
-        yield claim
+    with ExitStack() as stack:
+        for c in (Path(out).expanduser(), *companions):
+            stack.enter_context(claimed(c))
+            check_inputs(Path(c), inputs or {}, flag)
+        out = check_output(out, force=force, inputs=inputs, kind=kind, flag=flag, in_place=in_place)
+        claim = OutputClaim(out, partial_path(out) if partial else None)
+        with hold_lock(out):
+            claim.notes += [f"removed {x}, left by an interrupted run" for x in clean_leftovers(out)]
+            part = claim.partial
+            if part is not None and part.exists() and not resume:
+                if not force:
+                    raise UsageError(f"an interrupted run left {part}; continue it with --resume, or pass --force "
+                                     f"to discard it and start over")
+                claim.notes.append(f"discarding the interrupted run's {part} (--force without --resume)")
+            if part is not None and resume and not part.exists():
+                claim.notes.append(f"--resume: no interrupted run at {part}; starting from the beginning")
+            yield claim
 
 
 _CLAIMED: list[Path] = []  # the outputs (and cache entries) claimed in this process, while they are held
@@ -388,9 +397,21 @@ def claim_cache(entry: Path | str) -> Iterator[list[str]]:
     """Claim a cache entry specpress owns (an on-demand export, the teacher's cache): its lock held while the
     block runs, leftovers of killed writers removed (yielded, for the caller to say), writes recorded."""
     entry = Path(entry).expanduser()
-    check_writable(entry, "the cache")
-    with hold_lock(entry), claimed(entry):
-        yield clean_leftovers(entry)
+    with claimed(entry):
+        check_writable(entry, "the cache")
+        with hold_lock(entry):
+            yield clean_leftovers(entry)
+
+
+@contextmanager
+def scratch_dir(prefix: str) -> Iterator[Path]:
+    """A claimed temporary directory (the system's temp dir), removed when the block ends."""
+    d = Path(tempfile.mkdtemp(prefix=prefix))
+    with claimed(d):
+        try:
+            yield d
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------- writing
@@ -431,7 +452,7 @@ def atomic_dir(out: Path | str, *, force: bool = False) -> Iterator[Path]:
 
 
 @contextmanager
-def _atomic_file(path: Path) -> Iterator[Path]:
+def atomic_file(path: Path) -> Iterator[Path]:
     """A temp path beside `path` (named with this pid) that replaces `path` when the block succeeds; on any
     failure it is removed and the old `path` stands (a full disk: `WriteError`)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -450,7 +471,7 @@ def _atomic_file(path: Path) -> Iterator[Path]:
 def write_file(path: Path | str, data: bytes | str) -> None:
     """Write one file atomically: a temp file beside it, flushed, then os.replace; readable like any other
     file. A failure (a full disk) leaves the old file as it was and no temp file behind."""
-    with _atomic_file(Path(path)) as tmp, open(tmp, "wb") as f:
+    with atomic_file(Path(path)) as tmp, open(tmp, "wb") as f:
         f.write(data.encode() if isinstance(data, str) else data)
         f.flush()
         os.fsync(f.fileno())
@@ -463,7 +484,7 @@ def save_torch(path: Path | str, obj: Any) -> None:
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _atomic_file(path) as tmp, open(tmp, "wb") as f:
+    with atomic_file(path) as tmp, open(tmp, "wb") as f:
         torch.save(obj, f)
         f.flush()
         os.fsync(f.fileno())

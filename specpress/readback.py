@@ -85,7 +85,8 @@ def parse_json(text: str | bytes, where: str, fix: str = "", error: ErrorType = 
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise error(f"{where} is not valid JSON ({exc.msg}: line {exc.lineno} column {exc.colno}){tail}") from None
+        sep = ":" if re.search(r":\d+$", where) else " is"  # `file:line: not valid JSON`, `file is not valid JSON`
+        raise error(f"{where}{sep} not valid JSON ({exc.msg}: line {exc.lineno} column {exc.colno}){tail}") from None
     except RecursionError:
         obj = None
     else:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from specpress.errors import UsageError
 from specpress.runtime.backends import BACKENDS, READS
 
 TEMPERATURE = click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
@@ -69,6 +70,18 @@ def loop_target(target_backend: str, target, target_dir: Path, dtype: str, compi
 
     path, _ = exported_target_for(target_dir, TargetExportOptions(dtype=dtype), progress=warn)
     return load_target_runner(path, "cpu")
+
+
+def check_drafter_dir(backend: str, drafter_dir: Path | None, flag: str = "--drafter") -> None:
+    """Before any loading: an export given to a backend that runs drafter artifacts is refused, naming the
+    backend that runs it (a drafter artifact given to an export backend is exported on demand)."""
+    from specpress.runtime.backends import check_reads, get_backend
+
+    if drafter_dir is not None and BACKENDS[backend].reads == "drafter":
+        try:
+            check_reads(get_backend(backend), Path(drafter_dir))
+        except UsageError as exc:
+            raise UsageError(str(exc).replace("--drafter ", f"{flag} ", 1)) from None
 
 
 def check_compile(compile_drafter: bool, drafter_dir: Path | None, backend: str = "torch") -> None:
@@ -142,13 +155,17 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
     from specpress.runtime.loop import speculative_generate
     from specpress.runtime.plain import decode_plain
     from specpress.runtime.policy import parse_policy
-    from specpress.runtime.prompts import encode
+    from specpress.limits import prompt_line_limit
+    from specpress.machine import check_decode
+    from specpress.runtime.prompts import encode, max_context
     from specpress.runtime.sampling import SamplingParams
 
     check_compile(compile_drafter, drafter_dir, backend)
-    target = load_target(target_dir, dtype=dtype)
+    check_drafter_dir(backend, drafter_dir)
     tok = load_tokenizer(target_dir)
-    ids = encode(prompt, tok)
+    ids = encode(prompt, tok, prompt_line_limit(max_context(target_dir)))
+    check_decode(target_dir, len(ids), max_new_tokens, dtype, "--prompt")  # before the target's weights load
+    target = load_target(target_dir, dtype=dtype)
     gen = torch.Generator().manual_seed(seed)
     params = SamplingParams(temperature, top_k, top_p)
     verifier = loop_target(target_backend, target, target_dir, dtype, False, lambda m: click.echo(m, err=True))
@@ -230,10 +247,37 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
       specpress bench --target ~/.cache/specpress/zoo/medium --drafter onnx/eagle3 --backend onnxruntime \\
           --target-backend onnxruntime --prompts prompts.jsonl --max-new-tokens 64 --json all-ort.json
     """
+    from contextlib import ExitStack
+
+    from specpress.artifacts import claim_output
+
+    check_compile(compile_drafter, drafter_dir, backend)
+    if compare_dir is not None and drafter_dir is None:
+        raise click.UsageError("--compare-drafter compares against --drafter; pass --drafter too")
+    if compare_backend is not None and compare_dir is None:
+        raise click.UsageError("--compare-backend names the backend of --compare-drafter; pass --compare-drafter too")
+    compare_backend = compare_backend or backend
+    check_drafter_dir(backend, drafter_dir)
+    check_drafter_dir(compare_backend, compare_dir, "--compare-drafter")
+    with ExitStack() as stack:
+        if json_out:  # before decoding: a bad path must not cost the measurement; held until it is written
+            stack.enter_context(claim_output(json_out, force=force, kind="file", flag="--json",
+                                             inputs={"--target": target_dir, "--prompts": prompts_file,
+                                                     "--drafter": drafter_dir, "--compare-drafter": compare_dir}))
+        _bench(target_dir, drafter_dir, prompts_file, max_new_tokens, policy, temperature, top_k, top_p, seed, dtype,
+               backend, compile_drafter, compile_target, compare_dir, compare_backend, target_backend, strict,
+               json_out)
+
+
+def _bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_new_tokens: int, policy: str | None,
+           temperature: float, top_k: int, top_p: float, seed: int, dtype: str, backend: str,
+           compile_drafter: bool, compile_target: bool, compare_dir: Path | None, compare_backend: str,
+           target_backend: str, strict: bool, json_out: Path | None) -> None:
+    """bench after its options are checked and its --json claimed."""
     from rich.console import Console
     from rich.progress import Progress
 
-    from specpress.artifacts import check_output, write_json
+    from specpress.artifacts import write_json
     from specpress.machine import LoadMeter, load_warning
     from specpress.runtime.bench import bench_plain, bench_speculative, default_policy, load_bench_inputs
     from specpress.runtime.compile import compile_errors
@@ -242,18 +286,8 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
     from specpress.runtime.sampling import SamplingParams
     from specpress.ticker import bar_columns
 
-    check_compile(compile_drafter, drafter_dir, backend)
-    if compare_dir is not None and drafter_dir is None:
-        raise click.UsageError("--compare-drafter compares against --drafter; pass --drafter too")
-    if compare_backend is not None and compare_dir is None:
-        raise click.UsageError("--compare-backend names the backend of --compare-drafter; pass --compare-drafter too")
-    compare_backend = compare_backend or backend
-    if json_out:  # before decoding: a bad path must not cost the measurement
-        check_output(json_out, force=force, kind="file", flag="--json",
-                     inputs={"--target": target_dir, "--prompts": prompts_file, "--drafter": drafter_dir,
-                             "--compare-drafter": compare_dir})
     console = Console(stderr=True)
-    target, prompts = load_bench_inputs(target_dir, prompts_file, dtype)
+    target, prompts = load_bench_inputs(target_dir, prompts_file, dtype, max_new_tokens)
     config = {"target": str(target_dir), "prompts_file": str(prompts_file), "dtype": dtype,
               "drafter": None if drafter_dir is None else str(drafter_dir), "backend": backend, "policy": None,
               "compile": compile_drafter, "compile_target": compile_target}

@@ -5,7 +5,6 @@ The `export` group lives in commands/export.py; it attaches this command with `r
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +62,7 @@ def _axes(values: tuple[str, ...]) -> tuple[tuple[str, Any], ...]:
 def trt(onnx_dir: Path | None, out: Path, target_gpu: str, max_tree: int | None, max_context: int | None,
         axis_specs: tuple[str, ...], flavour: str, probe: bool, force: bool, verbose: bool) -> None:
     """Build TensorRT engines (one per exported graph) with the tree-attention plugin."""
-    from specpress.artifacts import claim_output
+    from specpress.artifacts import claim_output, scratch_dir
     from specpress.errors import UsageError
     from specpress.export.trt.builder import BuildOptions, read_source_manifest, build_engines
     from specpress.export.trt.profiles import Budget
@@ -71,7 +70,7 @@ def trt(onnx_dir: Path | None, out: Path, target_gpu: str, max_tree: int | None,
     if (onnx_dir is None) == (not probe):
         raise UsageError("give exactly one of --onnx DIR (an `export onnx` output) or --probe")
     with claim_output(out, force=force, inputs={"--onnx": onnx_dir}), \
-            tempfile.TemporaryDirectory(prefix="specpress-trt-probe-") as scratch:
+            scratch_dir("specpress-trt-probe-") as scratch:
         if probe:
             from specpress.export.trt.probe import save_probe
 

@@ -66,6 +66,8 @@ def inspect_cmd(path: Path, as_json: bool) -> None:
                                  break_on_hyphens=False, break_long_words=False))
     if steps:
         click.echo("  (every field: specpress inspect PATH --json)")
+    for warning in info.get("warnings") or []:
+        click.echo(f"warning: {warning}", err=True)
 
 
 def _acc(values: Any) -> str:

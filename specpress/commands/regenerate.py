@@ -60,7 +60,7 @@ def regenerate(target_dir: Path, data_path: Path, out: Path, sequences: int, pro
     from specpress.artifacts import claim_output
     from specpress.commands.guards import check_seq_len, interrupted, regen_saved
     from specpress.compress.data import data_stream
-    from specpress.compress.regen import RegenConfig, verify_partial, regenerate as run
+    from specpress.compress.regen import RegenConfig, card_path, verify_partial, regenerate as run
     from specpress.models.target import load_target
     from specpress.models.tokenizer import load_tokenizer
     from specpress.ticker import LogTicker, bar_columns
@@ -68,7 +68,7 @@ def regenerate(target_dir: Path, data_path: Path, out: Path, sequences: int, pro
     cfg = RegenConfig(sequences=sequences, prompt_tokens=prompt_tokens, new_tokens=new_tokens, batch=batch,
                       temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     with claim_output(out, force=force, inputs={"--target": target_dir, "--data": data_path}, kind="file",
-                      partial=True, resume=resume) as claim:  # before loading anything
+                      partial=True, resume=resume, companions=(card_path(Path(out)),)) as claim:  # before loading
         for note in claim.notes:
             click.echo(f"note: {note}", err=True)
         assert claim.partial is not None

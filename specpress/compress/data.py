@@ -6,7 +6,6 @@ by a seeded generator, so a run is deterministic for its seed and can resume at 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -15,6 +14,8 @@ import numpy as np
 import torch
 
 from specpress.errors import DataError, UsageError
+from specpress.limits import check_data_size
+from specpress.readback import parse_json, regular_file
 
 TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst", ".c", ".h", ".js", ".ts", ".java", ".go", ".rs", ".json", ".toml",
                  ".yaml", ".yml", ".cfg", ".sh")
@@ -24,10 +25,7 @@ def _jsonl_texts(path: Path) -> Iterable[str]:
     for n, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
+        obj = parse_json(line, f"{path}:{n}", error=DataError)
         if isinstance(obj, dict) and isinstance(obj.get("text"), str):
             yield obj["text"]
         elif isinstance(obj, dict) and isinstance(obj.get("messages"), list):
@@ -52,14 +50,18 @@ def read_texts(path: str | Path) -> list[str]:
         raise DataError(f"data path {path} does not exist")
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
+        check_data_size(sum(f.stat().st_size for f in files), f"--data {path} ({len(files)} text files)")
         texts = [f.read_text(errors="replace") for f in files]
-    elif path.suffix in (".jsonl", ".ndjson"):
-        texts = list(_jsonl_texts(path))
-    else:
-        try:
-            texts = [path.read_text()]
-        except UnicodeDecodeError:
-            raise DataError(f"{path} is not a UTF-8 text file; give text, .jsonl, or a directory of text") from None
+    else:  # a device (/dev/zero) or a FIFO never ends: refused, as is more text than memory holds
+        check_data_size(regular_file(path, DataError, "give a text file, a .jsonl file or a directory"),
+                        f"--data {path}")
+        if path.suffix in (".jsonl", ".ndjson"):
+            texts = list(_jsonl_texts(path))
+        else:
+            try:
+                texts = [path.read_text()]
+            except UnicodeDecodeError:
+                raise DataError(f"{path} is not a UTF-8 text file; give text, .jsonl, or a directory of text") from None
     texts = [t for t in texts if t.strip()]
     if not texts:
         raise DataError(f"{path} holds no text (empty files, or no {', '.join(TEXT_SUFFIXES[:4])}… files)")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from specpress import __version__
-from specpress.artifacts import artifact_kind
+from specpress.artifacts import artifact_kind, claim_cache
 from specpress.errors import SpecpressError
 from specpress.export.onnx import ExportOptions, export_from_dirs
 from specpress.export.target import TargetExportOptions, export_target_from_dir
@@ -86,18 +86,32 @@ def _stderr(message: str) -> None:
 def _reuse_or_export(out: Path, what: str, load: Callable[[Path], object], export: Callable[[Path], object],
                      progress: Callable[[str], None], warn: Callable[[str], None] = _stderr) -> tuple[Path, bool]:
     """(out, False) when `out` holds an export that `load` accepts (its files checked against their sha256);
-    else export into it: (out, True). A cached export that fails the check is never run: it is exported
-    again, and `warn` (stderr) says why."""
-    if out.is_dir():
-        try:
-            load(out)
-            progress(f"using the ONNX export of {what} cached at {out}")
+    else export into it, the cache entry claimed (`claim_cache`: locked, leftovers of a killed export
+    removed): (out, True). A cached export that fails the check is never run: it is exported again, and
+    `warn` (stderr) says why."""
+    if _reusable(out, what, load, progress, warn):
+        return out, False
+    with claim_cache(out) as removed:
+        for leftover in removed:
+            warn(f"note: removed {leftover}, left by an interrupted export")
+        if _reusable(out, what, load, progress, lambda m: None):  # another process exported it meanwhile
             return out, False
-        except SpecpressError as exc:
-            why = str(exc).removesuffix(f"; {cache_fix(out)}")
-            warn(f"warning: the cached ONNX export of {what} at {out} failed its check ({why}); exporting it again")
-            if artifact_kind(out) is None and not out.is_symlink():
-                shutil.rmtree(out)  # our cache entry, its manifest unreadable: atomic_dir would not replace it
-    progress(f"exporting {what} to ONNX (once) into {out}")
-    export(out)
+        if out.is_dir() and artifact_kind(out) is None and not out.is_symlink():
+            shutil.rmtree(out)  # our cache entry, its manifest unreadable: atomic_dir would not replace it
+        progress(f"exporting {what} to ONNX (once) into {out}")
+        export(out)
     return out, True
+
+
+def _reusable(out: Path, what: str, load: Callable[[Path], object], progress: Callable[[str], None],
+              warn: Callable[[str], None]) -> bool:
+    if not out.is_dir():
+        return False
+    try:
+        load(out)
+    except SpecpressError as exc:
+        why = str(exc).removesuffix(f"; {cache_fix(out)}")
+        warn(f"warning: the cached ONNX export of {what} at {out} failed its check ({why}); exporting it again")
+        return False
+    progress(f"using the ONNX export of {what} cached at {out}")
+    return True

@@ -34,7 +34,13 @@ def read_config(path: Path | str) -> dict[str, Any]:
         raise CheckpointError(f"{path} holds no config.json; is it a Hugging Face model directory?")
     from specpress.readback import read_json_object
 
-    return read_json_object(cfg_path, "restore or regenerate it", what="config.json")
+    cfg = read_json_object(cfg_path, "restore or regenerate it", what="config.json")
+    archs, mtype = cfg.get("architectures"), cfg.get("model_type")
+    if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise CheckpointError(f"{cfg_path}: architectures must be a list of class names, found {archs!r}")
+    if mtype is not None and not isinstance(mtype, str):
+        raise CheckpointError(f"{cfg_path}: model_type must be a string, found {mtype!r}")
+    return cfg
 
 
 def read_weights(path: Path | str) -> dict[str, Tensor]:

@@ -50,6 +50,17 @@ def _uses_calibration(step: Step) -> bool:
     return bool(cfg.needs_data())
 
 
+def key_matches(keyfile: Path, key: Any) -> bool:
+    """Whether `keyfile` (a point's point.json) records `key`; unreadable or damaged counts as not (rebuilt)."""
+    from specpress.errors import CheckpointError
+    from specpress.readback import read_json
+
+    try:
+        return keyfile.is_file() and read_json(keyfile) == key
+    except CheckpointError:
+        return False
+
+
 def point_dir(out: Path, point: Point) -> Path:
     return out / "points" / point.id
 
@@ -91,7 +102,7 @@ def build_point(ctx: SweepContext, point: Point, log: Log | None = None) -> tupl
     pdir = point_dir(ctx.out, point)
     art, keyfile = pdir / "drafter", pdir / "point.json"
     key = artifact_key(ctx, point)
-    if (art / "config.json").is_file() and keyfile.is_file() and json.loads(keyfile.read_text()) == key:
+    if (art / "config.json").is_file() and key_matches(keyfile, key):
         return art, True
     if log:
         log(f"{point.id}: building (" + " -> ".join(s.label() for s in point.steps) + ")")
