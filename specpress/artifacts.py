@@ -206,7 +206,7 @@ def glob_escape(name: str) -> str:
 class OutputClaim:
     out: Path
     partial: Path | None = None
-    notes: list[str] = field(default_factory=list)  # things the user should know (discarded partial, …)
+    notes: list[str] = field(default_factory=list)  # told the user on stderr (discarded partial, leftovers, …)
 
 
 def partial_path(out: Path) -> Path:
@@ -369,7 +369,13 @@ def claim_output(out: Path | str, *, force: bool = False, inputs: Mapping[str, A
                 claim.notes.append(f"discarding the interrupted run's {part} (--force without --resume)")
             if part is not None and resume and not part.exists():
                 claim.notes.append(f"--resume: no interrupted run at {part}; starting from the beginning")
-            yield claim
+            for note in claim.notes:  # every command says what its claim found, in the same words
+                print(f"note: {note}", file=sys.stderr)
+            try:
+                yield claim
+            finally:
+                if part is not None and part.is_dir() and not part.is_symlink() and not any(part.iterdir()):
+                    part.rmdir()  # an empty partial holds nothing to resume: it must not ask for --resume
 
 
 _CLAIMED: list[Path] = []  # the outputs (and cache entries) claimed in this process, while they are held

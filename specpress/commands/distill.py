@@ -141,6 +141,7 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
     from contextlib import ExitStack
 
     from specpress.artifacts import claim_cache, claim_output
+    from specpress.compress.data import check_data
     from specpress.commands.guards import check_not_quantized, check_seq_len, distill_saved, interrupted
     from specpress.compress.config import DistillConfig
     from specpress.compress.distill import distill_from_dirs
@@ -159,11 +160,10 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
               "--cache-teacher": cache_dir}
     with claim_output(out, force=force, inputs=inputs, partial=True, resume=resume) as claim, ExitStack() as stack:
         if cache_dir is not None:  # the teacher's cache is written too: claimed like an output
-            claim.notes += [f"removed {x}, left by an interrupted run" for x in stack.enter_context(
-                claim_cache(cache_dir))]
-        for note in claim.notes:
-            click.echo(f"note: {note}", err=True)
+            for leftover in stack.enter_context(claim_cache(cache_dir)):
+                click.echo(f"note: removed {leftover}, left by an interrupted run", err=True)
         check_seq_len(target_dir, seq_len, batch)
+        check_data(data_path)  # a device, a FIFO or more text than memory: refused before loading
         for flag, d in (("--init", init_dir), ("--from", from_dir)):
             if d is not None:
                 check_not_quantized(d, flag)

@@ -57,7 +57,8 @@ def onnx(drafter_dir: Path, target_dir: Path, out: Path, attention: str, opset: 
                             accuracy_level=accuracy_level, force=force)
     with claim_output(out, force=force, inputs={"--drafter": drafter_dir, "--target": target_dir}):
         rep = export_from_dirs(drafter_dir, target_dir, out, options,
-                               progress=lambda s: click.echo(f"  {s}", err=True))
+                               progress=lambda s: click.echo(f"  {s}", err=True),
+                               warn=lambda s: click.echo(s, err=True))
     own = sum(rep.graphs.values())
     click.echo(f"exported {len(rep.graphs)} graph(s) -> {rep.out}  ({rep.seconds:.1f} s, attention {attention}, "
                f"{dtype})")

@@ -58,6 +58,7 @@ def regenerate(target_dir: Path, data_path: Path, out: Path, sequences: int, pro
     from rich.progress import Progress
 
     from specpress.artifacts import claim_output
+    from specpress.compress.data import check_data
     from specpress.commands.guards import check_seq_len, interrupted, regen_saved
     from specpress.compress.data import data_stream
     from specpress.compress.regen import RegenConfig, card_path, verify_partial, regenerate as run
@@ -69,13 +70,12 @@ def regenerate(target_dir: Path, data_path: Path, out: Path, sequences: int, pro
                       temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     with claim_output(out, force=force, inputs={"--target": target_dir, "--data": data_path}, kind="file",
                       partial=True, resume=resume, companions=(card_path(Path(out)),)) as claim:  # before loading
-        for note in claim.notes:
-            click.echo(f"note: {note}", err=True)
         assert claim.partial is not None
         if resume and claim.partial.exists():
             verify_partial(out)  # a partial cut short or changed is refused before the target is loaded
         check_seq_len(target_dir, prompt_tokens + new_tokens, batch, training=False,
                       what=f"--prompt-tokens {prompt_tokens} + --new-tokens {new_tokens}")
+        check_data(data_path)  # a device, a FIFO or more text than memory: refused before loading
         target = load_target(target_dir)
         tok = load_tokenizer(target_dir)
         stream = data_stream(data_path, tok, target.config.eos_ids, target.config.vocab_size, target_dir)

@@ -38,6 +38,23 @@ def _jsonl_texts(path: Path) -> Iterable[str]:
 ZOO_SPLITS = ("zoo:train", "zoo:val")
 
 
+def check_data(path: str | Path) -> list[Path]:
+    """The files --data `path` reads, checked before anything is loaded: it exists, it is a regular file or
+    a directory (a device such as /dev/zero or a FIFO never ends), and its text fits in memory
+    (limits.check_data_size). `zoo:train` / `zoo:val` are the zoo's own: []."""
+    if str(path) in ZOO_SPLITS:
+        return []
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise DataError(f"data path {path} does not exist")
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
+        check_data_size(sum(f.stat().st_size for f in files), f"--data {path} ({len(files)} text files)")
+        return files
+    check_data_size(regular_file(path, DataError, "give a text file, a .jsonl file or a directory"), f"--data {path}")
+    return [path]
+
+
 def read_texts(path: str | Path) -> list[str]:
     """Documents from a text file, a .jsonl file ("text" or chat "messages"), a directory (recursive),
     or `zoo:train` / `zoo:val`: the zoo's split of this interpreter's standard library."""
@@ -46,15 +63,10 @@ def read_texts(path: str | Path) -> list[str]:
 
         return load_split_text(str(path).split(":")[1])  # type: ignore[arg-type]
     path = Path(path).expanduser()
-    if not path.exists():
-        raise DataError(f"data path {path} does not exist")
+    files = check_data(path)
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
-        check_data_size(sum(f.stat().st_size for f in files), f"--data {path} ({len(files)} text files)")
         texts = [f.read_text(errors="replace") for f in files]
-    else:  # a device (/dev/zero) or a FIFO never ends: refused, as is more text than memory holds
-        check_data_size(regular_file(path, DataError, "give a text file, a .jsonl file or a directory"),
-                        f"--data {path}")
+    else:
         if path.suffix in (".jsonl", ".ndjson"):
             texts = list(_jsonl_texts(path))
         else:

@@ -36,12 +36,12 @@ def load_bench_inputs(target_dir: str | Path, prompts_file: str | Path, dtype: s
 
 
 def load_drafter_for(target: TargetModel, drafter_dir: str | Path, *, strict: bool = False,
-                     warn: Callable[[str], None] = print) -> Any:
+                     warn: Callable[[str], None] = print, device: str | None = None) -> Any:
     """Load a drafter against `target`; a drafter built for another target warns, or fails with strict."""
     from specpress.errors import UsageError
     from specpress.models.drafter_io import load_drafter
 
-    drafter = load_drafter(drafter_dir, target)
+    drafter = load_drafter(drafter_dir, target, device=device)
     if drafter.fingerprint_mismatch:
         msg = (f"drafter {drafter_dir} was built for a different target (differs in "
                f"{', '.join(drafter.fingerprint_mismatch)}); acceptance will suffer")
