@@ -205,7 +205,8 @@ def test_leftovers_of_a_killed_export_are_removed_by_the_next_run(setup, tmp_pat
             "real = artifacts.make_readable\n"
             "def stall(p):\n    print('WRITTEN', flush=True); time.sleep(60)\n"
             "artifacts.make_readable = stall\n"
-            f"main(['export', 'onnx', '--drafter', {str(drafter)!r}, '--target', {str(tdir)!r}, '--out', {str(out)!r}])\n")
+            f"main(['export', 'onnx', '--drafter', {str(drafter)!r}, '--target', {str(tdir)!r}, "
+            f"'--out', {str(out)!r}])\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, env=env, text=True)
     try:
@@ -281,9 +282,8 @@ def test_a_damaged_cache_manifest_never_mentions_an_out_never_given(setup, tmp_p
         assert res.exit_code == 0, (res.output, res.exception)
         assert "failed its check" in res.output and "exporting it again" in res.output
         assert "--out" not in res.output, res.output
-    from specpress.manifest import open_export
-
     from specpress.export.ondemand import cache_fix
+    from specpress.manifest import open_export
 
     (entry / "manifest.json").write_bytes(BINARY)
     with pytest.raises(CheckpointError) as err:  # what a refusal of the entry says: delete it, never --out

@@ -148,6 +148,8 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
     """
     import torch
 
+    from specpress.limits import prompt_line_limit
+    from specpress.machine import check_decode
     from specpress.models.target import load_target
     from specpress.models.tokenizer import load_tokenizer
     from specpress.runtime.bench import default_policy
@@ -155,8 +157,6 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
     from specpress.runtime.loop import speculative_generate
     from specpress.runtime.plain import decode_plain
     from specpress.runtime.policy import parse_policy
-    from specpress.limits import prompt_line_limit
-    from specpress.machine import check_decode
     from specpress.runtime.prompts import encode, max_context
     from specpress.runtime.sampling import SamplingParams
 

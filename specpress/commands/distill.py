@@ -141,9 +141,9 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
     from contextlib import ExitStack
 
     from specpress.artifacts import claim_cache, claim_output
-    from specpress.compress.data import check_data
     from specpress.commands.guards import check_not_quantized, check_seq_len, distill_saved, interrupted
     from specpress.compress.config import DistillConfig
+    from specpress.compress.data import check_data
     from specpress.compress.distill import distill_from_dirs
     from specpress.errors import UsageError
 

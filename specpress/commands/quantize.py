@@ -119,8 +119,8 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
       specpress quantize --drafter drafters/eagle3 --out drafters/eagle3-int4-fp --scheme int4 --dequantize
     """
     from specpress.artifacts import claim_output
-    from specpress.compress.data import check_data
     from specpress.commands.guards import check_seq_len
+    from specpress.compress.data import check_data
     from specpress.compress.quantize.pipeline import quantize_from_dirs
     from specpress.models.quantized.scheme import config_for, config_from_dict
 

@@ -16,7 +16,6 @@ sees where each point runs; the driver removes it when the point's records are w
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time

@@ -11,7 +11,6 @@ traceback, and the sweep goes on. Worker processes (--jobs) call `init_worker` o
 
 from __future__ import annotations
 
-import json
 import time
 import traceback
 from pathlib import Path
