@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Iterator, Literal, Mapping
 
 from specpress.errors import UsageError, WriteError
+from specpress.readback import MARKERS, artifact_kind  # noqa: F401 - MARKERS: the writers' tags, checked in tests
 
 Kind = Literal["dir", "file"]
 
@@ -221,43 +222,6 @@ def _relation(out: Path, inp: Path) -> str | None:
         return "lies inside"
     if out in inp.parents:
         return "contains"
-    return None
-
-
-# What specpress writes, by the file that marks it (the writers' constants, checked equal in the tests; kept
-# here as literals so that this module imports nothing heavy): file -> the "format" values it may carry.
-MARKERS: dict[str, tuple[str, ...]] = {
-    "manifest.json": ("specpress-onnx", "specpress-tensorrt-engines"),  # export onnx, export trt
-    "target_manifest.json": ("specpress-onnx-target",),                 # export target (and its caches)
-    "zoo.json": ("specpress-zoo",),                                     # zoo build
-}
-_MARKER_BYTES = 1 << 24  # a marker is a small JSON file; anything larger is not one of ours
-
-
-def _read_marker(path: Path) -> Any:
-    try:
-        if not path.is_file() or path.stat().st_size > _MARKER_BYTES:
-            return None
-        return json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError):  # unreadable, not UTF-8, not JSON: not a specpress marker
-        return None
-
-
-def artifact_kind(path: Path | str) -> str | None:
-    """What specpress wrote at directory `path` ('a drafter', 'an ONNX export', …), or None when it does not
-    recognise it: a config.json with a `specpress` block (drafters, export hf), an export manifest with
-    specpress's format, a zoo target's zoo.json, or a sweep's recipe.json."""
-    path = Path(path)
-    cfg = _read_marker(path / "config.json")
-    if isinstance(cfg, dict) and isinstance(cfg.get("specpress"), dict) and "format_version" in cfg["specpress"]:
-        return "a specpress drafter"
-    for name, formats in MARKERS.items():
-        raw = _read_marker(path / name)
-        if isinstance(raw, dict) and raw.get("format") in formats:
-            return f"a specpress {raw['format']} directory"
-    recipe = _read_marker(path / "recipe.json")
-    if isinstance(recipe, dict) and {"hash", "recipe"} <= recipe.keys():
-        return "a specpress sweep"
     return None
 
 

@@ -12,8 +12,10 @@ The error class and the fix are the caller's: a config is a CheckpointError, a p
 code, a file that is not a checkpoint and one that holds the wrong objects are refused in one line with
 the fix, never with torch's advice to load it with weights_only=False (specpress never unpickles code).
 
-The checks on an export's files (inside the artifact, sizes and sha256 as recorded, format and version)
-are `specpress.manifest.verify_files` / `member` / `open_export`, which read through `read_json` too.
+`artifact_kind` says what specpress wrote at a directory, from the marker file each writer leaves (what
+`--force` may replace). The checks on an export's files (inside the artifact, sizes and sha256 as recorded,
+format and version) are `specpress.manifest.verify_files` / `member` / `open_export`, which read through
+`read_json` too.
 """
 
 from __future__ import annotations
@@ -210,3 +212,43 @@ def check_types(cls: type, d: Any, where: str, error: ErrorType = CheckpointErro
     for name, value in d.items():
         if name in hints and (p := type_problem(value, hints[name])) is not None:
             raise error(f"{where}: {name!r} must be {p}" if not p.startswith("[") else f"{where}: {name}{p}")
+
+
+# ---------------------------------------------------------------------------------------------- what specpress wrote
+
+# What specpress writes, by the file that marks it (the writers' constants, checked equal in the tests; kept
+# here as literals so that this module imports nothing heavy): file -> the "format" values it may carry.
+MARKERS: dict[str, tuple[str, ...]] = {
+    "manifest.json": ("specpress-onnx", "specpress-tensorrt-engines"),  # export onnx, export trt
+    "target_manifest.json": ("specpress-onnx-target",),                 # export target (and its caches)
+    "zoo.json": ("specpress-zoo",),                                     # zoo build
+}
+_MARKER_BYTES = 1 << 24  # a marker is a small JSON file; anything larger is not one of ours
+
+
+def _read_marker(path: Path) -> Any:
+    """The JSON in `path`, or None when it is missing or not readable JSON (then it marks nothing)."""
+    if not path.is_file():
+        return None
+    try:
+        return read_json(path, max_bytes=_MARKER_BYTES)
+    except CheckpointError:
+        return None
+
+
+def artifact_kind(path: Path | str) -> str | None:
+    """What specpress wrote at directory `path` ('a drafter', 'an ONNX export', …), or None when it does not
+    recognise it: a config.json with a `specpress` block (drafters, export hf), an export manifest with
+    specpress's format, a zoo target's zoo.json, or a sweep's recipe.json. `--force` replaces only these."""
+    path = Path(path)
+    cfg = _read_marker(path / "config.json")
+    if isinstance(cfg, dict) and isinstance(cfg.get("specpress"), dict) and "format_version" in cfg["specpress"]:
+        return "a specpress drafter"
+    for name, formats in MARKERS.items():
+        raw = _read_marker(path / name)
+        if isinstance(raw, dict) and raw.get("format") in formats:
+            return f"a specpress {raw['format']} directory"
+    recipe = _read_marker(path / "recipe.json")
+    if isinstance(recipe, dict) and {"hash", "recipe"} <= recipe.keys():
+        return "a specpress sweep"
+    return None
