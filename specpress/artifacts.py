@@ -268,6 +268,18 @@ def check_inputs(out: Path, inputs: Mapping[str, Any], flag: str = "--out") -> N
                              f"(refused even with --force); choose another {flag}")
 
 
+def check_space(out: Path, need: int, what: str, flag: str = "--out") -> None:
+    """At least `need` bytes free where `out` goes (`what` says why it needs them); else a UsageError now."""
+    out = Path(out).expanduser().absolute()
+    anc = out.parent
+    while not anc.exists():
+        anc = anc.parent
+    free = shutil.disk_usage(anc).free
+    if need > free:
+        raise UsageError(f"{flag} {out} needs at least {need:,} bytes ({what}); {free:,} are free on that filesystem: "
+                         f"free some space or choose another {flag}")
+
+
 def check_writable(out: Path, flag: str = "--out") -> None:
     """The output's directory exists (or can be made) and takes new files: found now, not after the work."""
     out = Path(out).expanduser().absolute()

@@ -155,15 +155,37 @@ def test_a_full_disk_inside_onnx_save_is_one_line_and_leaves_nothing(setup, smal
 def test_a_full_disk_in_a_checkpoint_is_one_line_and_keeps_the_last_one(setup, small_disk, monkeypatch):
     _, tdir, data, _, _, _ = setup
     disk, real = small_disk
-    if not real:
-        from specpress import artifacts
+    if not real:  # torch.save fails as it does on a full disk: its writer's RuntimeError over the file's OSError
+        import torch
 
-        monkeypatch.setattr(artifacts.os, "fsync", enospc)  # torch.save's file is flushed, then synced: full
+        def full_save(obj, f, *a, **k):
+            f.write(b"\0" * 100)
+            try:
+                enospc()
+            except OSError as exc:
+                raise RuntimeError("[enforce fail at inline_container.cc] unexpected pos") from exc
+
+        monkeypatch.setattr(torch, "save", full_save)
     out = disk / "d"
     res = invoke("distill", "--target", tdir, "--family", "eagle3", "--data", data, "--out", out, "--steps", 2,
                  "--batch", 2, "--seq-len", 16, "--draft-vocab", 40, "--checkpoint-minutes", 0)
     one_line(res, WriteError, str(disk / "d.partial" / "state.pt"), "No space left on device")
     assert sorted(p.name for p in disk.iterdir()) == []  # no state.pt.tmp-*, no empty partial, no lock
+
+
+def test_export_target_checks_the_space_its_weights_need_before_loading(setup, small_disk, monkeypatch):
+    from specpress import artifacts
+    from specpress.models.target import TargetModel
+
+    _, tdir, _, _, _, _ = setup
+    disk, real = small_disk
+    if not real:
+        free = type("Usage", (), {"free": 40_000})
+        monkeypatch.setattr(artifacts.shutil, "disk_usage", lambda p: free)
+    monkeypatch.setattr(TargetModel, "__init__", lambda *a, **k: pytest.fail("loaded the target first"))
+    res = invoke("export", "target", "--target", tdir, "--out", disk / "t")
+    one_line(res, UsageError, "needs at least 238,976 bytes", "59,744 parameters at fp32", "free some space")
+    assert sorted(p.name for p in disk.iterdir()) == []
 
 
 def test_a_full_disk_at_the_lock_write_is_one_line(setup, tmp_path, monkeypatch):
