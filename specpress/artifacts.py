@@ -176,8 +176,9 @@ def _writer_pid(name: str, marker: str) -> int | None:
 def clean_leftovers(out: Path) -> list[str]:
     """Remove what a killed writer of `out` left (the caller holds `out`'s lock, so no live writer of `out`
     is using them): temp dirs / files `.<name>.tmp-<pid>*` and `.<name>.old-<pid>` beside it, and temp
-    files `.*.tmp-<pid>*` inside `<out>.partial/`, each only when its pid is not a live process. Returns
-    what was removed, with sizes, for the command to say."""
+    files `.*.tmp-<pid>*` inside `<out>.partial/`, each only when its pid is not a live process. An
+    `.old-<pid>` with no `out` beside it is the previous artifact of a replace killed between its two
+    renames: it is renamed back to `out`, not removed. Returns what was done, as notes for the user."""
     out = Path(out).expanduser().absolute()
     found: list[Path] = []
     for pattern in (".tmp-*", ".old-*", ".partial*.tmp-*"):
@@ -187,12 +188,20 @@ def clean_leftovers(out: Path) -> list[str]:
         found += part.glob(".*.tmp-*")
     removed = []
     for p in sorted(found):
-        pid = _writer_pid(p.name, ".tmp-" if ".tmp-" in p.name else ".old-")
+        old = ".tmp-" not in p.name
+        pid = _writer_pid(p.name, ".old-" if old else ".tmp-")
         if pid is None or pid == os.getpid() or _pid_alive(pid):
             continue
+        if old and not out.exists() and p.is_dir() and not p.is_symlink():
+            p.rename(out)  # killed between atomic_dir's two renames: the previous artifact comes back
+            removed.append(f"restored {out} from {p}, where a replace interrupted between its two renames left it")
+            continue
         size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else p.stat().st_size
-        shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
-        removed.append(f"{p} ({size:,} bytes)")
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+        removed.append(f"removed {p} ({size:,} bytes), left by an interrupted run")
     return removed
 
 
@@ -336,7 +345,9 @@ def claim_output(out: Path | str, *, force: bool = False, inputs: Mapping[str, A
         out = check_output(out, force=force, inputs=inputs, kind=kind, flag=flag, in_place=in_place)
         claim = OutputClaim(out, partial_path(out) if partial else None)
         with hold_lock(out):
-            claim.notes += [f"removed {x}, left by an interrupted run" for x in clean_leftovers(out)]
+            claim.notes += clean_leftovers(out)
+            if claim.notes and not in_place:
+                check_new(out, force, flag)  # a restored previous artifact is an existing output like any other
             part = claim.partial
             if part is not None and part.exists() and not resume:
                 if not force:

@@ -264,6 +264,19 @@ def test_a_checkpoint_temp_file_of_a_dead_writer_is_removed(setup, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
 
 
+def test_a_replace_killed_between_its_renames_gets_the_old_artifact_back(setup, tmp_path):
+    """atomic_dir renames the old artifact to `.<out>.old-<pid>` and the new one into place: a kill between the
+    two leaves no <out>; the next claim puts the old one back instead of removing it."""
+    _, _, _, drafter, _, _ = setup
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    shutil.copytree(drafter, tmp_path / f".q.old-{dead.pid}")
+    res = invoke("quantize", "--drafter", drafter, "--scheme", "int8", "--out", tmp_path / "q")
+    one_line(res, UsageError, "already exists", "--force")  # it is back, and an existing output needs --force
+    assert (tmp_path / "q" / "model.safetensors").read_bytes() == (drafter / "model.safetensors").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q"]
+
+
 # ---------------------------------------------------------------------------------------------- misleading messages
 
 

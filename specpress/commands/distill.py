@@ -161,7 +161,7 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
     with claim_output(out, force=force, inputs=inputs, partial=True, resume=resume) as claim, ExitStack() as stack:
         if cache_dir is not None:  # the teacher's cache is written too: claimed like an output
             for leftover in stack.enter_context(claim_cache(cache_dir)):
-                click.echo(f"note: removed {leftover}, left by an interrupted run", err=True)
+                click.echo(f"note: {leftover}", err=True)
         check_seq_len(target_dir, seq_len, batch)
         check_data(data_path)  # a device, a FIFO or more text than memory: refused before loading
         for flag, d in (("--init", init_dir), ("--from", from_dir)):

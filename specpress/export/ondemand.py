@@ -93,7 +93,7 @@ def _reuse_or_export(out: Path, what: str, load: Callable[[Path], object], expor
         return out, False
     with claim_cache(out) as removed:
         for leftover in removed:
-            warn(f"note: removed {leftover}, left by an interrupted export")
+            warn(f"note: {leftover}")
         if _reusable(out, what, load, progress, lambda m: None):  # another process exported it meanwhile
             return out, False
         if out.is_dir() and artifact_kind(out) is None and not out.is_symlink():

@@ -13,13 +13,13 @@ Registry entry: Backend("tensorrt", "specpress.runtime.backends.tensorrt", "engi
 from __future__ import annotations
 
 import importlib
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from specpress.errors import SpecpressError, UsageError
+from specpress.readback import read_json
 
 if TYPE_CHECKING:  # type-checked against tensorrt-stubs (tensorrt_rtx shares the runtime API)
     import tensorrt
@@ -40,11 +40,10 @@ def read_engine_manifest(path: Path) -> dict[str, Any]:
     onnx_manifest.json: inside `path`, with the size and sha256 it records)."""
     path = Path(path)
     mpath = path / "manifest.json"
-    try:
-        manifest = json.loads(mpath.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UsageError(f"--drafter {path} is not an `specpress export trt` output (no readable manifest.json: "
-                         f"{exc}); build one with `specpress export trt --onnx DIR --out DIR`") from exc
+    fix = "build one with `specpress export trt --onnx DIR --out DIR`"
+    if not mpath.is_file():
+        raise UsageError(f"--drafter {path} is not an `specpress export trt` output (no manifest.json); {fix}")
+    manifest = read_json(mpath, fix, what="manifest")
     if not isinstance(manifest, dict) or manifest.get("format") != ENGINE_FORMAT:
         found = manifest.get("format", "unknown") if isinstance(manifest, dict) else type(manifest).__name__
         raise UsageError(f"{mpath} is a {found!r} manifest, expected {ENGINE_FORMAT!r} "
@@ -167,6 +166,6 @@ def load_runner(path: Path, target: Any, device: torch.device, **opts: Any):
         raise UsageError("this build's onnxruntime runner offers no build_runner(onnx_manifest, sessions, target, "
                          "device, backend=..., provider=...) to run engines through; the tensorrt backend reuses "
                          f"it ({exc})") from exc
-    return build_runner(json.loads(onnx_manifest_path.read_text()), sessions, target, device,
-                                    backend="tensorrt", provider=f"{manifest['tensorrt']['flavour']} "
-                                    f"{manifest['tensorrt']['version']}", **opts)
+    onnx_manifest = read_json(onnx_manifest_path, "rebuild the engines with `specpress export trt`")
+    return build_runner(onnx_manifest, sessions, target, device, backend="tensorrt",
+                        provider=f"{manifest['tensorrt']['flavour']} {manifest['tensorrt']['version']}", **opts)
