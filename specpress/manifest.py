@@ -180,10 +180,10 @@ def _tensor(d: Mapping[str, Any], where: str) -> TensorSpec:
 
 
 def _role(d: Mapping[str, Any], where: str) -> GraphRole:
-    d = _strict(GraphRole, d, where)
-    layers = d.get("cache_layers", ())
+    layers = d.get("cache_layers", ()) if isinstance(d, Mapping) else ()
     if not isinstance(layers, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
         raise CheckpointError(f"{where}: cache_layers must be a list of layer indices, found {layers!r}")
+    d = _strict(GraphRole, d, where)
     try:
         return GraphRole(str(d["call"]), tuple(layers))
     except CheckpointError as exc:
