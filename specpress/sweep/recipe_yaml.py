@@ -5,7 +5,7 @@ share nodes, so nine levels of nine aliases are 9^9 values once expanded (the "b
 printing or hashing such a recipe never ends. `read_recipe_yaml` refuses a file over MAX_RECIPE_BYTES,
 a node graph that expands past MAX_RECIPE_NODES values or nests deeper than MAX_RECIPE_DEPTH (counted on
 the composed graph, before it is built into Python objects), an alias that contains itself, a key given
-twice in one mapping, and strings no path can hold (YAML's `\\ud800` escapes make lone surrogates).
+twice in one mapping, and strings no path can hold (a NUL; the lone surrogates YAML's `\\ud800` escapes make).
 """
 
 from __future__ import annotations
@@ -79,8 +79,8 @@ def _expanded_size(node: Any, source: Path) -> int:
 
 
 def _check_text(obj: Any, source: Path) -> None:
-    """Every string of the recipe is text a path or a name can hold (YAML's "\ud800" escapes make lone
-    surrogates, which no file name can be)."""
+    """Every string of the recipe is text a path or a name can hold: no NUL, no lone surrogate (YAML's
+    "\ud800" escapes make them)."""
     stack = [obj]
     while stack:
         o = stack.pop()
@@ -89,6 +89,9 @@ def _check_text(obj: Any, source: Path) -> None:
         elif isinstance(o, list):
             stack += o
         elif isinstance(o, str):
+            if "\0" in o:
+                raise ConfigError(f"{source}: the value {o!r:.60} holds a NUL character, which no path or name can "
+                                  f"hold; remove it")
             try:
                 o.encode("utf-8")
             except UnicodeEncodeError:
