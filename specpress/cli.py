@@ -73,7 +73,7 @@ def command_path(args: list[str]) -> str:
             break
         try:
             cmd = group.get_command(click.Context(group), arg)
-        except Exception:  # a command module that does not import: the hint stays at the group
+        except ImportError:  # a command module whose library is missing: the hint stays at the group
             cmd = None
         if cmd is None:
             break
