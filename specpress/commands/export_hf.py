@@ -30,25 +30,41 @@ import click
                    "ModelOpt FP8 config takes static per-tensor FP8 (quant_algo \"FP8\") only and its EAGLE-3 fc is "
                    "a plain Linear that would drop an fp8 scale (keep it in float with --exclude fc); SGLang reads a "
                    "float drafter's own directory.")
-@click.option("--verifier", default=None,
-              help="The target the server loads (model id or path); recorded in speculators_config. A local "
-                   "directory is checked against the target the drafter was built for.")
+@click.option("--target", default=None, metavar="NAME_OR_PATH",
+              help="The target the server loads (a model id or a local directory), required by --format "
+                   "speculators, which records it as the verifier; a local directory is checked against the "
+                   "target the drafter was built for (and eagle3 / dflash layouts copy its embedding / head).")
+@click.option("--verifier", default=None, hidden=True, help="Deprecated spelling of --target.")
 @click.option("--policy", default=None,
               help="Draft policy to record as the proposal method (chain:K; tree / dynamic are written as the "
                    "nearest chain; block:B for dflash). Default: chain of 3, dflash block_size - 1.")
 @click.option("--force", is_flag=True, help="Replace --out if it exists.")
-def hf(drafter: str, out: str, fmt: str, verifier: str | None, policy: str | None, force: bool) -> None:
+def hf(drafter: str, out: str, fmt: str, target: str | None, verifier: str | None, policy: str | None,
+       force: bool) -> None:
     """Export a drafter for vLLM (speculators) or TensorRT-LLM (modelopt): the same codes and scales, re-laid out.
 
-    SGLang has no quantized route here (see --format); it reads a float drafter's own directory."""
+    SGLang has no quantized route here (see --format); it reads a float drafter's own directory.
+
+    \b
+    Examples:
+      specpress export hf --drafter drafters/eagle3-int4 --out served/eagle3-int4 --format speculators \\
+          --target ~/.cache/specpress/zoo/small
+      specpress export hf --drafter drafters/eagle3-fp8 --out served/eagle3-fp8 --format modelopt
+    """
     from pathlib import Path
 
     from specpress.artifacts import claim_output
+    from specpress.errors import UsageError, deprecated
     from specpress.export.hf import export_hf
 
-    local = verifier if verifier is not None and Path(verifier).expanduser().exists() else None  # not a model id
-    with claim_output(out, force=force, inputs={"--drafter": drafter, "--verifier": local}):
-        summary = export_hf(drafter, out, fmt, verifier=verifier, policy=policy, force=force)
+    if verifier is not None:
+        if target is not None:
+            raise UsageError("--verifier is the old spelling of --target; give --target only")
+        deprecated("--verifier", "use --target")
+        target = verifier
+    local = target if target is not None and Path(target).expanduser().exists() else None  # not a model id
+    with claim_output(out, force=force, inputs={"--drafter": drafter, "--target": local}):
+        summary = export_hf(drafter, out, fmt, verifier=target, policy=policy, force=force)
     for line in summary.lines():
         click.echo(line)
 

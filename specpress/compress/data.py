@@ -13,7 +13,7 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
-from specpress.errors import DataError, UsageError
+from specpress.errors import DataError, RequestError
 from specpress.limits import check_data_size
 from specpress.readback import parse_json, regular_file
 
@@ -129,7 +129,7 @@ def data_stream(data: str | Path, tokenizer: Any | None, eos_ids: Iterable[int],
                         f"the model's tokenizer.json into {target}")
     eos = list(eos_ids)
     if not eos:
-        raise UsageError(f"{target}/config.json has no eos_token_id, needed to join documents; add one")
+        raise RequestError(f"{target}/config.json has no eos_token_id, needed to join documents; add one")
     stream = encode_stream(read_texts(data), tokenizer, eos[0])
     check_ids(stream, vocab_size, data)
     return stream

@@ -34,15 +34,16 @@ import re
 
 import pytest
 import torch
+from drafters_common import CONFIGS, SHAPE, V, randomize
 from safetensors.torch import load_file
 from torch import nn
 
-from drafters_common import CONFIGS, SHAPE, V, randomize
-from specpress.compress.quantize import config_for, quantize
+from specpress.compress.quantize.api import quantize
 from specpress.errors import ConfigError
 from specpress.export.hf import export_hf
 from specpress.models.drafter import build_drafter
 from specpress.models.drafter_io import save_drafter
+from specpress.models.quantized.scheme import config_for
 from specpress.models.target import TargetConfig, TargetModel, save_target
 
 ct_match = pytest.importorskip("compressed_tensors.utils.match")  # the `serving` extra

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from specpress.artifacts import atomic_dir, write_json
-from specpress.errors import CheckpointError, ConfigError, UsageError
+from specpress.errors import CheckpointError, ConfigError, RequestError, UsageError
 from specpress.models.formats import compressed_tensors as ct
 from specpress.models.formats import modelopt as mo
 from specpress.models.formats.encodings import CT, MODELOPT, encoding
@@ -90,8 +90,8 @@ def resolve_verifier(verifier: str | None, block: dict[str, Any]) -> tuple[dict[
     """speculators' verifier block, and the verifier's local dir (checked against the drafter's target)."""
     fp = block.get("target") or {}
     if verifier is None:
-        raise UsageError("--verifier NAME_OR_PATH is required: the model id or path the server loads as the "
-                         "target (speculators records it; vLLM checks the drafter against it)")
+        raise UsageError("--target NAME_OR_PATH is required: the model id or path the server loads as the "
+                         "target (speculators records it as the verifier; vLLM checks the drafter against it)")
     local = Path(verifier).expanduser()
     if not local.is_dir():
         arch = fp.get("architecture")
@@ -104,7 +104,7 @@ def resolve_verifier(verifier: str | None, block: dict[str, Any]) -> tuple[dict[
     tcfg = TargetConfig.from_hf(raw, source=str(local / "config.json"))
     bad = fingerprint_diff(fp, target_fingerprint(tcfg))
     if bad:
-        raise CheckpointError(f"--verifier {local} does not match the target this drafter was built for "
+        raise CheckpointError(f"--target {local} does not match the target this drafter was built for "
                               f"(differs in {', '.join(bad)}: drafter {({k: fp[k] for k in bad})}); pass the "
                               f"target the drafter was distilled against")
     return sp.verifier_block(verifier, list(raw.get("architectures") or [])), local
@@ -156,8 +156,8 @@ def export_hf(drafter: str | Path, out: str | Path, fmt: str, *, verifier: str |
     qcfg = config_from_dict(step.get("config") or {}) if step else None
     enc = encoding(CT if fmt == "speculators" else MODELOPT, qcfg) if qcfg is not None else None
     if fmt == "modelopt" and step is None:
-        raise UsageError("--format modelopt writes ModelOpt's quantized layout; this drafter is not quantized "
-                         "(its public layout is what ModelOpt, TensorRT-LLM and SGLang read already)")
+        raise RequestError("--format modelopt writes ModelOpt's quantized layout; this drafter is not quantized "
+                           "(its public layout is what ModelOpt, TensorRT-LLM and SGLang read already)")
     linears = linear_names(family, config)
     quantized = _quantized(step, weights)
     notes: list[str] = []
@@ -229,9 +229,9 @@ def _verifier_embedding(local: Path | None, dtype: str) -> Tensor:
     """The verifier's embed_tokens [V, H]: speculators' eagle3 checkpoints store it and its Eagle3DraftModel
     reads it (left out, transformers allocates it uninitialised)."""
     if local is None:
-        raise UsageError("speculators' eagle3 layout stores the verifier's embed_tokens (its Eagle3DraftModel reads "
-                         "it from the checkpoint): pass --verifier as the local target directory, or save the "
-                         "drafter with the target's embedding (save_drafter(..., include_shared=True))")
+        raise RequestError("speculators' eagle3 layout stores the verifier's embed_tokens (its Eagle3DraftModel reads "
+                           "it from the checkpoint): pass --target as the local target directory, or save the "
+                           "drafter with the target's embedding (save_drafter(..., include_shared=True))")
     w = read_weights(local)
     emb = w.get("model.embed_tokens.weight")
     if emb is None:
@@ -242,8 +242,8 @@ def _verifier_embedding(local: Path | None, dtype: str) -> Tensor:
 def _verifier_head(local: Path | None, dtype: str) -> Tensor:
     """The verifier's lm_head [V, H] (speculators' DFlash stores it); tied heads come from embed_tokens."""
     if local is None:
-        raise UsageError("speculators' dflash layout stores the verifier's lm_head: pass --verifier as the local "
-                         "target directory (the server can still load the model id you serve)")
+        raise RequestError("speculators' dflash layout stores the verifier's lm_head: pass --target as the local "
+                           "target directory (the server can still load the model id you serve)")
     w = read_weights(local)
     head = w.get("lm_head.weight", w.get("model.embed_tokens.weight"))
     if head is None:
