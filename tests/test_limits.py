@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from drafters_common import saved_target_and_drafter
 
 from specpress.cli import cli
-from specpress.errors import ConfigError, DataError, SpecpressError, UsageError
+from specpress.errors import ConfigError, DataError, RequestError, SpecpressError
 
 
 @pytest.fixture(scope="module")
@@ -71,9 +71,9 @@ def test_kv_cache_past_memory_is_refused_before_loading(setup, cmd, no_loading, 
     args = {"run": ["run", "--target", long_ctx, "--drafter", drafter, "--prompt", "def add"],
             "bench": ["bench", "--target", long_ctx, "--drafter", drafter, "--prompts", prompts]}[cmd]
     res = invoke(*args, "--max-new-tokens", 9_000_000)  # 9M positions x 8 layers x 2 KV heads x 8 x fp32: 8.6 GiB
-    msg = refused(res, UsageError, "--max-new-tokens 9000000", "KV cache", "8.6 GiB", "1.0 GiB is available",
+    msg = refused(res, RequestError, "--max-new-tokens 9000000", "KV cache", "8.6 GiB", "1.0 GiB is available",
                   "lower --max-new-tokens")
-    assert res.exception.exit_code == 2 and "9,000,0" in msg
+    assert res.exception.exit_code == 1 and "9,000,0" in msg  # the machine, not the command line
     assert snapshot(root) == before
 
 
@@ -86,7 +86,7 @@ def test_kv_cache_within_memory_still_runs(setup, one_gib_free):
 def test_context_is_checked_before_loading_too(setup, no_loading):
     _, tdir, _, _, _, prompts = setup
     res = invoke("bench", "--target", tdir, "--prompts", prompts, "--max-new-tokens", 500)
-    refused(res, UsageError, "context is 128", "lower --max-new-tokens")
+    refused(res, RequestError, "context is 128", "lower --max-new-tokens")
 
 
 # ---------------------------------------------------------------------------------------------- configs

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from drafters_common import make, random_eos_target, saved_target_and_drafter
 
 from specpress.cli import cli
-from specpress.errors import CheckpointError, DataError, SpecpressError, UsageError, WriteError
+from specpress.errors import CheckpointError, DataError, RequestError, SpecpressError, WriteError
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +184,7 @@ def test_export_target_checks_the_space_its_weights_need_before_loading(setup, s
         monkeypatch.setattr(artifacts.shutil, "disk_usage", lambda p: free)
     monkeypatch.setattr(TargetModel, "__init__", lambda *a, **k: pytest.fail("loaded the target first"))
     res = invoke("export", "target", "--target", tdir, "--out", disk / "t")
-    one_line(res, UsageError, "needs at least 238,976 bytes", "59,744 parameters at fp32", "free some space")
+    one_line(res, RequestError, "needs at least 238,976 bytes", "59,744 parameters at fp32", "free some space")
     assert sorted(p.name for p in disk.iterdir()) == []
 
 
@@ -272,7 +272,7 @@ def test_a_replace_killed_between_its_renames_gets_the_old_artifact_back(setup, 
     dead.wait()
     shutil.copytree(drafter, tmp_path / f".q.old-{dead.pid}")
     res = invoke("quantize", "--drafter", drafter, "--scheme", "int8", "--out", tmp_path / "q")
-    one_line(res, UsageError, "already exists", "--force")  # it is back, and an existing output needs --force
+    one_line(res, RequestError, "already exists", "--force")  # it is back, and an existing output needs --force
     assert (tmp_path / "q" / "model.safetensors").read_bytes() == (drafter / "model.safetensors").read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["q"]
 
@@ -287,7 +287,7 @@ def test_a_torch_backend_given_an_export_names_the_backend_that_runs_it(setup, m
     monkeypatch.setattr(TargetModel, "__init__", lambda *a, **k: pytest.fail("loaded the target first"))
     for args in (["run", "--prompt", "def"], ["bench", "--prompts", prompts, "--max-new-tokens", 2]):
         res = invoke(*args, "--target", tdir, "--drafter", onnx)
-        one_line(res, UsageError, f"--drafter {onnx} is an `specpress export onnx` output directory",
+        one_line(res, RequestError, f"--drafter {onnx} is an `specpress export onnx` output directory",
                  "pass --backend onnxruntime to run it")
 
 

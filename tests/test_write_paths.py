@@ -124,6 +124,7 @@ def cases(root, tdir, data, drafter, prompts, out):
         "run": ["run", "--target", tdir, "--drafter", drafter, "--prompt", "def", "--max-new-tokens", "4",
                 "--backend", "onnxruntime"],
         "inspect": ["inspect", drafter],
+        "prompts": ["prompts", "--target", tdir, "--out", out, "--n", "2", "--tokens", "8"],
         "sweep": ["sweep", recipe, "--out", out],
         "zoo build": None,  # tests/zoo builds a tiny zoo through build_zoo; see test_zoo_build_writes_only_its_out
     }
@@ -149,19 +150,19 @@ def test_every_command_is_audited(inputs, tmp_path):
 
 
 ORDER = ["export onnx", "export trt", "export target", "export hf", "quantize", "prune", "distill", "regenerate",
-         "bench", "run", "inspect", "sweep"]
+         "bench", "run", "inspect", "prompts", "sweep"]
 
 
 @pytest.mark.parametrize("name", ORDER)
 def test_a_command_writes_only_under_what_it_claimed(inputs, tmp_path, name):
     if name == "export trt":
-        from specpress.runtime.backends.trt.library import TensorRTUnavailable, load_tensorrt
+        from specpress.runtime.backends.tensorrt.library import TensorRTUnavailable, load_tensorrt
 
         try:
             load_tensorrt("tensorrt_rtx")
         except TensorRTUnavailable as exc:  # CI installs it (the trt-rtx extra)
             pytest.skip(f"TensorRT for RTX is not installed ({exc})")
-    out = tmp_path / ("out.json" if name == "bench" else "out.jsonl" if name == "regenerate" else "out")
+    out = tmp_path / ("out.json" if name == "bench" else "out.jsonl" if name in ("regenerate", "prompts") else "out")
     args = cases(*inputs, out)[name]
     stray = audited(args)
     assert stray == [], "\n".join(stray)
