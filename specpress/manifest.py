@@ -217,8 +217,9 @@ def manifest_from_dict(raw: Mapping[str, Any], source: str = MANIFEST, fix: str 
     path = source
     version = _check_format(raw, source, FORMAT, FORMAT_VERSION, f"; {fix}")
     if version < 2:
+        again = "re-export with `specpress export onnx`" if fix == EXPORT_FIX else fix
         raise CheckpointError(f"{path}: an export of format_version {version} records no graph roles (nor the files' "
-                              f"sha256); {fix}")
+                              f"sha256); {again}")
     d = _strict(ExportManifest, raw, str(path))
     info = _strict(DrafterInfo, d["drafter"], f"{path}: drafter")
     info["taps"] = tuple(info["taps"])
