@@ -43,8 +43,9 @@ def _scheme(job: Job) -> str | None:
         return None
     if job.family == "dflash":
         return (f"{V} builds DFlash draft layers unquantized (srt/models/dflash.py "
-                f"DFlashDraftModel.supports_quantization is False: only Nemotron-3.5 drafts take a quantization config), so a quantized dflash drafter has no "
-                f"route: export the full-precision drafter (quantize --dequantize), or use --for vllm")
+                f"DFlashDraftModel.supports_quantization is False: only Nemotron-3.5 drafts take a quantization "
+                f"config), so a quantized dflash drafter has no route: export the full-precision drafter "
+                f"(quantize --dequantize), or use --for vllm")
     if getattr(q, "has_pre_quant_scale", False):
         return (f"{V} reads a quantized drafter here as compressed-tensors ({CT_FILE}), whose schemes hold weights, "
                 f"scales, zero points and input scales, not {q.method}'s pre_quant_scale: quantize with --method rtn "
