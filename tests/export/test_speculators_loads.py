@@ -41,7 +41,8 @@ payload = torch.load(sys.argv[1], weights_only=False)
 out = {}
 for cell, path in payload["exports"].items():
     try:
-        kw = {"quantization_config": CompressedTensorsConfig(run_compressed=False)} if payload["quantized"][cell] else {}
+        q = payload["quantized"][cell]
+        kw = {"quantization_config": CompressedTensorsConfig(run_compressed=False)} if q else {}
         m = Eagle3DraftModel.from_pretrained(path, torch_dtype=torch.float32, **kw).eval()
         # compressed-tensors decompresses NVFP4 / MX weights to bfloat16 whatever torch_dtype says; the forward
         # then meets float32 activations, so the model is cast to float32 (the decompressed values kept)
