@@ -25,8 +25,7 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
-from engines_common import L, quantized, saved_target, wide_target
+from engines_common import quantized, saved_target, wide_target
 from safetensors.torch import load_file
 from side import run_side
 from torch import nn
@@ -229,7 +228,7 @@ torch.save(out, sys.argv[2])
 @pytest.fixture(scope="module")
 def vllm_says(exports, tmp_path_factory):
     cases = {}
-    for key, (family, cfg, tensors, d, depth) in exports.items():
+    for key, (family, _cfg, tensors, d, depth) in exports.items():
         mods = vllm_modules(family, depth, LAYERS[family], "lm_head" in quantized_names(tensors))
         cases[key] = {"dir": str(d), "modules": {n: c for n, (c, _) in mods.items()}}
     return run_side(SIDE, {"cases": cases}, tmp_path_factory.mktemp("vllm-side"))
