@@ -40,7 +40,8 @@ def sglang_modules(family: str, layers: int, head: bool) -> dict[str, tuple[str,
     if family == "eagle3":
         out = {"model.qkv_proj": ("QKVParallelLinear", [f"midlayer.self_attn.{s}" for s in FUSED["qkv_proj"]]),
                "model.self_attn.o_proj": ("RowParallelLinear", ["midlayer.self_attn.o_proj"]),
-               "model.gate_up_proj": ("MergedColumnParallelLinear", [f"midlayer.mlp.{s}" for s in FUSED["gate_up_proj"]]),
+               "model.gate_up_proj": ("MergedColumnParallelLinear",
+                                      [f"midlayer.mlp.{s}" for s in FUSED["gate_up_proj"]]),
                "model.down_proj": ("RowParallelLinear", ["midlayer.mlp.down_proj"])}
     else:
         c = "layers.{i}" if family == "eagle" else "model.layers.{i}"
