@@ -5,8 +5,10 @@
 # Steps: environment; CUDA/TensorRT-marked tests; a target (TARGET=dir carried, else ~/.cache/specpress/zoo/small,
 # else `zoo build` capped at 3 min); an eagle3 drafter (DRAFTER=dir carried, else a 2-min distill); held-out
 # prompts; the torch runtime in bf16 (speculative vs plain: tau, speedup, lossless check); the onnxruntime
-# drafter (CUDA provider when present); TensorRT (engine build + bench through --backend tensorrt when standard
-# TensorRT imports; on CPU only TensorRT for RTX's ahead-of-time build of the plugin probe).
+# drafter (CUDA provider when present); the serving engines (an fp8 drafter exported --for vllm / sglang / trtllm,
+# loaded and drafting in each engine that is installed: bench/serve_check.py); TensorRT (engine build + bench
+# through --backend tensorrt when standard TensorRT imports; on CPU only TensorRT for RTX's ahead-of-time build of
+# the plugin probe).
 # A step whose tool is absent is SKIPPED with the reason; each step has its own log under OUT; the last
 # thing printed is the table (also OUT/summary.md). PYTHON=... picks the interpreter. Exit status: 0 unless a step that ran failed.
 set -uo pipefail
@@ -119,6 +121,26 @@ else
         --json "$OUT/bench_onnxruntime.json"
 fi
 
+# Serving engines: the drafter quantized as all three load it (fp8, per-channel weights, per-token activations; fc
+# in float for SGLang), exported for each engine (`export hf --for`, on CPU: --dry-run runs it, and the engine
+# call bench/serve_check.py would make) and, where the engine is installed on a GPU machine, loaded there and
+# drafting: outputs equal to the engine's own plain greedy decoding, tau from its counters.
+step quantize_fp8 180 "${SPX[@]}" quantize --drafter "$DRF" --out "$OUT/eagle3-fp8" --scheme fp8 --exclude fc --force
+for ENG in vllm sglang trtllm; do
+  MOD=$ENG; [ "$ENG" = trtllm ] && MOD=tensorrt_llm
+  step "export_hf_$ENG" 120 "${SPX[@]}" export hf --drafter "$OUT/eagle3-fp8" --out "$OUT/served-$ENG" --for "$ENG" \
+      --verifier "$TGT" --force || continue
+  step "serve_plan_$ENG" 60 "$PY" bench/serve_check.py --engine "$ENG" --target "$TGT" --export "$OUT/served-$ENG" --plan
+  if [ $DRY -eq 1 ]; then
+    skip "serve_$ENG" "dry run: loading the export in $ENG needs a GPU"
+  elif ! has "import $MOD"; then
+    skip "serve_$ENG" "$MOD is not installed (pip install vllm==0.34.0 / sglang==0.5.23 / tensorrt-llm on this machine)"
+  else
+    step "serve_$ENG" 600 "$PY" bench/serve_check.py --engine "$ENG" --target "$TGT" --export "$OUT/served-$ENG" \
+        --prompts "$OUT/prompts.jsonl" --n $NPROMPTS --max-new-tokens $MAXNEW --json "$OUT/serve_$ENG.json"
+  fi
+done
+
 if has "import tensorrt; tensorrt.Builder" && [ $DRY -eq 0 ]; then
   if spx export onnx --help > /dev/null 2>&1; then
     step export_onnx_plugin 180 "${SPX[@]}" export onnx --drafter "$DRF" --target "$TGT" --out "$OUT/onnx-plugin" \
@@ -147,7 +169,11 @@ for line in (out / "steps.tsv").read_text().splitlines():
     name, status, secs, note = line.split("\t")
     res = out / f"{name}.json"
     cells = ["", "", "", "", ""]
-    if name.startswith("bench_") and res.is_file():
+    if name.startswith("serve_") and res.is_file():  # the engine's tau (nan where it reports none), mismatches
+        m = json.loads(res.read_text())
+        cells = [f"{m['tau']:.3f}", "", "", "", str(m["mismatches"])]
+        note = m["engine"]
+    elif name.startswith("bench_") and res.is_file():
         m = json.loads(res.read_text())
         cells = [f"{m['tau']:.3f}", f"{m['speedup']:.2f}", f"{m['tokens_per_s']:.1f}", f"{m['draft_ms']:.2f}",
                  str(m["lossless_mismatches"])]

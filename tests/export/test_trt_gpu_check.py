@@ -1,8 +1,10 @@
 """bench/gpu_check.sh --dry-run: the GPU check's steps on CPU at tiny sizes, so the script is known to work up
-to its CUDA calls (target built here, drafter distilled, torch bench, TensorRT probe build when installed)."""
+to its CUDA calls (target built here, drafter distilled, torch bench, the serving engines' exports and the engine
+calls bench/serve_check.py would make, TensorRT probe build when installed)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -24,5 +26,14 @@ def test_gpu_check_dry_run(tmp_path):
     summary = (out / "summary.md").read_text()
     assert summary.startswith("| step | status |") and "| bench_torch | ok |" in summary
     assert (out / "bench_torch.json").is_file() and (out / "gpu_check.log").is_file()
+    assert steps["quantize_fp8"] == "ok"
+    for eng in ("vllm", "sglang", "trtllm"):  # exported for each engine; loading it there needs a GPU
+        assert steps[f"export_hf_{eng}"] == "ok" and steps[f"serve_plan_{eng}"] == "ok", (eng, steps)
+        assert steps[f"serve_{eng}"] == "SKIPPED", (eng, steps)
+        plan = json.loads((out / f"serve_plan_{eng}.log").read_text())
+        assert plan["engine"] == eng and str(out / f"served-{eng}") in json.dumps(plan["arguments"])
+    assert json.loads((out / "served-vllm" / "config.json").read_text())["quantization_config"]["quant_method"] == \
+        "compressed-tensors"
+    assert (out / "served-trtllm" / "hf_quant_config.json").is_file()
     trt_steps = [n for n in steps if n.startswith("export_trt")]
     assert trt_steps and all(steps[n] in ("ok", "SKIPPED") for n in trt_steps)
