@@ -58,8 +58,9 @@ def sglang_modules(family: str, layers: int, head: bool) -> dict[str, tuple[str,
 
 
 LAYERS = {"eagle3": 1, "eagle": 1, "lm": 2}
-CASES = [("eagle3", c, {"exclude": ("fc",)}) for c in ("int4", "int4-asym", "int8", "int8-dynamic", "int8-static",
-                                                       "fp8-dynamic", "fp8-tensor-static", "nvfp4", "nvfp4-static")] + [
+CASES = [("eagle3", c, {"exclude": ("fc",)}) for c in ("int4", "int4-asym", "int8", "int8-asym", "int8-dynamic",
+                                                       "int8-static", "fp8", "fp8-dynamic", "fp8-static",
+                                                       "fp8-tensor-static", "nvfp4", "nvfp4-static")] + [
     ("eagle3", "int4", {"exclude": ("fc",), "include": ("lm_head",)}), ("eagle", "int8", {"exclude": ("fc",)}),
     ("eagle3", "int8", {"exclude": ("fc", "down_proj")}),
     ("lm", "int4", {}), ("lm", "fp8-dynamic", {"exclude": ("down_proj",)})]
