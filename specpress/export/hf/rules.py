@@ -96,10 +96,11 @@ def fused_scales_differ(job: Job, keys: tuple[str, ...]) -> str | None:
     """The first fused group whose per-tensor `keys` (e.g. weight_scale_2, input_scale) are not all equal."""
     for group in fused_groups(job.quantized):
         for key in keys:
-            vals = [job.quantized[n].get(key) for n in group]
-            if any(v is None for v in vals):
+            got = [job.quantized[n].get(key) for n in group]
+            vals = [v.float().reshape(()) for v in got if v is not None]
+            if len(vals) != len(group):
                 continue
-            if not all(torch.equal(vals[0].float().reshape(()), v.float().reshape(())) for v in vals[1:]):
+            if not all(torch.equal(vals[0], v) for v in vals[1:]):
                 shown = ", ".join(f"{n.rpartition('.')[2]} {float(v):.6g}" for n, v in zip(group, vals, strict=True))
                 return f"{key} differs across {'/'.join(n.rpartition('.')[2] for n in group)} ({shown})"
     return None

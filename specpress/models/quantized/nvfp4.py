@@ -116,12 +116,13 @@ def _make(word: str, method: str, w: Words) -> NVFP4Config:
 
 
 def _quantize(model: nn.Module, names: list[str], config: NVFP4Config, notes: list[str]) -> None:
+    linears: dict[str, nn.Linear] = {n: model.get_submodule(n) for n in names}  # type: ignore[misc]
     shared: dict[str, Tensor] = {}
     for group in fused_groups(names):
-        amax = torch.stack([model.get_submodule(n).weight.detach().float().abs().max() for n in group]).max()
+        amax = torch.stack([linears[n].weight.detach().float().abs().max() for n in group]).max()
         shared.update({n: amax for n in group})
     for name in names:
-        mod = NVFP4Linear.from_linear(model.get_submodule(name), shared.get(name))
+        mod = NVFP4Linear.from_linear(linears[name], shared.get(name))
         if config.act_mode != "none":
             mod.configure_input(config.act_mode)
         replace_module(model, name, mod)
