@@ -10,6 +10,15 @@ vLLM builds its drafter only on a GPU, so what needs one is restated here, each 
   gate_up_proj (MergedColumnParallelLinear); o_proj, down_proj: RowParallelLinear.
 - R5 tap count: `fc` takes target_hidden_size x the number of taps in transformer_layer_config.eagle_config
   (llama_eagle3.py LlamaModel: num_aux_hidden_states, else eagle_config's list, else 3).
+- R6 what each compressed-tensors scheme allocates per shard of out_features n (model_executor/layers/quantization/
+  compressed_tensors/schemes/*.py create_weights; the weight loader copies each checkpoint tensor into its shard's
+  slice, casting floats, so codes must match in dtype and every tensor in shape): WNA16 weight_packed int32
+  [n, K*bits/32], weight_scale [n, K/G], weight_zero_point int32 [n*bits/32, K/G], weight_shape int64 [2];
+  W8A8Int8 weight int8 [n, K], weight_scale [n, 1] (channel) or one per shard, input_scale one; W8A8Fp8 /
+  W8A16Fp8 weight e4m3 [n, K], weight_scale [n, 1] or one per shard, input_scale one; NVFP4 weight_packed uint8
+  [n, K/2], weight_scale e4m3 [n, K/16], weight_global_scale / input_global_scale one per shard; MXFP8 weight e4m3
+  [n, K], weight_scale uint8 [n, K/32]; MXFP4 weight_packed uint8 [n, K/2], weight_scale uint8 [n, K/32].
+  (These run only with a GPU kernel picked: create_weights fails on CPU, so they are restated.)
 
 What runs on CPU is vLLM's own code, in the side interpreter (tests/export/side.py; marked `speculators`):
 its compressed-tensors matching (quantization/compressed_tensors/utils.py should_ignore_layer,
@@ -25,6 +34,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from engines_common import quantized, saved_target, wide_target
 from safetensors.torch import load_file
 from side import run_side
@@ -131,6 +141,55 @@ def test_compressed_tensors_is_match_takes_every_quantized_linear_and_ignores_ev
         assert len(quantized_shards) == 1, f"{name}: shards {shards} quantized in part"
         says = ct_match.is_match(name, STANDIN[cls](), group["targets"], q["ignore"], fused=FUSED)
         assert says == quantized_shards.pop(), f"{name}: compressed-tensors' is_match says {says}"
+
+
+def vllm_allocates(cfg: dict, n: int, k: int) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
+    """R6: the shard tensors vLLM's scheme for this config group expects (dtype None: any float, cast on load)."""
+    import math
+
+    (g,) = [v for v in cfg["quantization_config"]["config_groups"].values()]
+    w, a, fmt = g["weights"], g.get("input_activations"), g["format"]
+    one = ((1,), None)
+    if fmt == "pack-quantized":
+        bits, gs = w["num_bits"], w.get("group_size") or k
+        out = {"weight_packed": ((n, math.ceil(k * bits / 32)), torch.int32), "weight_scale": ((n, k // gs), None),
+               "weight_shape": ((2,), torch.int64)}
+        if not w["symmetric"]:
+            out["weight_zero_point"] = ((math.ceil(n * bits / 32), k // gs), torch.int32)
+        return out
+    if fmt == "nvfp4-pack-quantized":
+        out = {"weight_packed": ((n, k // 2), torch.uint8), "weight_scale": ((n, k // 16), torch.float8_e4m3fn),
+               "weight_global_scale": one}
+        return out | ({"input_global_scale": one} if a else {})
+    if fmt in ("mxfp8-quantized", "mxfp4-pack-quantized"):
+        key, shape, dt = ("weight", (n, k), torch.float8_e4m3fn) if fmt == "mxfp8-quantized" else \
+            ("weight_packed", (n, k // 2), torch.uint8)
+        return {key: (shape, dt), "weight_scale": ((n, k // 32), torch.uint8)}
+    code = torch.int8 if w["type"] == "int" else torch.float8_e4m3fn
+    scale = ((n, 1), None) if w["strategy"] == "channel" else one
+    out = {"weight": ((n, k), code), "weight_scale": scale}
+    return out | ({"input_scale": one} if a and not a.get("dynamic") else {})
+
+
+@pytest.mark.parametrize("key", IDS)
+def test_each_shard_fits_what_vllm_allocates_for_it(key, exports):
+    """R6 on every quantized Linear of every export, as a shard of its fused layer (R2)."""
+    family, cfg, tensors, _, depth = exports[key]
+    stored_q = quantized_names(tensors)
+    for name in sorted(stored_q):
+        mine = {k[len(name) + 1:]: v for k, v in tensors.items() if k.startswith(name + ".")}
+        if "weight_shape" in mine:
+            n, k = (int(x) for x in mine["weight_shape"])
+        else:
+            w = mine.get("weight", mine.get("weight_packed"))
+            n, k = w.shape[0], w.shape[1] * (2 if w.dtype == torch.uint8 else 1)
+        want = vllm_allocates(cfg, n, k)
+        assert set(want) == set(mine) - {"bias"}, f"{name}: vLLM expects {sorted(want)}, stored {sorted(mine)}"
+        for t, (shape, dtype) in want.items():
+            got = mine[t]
+            assert tuple(got.shape) == shape or (shape == (1,) and got.numel() == 1), f"{name}.{t}: {tuple(got.shape)}"
+            assert (dtype is None and got.is_floating_point() and got.element_size() >= 2) or got.dtype == dtype, \
+                f"{name}.{t}: {got.dtype}"
 
 
 @pytest.mark.parametrize("taps", [(2, 5), (1, 3, 4, 6)], ids=["2-taps", "4-taps"])
