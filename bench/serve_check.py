@@ -3,6 +3,9 @@
     python bench/serve_check.py --engine vllm --target T --export E --prompts P.jsonl --max-new-tokens 64 --json R
     python bench/serve_check.py ... --plan      # print the engine call it would make and exit (no engine needed)
 
+Without a CUDA device it stops after reading the prompts and planning the call, with `error: ... needs a GPU`
+(exit 1), which bench/gpu_check.sh --dry-run records as NEEDS-GPU.
+
 Greedy generation through the engine's own offline API (vLLM `LLM`, SGLang `Engine`, TensorRT-LLM `LLM`) with the
 export as its drafter, then the same prompts without speculation: the outputs must be equal (the verifier keeps
 greedy decoding lossless, so a mismatch means the engine runs another target or dtype path, which the JSON
@@ -117,7 +120,15 @@ def main(argv: list[str] | None = None) -> int:
     if a.plan:
         print(json.dumps({"engine": a.engine, "arguments": kw}, indent=1))
         return 0
+    if a.prompts is None:
+        ap.error("--prompts is required unless --plan")
     prompts = read_prompts(a.prompts, Path(a.target), a.n)
+    import torch
+
+    if not torch.cuda.is_available():  # gpu_check.sh --dry-run records this as NEEDS-GPU: all above was checked
+        print(json.dumps({"engine": a.engine, "arguments": kw, "prompts": len(prompts)}, indent=1), flush=True)
+        print(f"error: loading the export in {a.engine} needs a GPU (no CUDA device here)", file=sys.stderr)
+        return 1
     t0 = time.perf_counter()
     plain, _ = RUN[a.engine](kw, prompts, a.max_new_tokens, spec=False)
     spec, tau = RUN[a.engine](kw, prompts, a.max_new_tokens, spec=True)

@@ -32,32 +32,45 @@ from specpress.export.hf.engines import ENGINES, help_text
                    "compressed-tensors; per-channel fp8 with static activations, per-token int8 activations, zero "
                    "points, mxfp4 and weight-only mxfp8 in ModelOpt; bitsandbytes and --kv-cache fp8 in both "
                    "(README: the scheme x engine table).")
-@click.option("--verifier", default=None,
-              help="The target the server loads (model id or path); recorded in speculators_config. A local "
-                   "directory is checked against the target the drafter was built for.")
+@click.option("--target", default=None, metavar="NAME_OR_PATH",
+              help="The target the server loads (a model id or a local directory): the speculators layout (--format "
+                   "speculators, --for vllm with eagle3 / dflash) records it as the verifier and requires it, and "
+                   "the printed serve command names it. A local directory is checked against the target the "
+                   "drafter was built for (and eagle3 / dflash speculators layouts copy its embedding / head).")
+@click.option("--verifier", default=None, hidden=True, help="Deprecated spelling of --target.")
 @click.option("--policy", default=None,
               help="Draft policy to record as the proposal method (chain:K; tree / dynamic are written as the "
                    "nearest chain; block:B for dflash). Default: chain of 3, dflash block_size - 1.")
 @click.option("--force", is_flag=True, help="Replace --out if it exists.")
-def hf(drafter: str, out: str, engine: str | None, fmt: str | None, verifier: str | None, policy: str | None,
-       force: bool) -> None:
+def hf(drafter: str, out: str, engine: str | None, fmt: str | None, target: str | None, verifier: str | None,
+       policy: str | None, force: bool) -> None:
     """Export a drafter as vLLM, SGLang or TensorRT-LLM loads it (--for), or in a serving layout (--format): the
-    same codes and scales specpress measured, re-laid out.
+    same codes and scales specpress measured, re-laid out. Give --for, --format, or both.
 
     \b
-    specpress export hf --drafter drafters/eagle3-int4 --out served/eagle3-int4 --for vllm --verifier ~/models/L31-8B
-    specpress export hf --drafter drafters/eagle3-fp8 --out served/eagle3-fp8 --for trtllm --verifier ~/models/L31-8B
+    Examples:
+      specpress export hf --drafter drafters/eagle3-int4 --out served/eagle3-int4 --for vllm \\
+          --target ~/models/L31-8B
+      specpress export hf --drafter drafters/eagle3-fp8 --out served/eagle3-fp8 --for trtllm --target ~/models/L31-8B
+      specpress export hf --drafter drafters/eagle3-int4 --out served/eagle3-int4 --format speculators \\
+          --target ~/.cache/specpress/zoo/small
     """
     from pathlib import Path
 
     from specpress.artifacts import claim_output
+    from specpress.errors import UsageError, deprecated
     from specpress.export.hf import export_hf
+    from specpress.export.hf.api import check_flags
 
-    if engine is None and fmt is None:
-        raise click.UsageError("give --for ENGINE (vllm, sglang, trtllm) or --format LAYOUT (speculators, modelopt)")
-    local = verifier if verifier is not None and Path(verifier).expanduser().exists() else None  # not a model id
-    with claim_output(out, force=force, inputs={"--drafter": drafter, "--verifier": local}):
-        summary = export_hf(drafter, out, fmt, engine=engine, verifier=verifier, policy=policy, force=force)
+    check_flags(fmt, engine)  # before --out is claimed: the command line alone is wrong
+    if verifier is not None:
+        if target is not None:
+            raise UsageError("--verifier is the old spelling of --target; give --target only")
+        deprecated("--verifier", "use --target")
+        target = verifier
+    local = target if target is not None and Path(target).expanduser().exists() else None  # not a model id
+    with claim_output(out, force=force, inputs={"--drafter": drafter, "--target": local}):
+        summary = export_hf(drafter, out, fmt, engine=engine, verifier=target, policy=policy, force=force)
     for line in summary.lines():
         click.echo(line)
 

@@ -14,10 +14,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "export"))
 
 from engines_common import drafter, wide_target  # noqa: E402
 
-from specpress.compress.quantize import config_for, quantize  # noqa: E402
+from specpress.compress.quantize.api import quantize  # noqa: E402
 from specpress.models.quantized import minifloat as M  # noqa: E402
 from specpress.models.quantized.fusion import fused_groups  # noqa: E402
 from specpress.models.quantized.modules import quantized_modules  # noqa: E402
+from specpress.models.quantized.scheme import config_for  # noqa: E402
 
 
 @pytest.mark.parametrize("family", ["eagle3", "lm", "dflash"])

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from drafters_common import randomize, run
 
-from specpress.compress.quantize import config_for, quantize
+from specpress.compress.quantize.api import quantize
 from specpress.export.hf import export_hf
 from specpress.models.dflash import DFlashConfig
 from specpress.models.drafter import build_drafter
@@ -18,6 +18,7 @@ from specpress.models.drafter_io import save_drafter
 from specpress.models.eagle import EagleConfig
 from specpress.models.eagle3 import Eagle3Config
 from specpress.models.lm import LMConfig
+from specpress.models.quantized.scheme import config_for
 from specpress.models.target import TargetConfig, TargetModel, save_target
 
 V, H, F, L = 61, 64, 128, 8

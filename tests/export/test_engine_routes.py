@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from cli_common import run_main
 from drafters_common import run
 from engines_common import drafter, saved_target, wide_target
 from test_hf_encodings import CONFIGS as REGISTRY
 
-from specpress.compress.quantize import quantize
-from specpress.errors import ConfigError
+from specpress.compress.quantize.api import quantize
+from specpress.errors import ConfigError, RequestError, UsageError
 from specpress.export.hf import export_hf
 from specpress.export.hf.engines import ENGINES
 from specpress.models.drafter_io import load_drafter, save_drafter
@@ -26,6 +27,8 @@ NO_MX = "SGLang 0.5.23 has no compressed-tensors scheme for mx"
 SQ = "unsupported quant mode"
 PER_TOKEN_INT8 = "no per-token int8 activations"
 BNB = "has no encoding for a"
+# refused by the engine's own rule (RequestError); the others by the serving format's encoding (ConfigError)
+ENGINE_RULES = {PRE_V, PRE_S, NO_MX, SQ, "no W4A16_NVFP4 QuantAlgo", "no MXFP8 QuantAlgo"}
 # cell -> (vllm, sglang (fc kept in float), trtllm): loads, or the rule it is refused with
 EXPECTED = {
     "int8/rtn/none": (W, W, W), "int8/gptq/none": (W, W, W),
@@ -78,7 +81,7 @@ def test_each_engine_loads_or_refuses_each_scheme(cell, setting, tmp_path):
             back = load_drafter(out, target=t)  # specpress reads the engine's form back
             assert back.config.hidden_size == d.config.hidden_size
         else:
-            with pytest.raises(ConfigError, match=want):
+            with pytest.raises(RequestError if want in ENGINE_RULES else ConfigError, match=want):
                 export_hf(src, out, engine=engine, verifier=str(tdir))
             assert not out.exists(), f"{engine}: a refused export left {out}"
 
@@ -114,16 +117,21 @@ def test_each_family_has_its_route_or_the_engines_rule(family, setting, tmp_path
             assert s.layout == want
             cfg = json.loads((s.out / "config.json").read_text())
             assert cfg["specpress"]["exported_as"].startswith(engine)
-        else:
-            with pytest.raises(ConfigError, match=want):
+        else:  # the engine has no route for the family: its rule, a RequestError (exit 1)
+            with pytest.raises(RequestError, match=want):
                 export_hf(src, tmp_path / engine, engine=engine, verifier=verifier)
 
 
 def test_for_and_format_that_disagree_are_refused(setting, tmp_path):
+    """A --format the engine writes for no family is a command-line error (UsageError, exit 2); one it writes for
+    other families only is refused for this drafter (RequestError, exit 1)."""
     t, tdir = setting
     src = save_drafter(drafter("eagle3", t), tmp_path / "src")
-    with pytest.raises(Exception, match="--for vllm writes vLLM's own form"):
+    with pytest.raises(UsageError, match="--for vllm never writes the --format modelopt layout"):
         export_hf(src, tmp_path / "o", "modelopt", engine="vllm", verifier=str(tdir))
+    with pytest.raises(RequestError, match="--for sglang writes SGLang's own form of a eagle3 drafter") as err:
+        export_hf(src, tmp_path / "o", "speculators", engine="sglang", verifier=str(tdir))
+    assert not isinstance(err.value, UsageError) and not (tmp_path / "o").exists()
     s = export_hf(src, tmp_path / "o2", "speculators", engine="vllm", verifier=str(tdir))
     assert s.layout == "speculators eagle3"
 
@@ -132,19 +140,21 @@ def test_the_command_prints_how_to_serve_and_refuses_in_one_line(setting, tmp_pa
     from click.testing import CliRunner
 
     from specpress.cli import cli
-    from specpress.compress.quantize import config_for
+    from specpress.models.quantized.scheme import config_for
 
     t, tdir = setting
     d = drafter("eagle3", t)
     quantize(d, config_for("int4", group_size=32))
     src = save_drafter(d, tmp_path / "src")
     ok = CliRunner().invoke(cli, ["export", "hf", "--drafter", str(src), "--out", str(tmp_path / "v"), "--for", "vllm",
-                                  "--verifier", str(tdir)])
+                                  "--target", str(tdir)])
     assert ok.exit_code == 0, ok.output
     assert f"for vLLM 0.34.0: vllm serve {tdir} --speculative-config" in ok.output and '"method": "eagle3"' in ok.output
-    bad = CliRunner().invoke(cli, ["export", "hf", "--drafter", str(src), "--out", str(tmp_path / "s"), "--for",
-                                   "sglang", "--verifier", str(tdir)])
-    assert isinstance(bad.exception, ConfigError) and "--exclude fc" in str(bad.exception)  # main() prints one line
+    bad = run_main("export", "hf", "--drafter", src, "--out", tmp_path / "s", "--for", "sglang", "--target", tdir)
+    lines = bad.stderr.strip().splitlines()  # the engine refuses this drafter: exit 1, one line, no usage hint
+    assert bad.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: ") and "--exclude fc" in lines[0]
     assert not (tmp_path / "s").exists()
-    neither = CliRunner().invoke(cli, ["export", "hf", "--drafter", str(src), "--out", str(tmp_path / "n")])
-    assert neither.exit_code == 2 and "--for ENGINE" in neither.output
+    neither = run_main("export", "hf", "--drafter", src, "--out", tmp_path / "n")  # the command line alone: exit 2
+    assert neither.exit_code == 2 and "--for ENGINE" in neither.stderr and "Try 'specpress export hf --help'" in \
+        neither.stderr
+    assert not (tmp_path / "n").exists()

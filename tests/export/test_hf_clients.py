@@ -16,15 +16,16 @@ import subprocess
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from drafters_common import make
+from safetensors.torch import load_file
 from side import need_side
-from specpress.compress.quantize import config_for, quantize
-from specpress.models.quantized.modules import quantized_modules
+
+from specpress.compress.quantize.api import quantize
 from specpress.export.hf import export_hf
-from specpress.models.formats.speculators import rename_out
 from specpress.models.drafter_io import save_drafter
+from specpress.models.formats.speculators import rename_out
+from specpress.models.quantized.modules import quantized_modules
+from specpress.models.quantized.scheme import config_for
 
 SCHEMES = {"int4": dict(group_size=8), "int4-asym": dict(group_size=8, symmetric=False), "int8": {},
            "int8-asym": dict(group_size=8, symmetric=False), "fp8": {}}

@@ -2,13 +2,13 @@
 sglang/srt/).
 
 Restated (SGLang builds its drafter on a GPU):
-- S1 module names: LlamaForCausalLMEagle3 builds its one layer with the prefix `model` (models/llama_eagle3.py:
+- S1 module names: LlamaForCausalLMEagle3 builds its one layer with the prefix `model` (srt/models/llama_eagle3.py:
   LlamaDecoderLayer(config, i, quant_config, prefix) overrides qkv_proj and mlp with that prefix), so its Linears
   are `model.qkv_proj` (QKVParallelLinear), `model.self_attn.o_proj`, `model.gate_up_proj`, `model.down_proj`;
-  EAGLE-1 (models/llama_eagle.py) and a standalone LM use `model.layers.{i}.self_attn.qkv_proj`, ...; `fc` is a
+  EAGLE-1 (srt/models/llama_eagle.py) and a standalone LM use `model.layers.{i}.self_attn.qkv_proj`, ...; `fc` is a
   plain torch Linear in both EAGLE models (no quantization method); the head a ParallelLMHead.
 - S2 config fields: EAGLE-3 / EAGLE pick their model class by `architectures` (LlamaForCausalLMEagle3 /
-  LlamaForCausalLMEagle); EAGLE-3 taps = eagle_config.eagle_aux_hidden_state_layer_ids + 1 (models/llama.py
+  LlamaForCausalLMEagle); EAGLE-3 taps = eagle_config.eagle_aux_hidden_state_layer_ids + 1 (srt/models/llama.py
   set_eagle3_layers_to_capture); d2t becomes the hot-token map; DFlash reads dflash_config.target_layer_ids /
   mask_token_id and block_size (speculative/dflash_utils.py parse_dflash_draft_config).
 
@@ -27,7 +27,7 @@ from engines_common import quantized, saved_target, wide_target
 from safetensors.torch import load_file
 from side import run_side
 
-from specpress.errors import ConfigError
+from specpress.errors import RequestError
 from specpress.export.hf import export_hf
 from specpress.models.drafter_io import save_drafter
 
@@ -119,7 +119,7 @@ def test_float_dflash_and_eagle_carry_the_fields_sglang_reads(built, tmp_path):
 def test_what_sglang_cannot_load_is_refused_with_its_rule(cell, opts, rule, built, tmp_path):
     target, tdir, _ = built["target"]
     src = save_drafter(quantized("eagle3", cell, target, **opts), tmp_path / "src")
-    with pytest.raises(ConfigError, match=rule) as err:
+    with pytest.raises(RequestError, match=rule) as err:  # the engine refuses this drafter: exit 1
         export_hf(src, tmp_path / "out", engine="sglang", verifier=str(tdir))
     assert "SGLang 0.5.23" in str(err.value) and not (tmp_path / "out").exists()
 
@@ -127,7 +127,7 @@ def test_what_sglang_cannot_load_is_refused_with_its_rule(cell, opts, rule, buil
 def test_a_quantized_dflash_drafter_is_refused(built, tmp_path):
     target, tdir, _ = built["target"]
     src = save_drafter(quantized("dflash", "int8", target), tmp_path / "src")
-    with pytest.raises(ConfigError, match="supports_quantization is False"):
+    with pytest.raises(RequestError, match="supports_quantization is False"):
         export_hf(src, tmp_path / "out", engine="sglang", verifier=str(tdir))
 
 

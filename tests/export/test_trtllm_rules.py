@@ -9,8 +9,8 @@ code needs CUDA and NVIDIA's package index (PyPI's tensorrt-llm is a stub), so n
   (all but lm_head); q/k/v load into `model.midlayer.self_attn.qkv_proj` (WeightMode.FUSED_QKV_LINEAR), gate/up
   into `...mlp.gate_up_proj`; a plain HF LM keeps its names.
 - T3 exclusion (_torch/models/modeling_utils.py apply_quant_config_exclude_modules,
-  models/modeling_utils.py QuantConfig.is_module_excluded_from_quantization): fnmatch on the runtime name; a fused
-  layer is excluded when any of its shard names matches; lm_head takes no quant config at all.
+  tensorrt_llm/models/modeling_utils.py QuantConfig.is_module_excluded_from_quantization): fnmatch on the runtime
+  name; a fused layer is excluded when any of its shard names matches; lm_head takes no quant config at all.
 - T4 what each method allocates and how it loads the checkpoint's tensors (_torch/modules/linear.py create_weights /
   load_weights_*): shapes and dtypes below, NVFP4's one weight_scale_2 / input_scale per fused layer (asserted),
   W4A16_AWQ's pre_quant_scale required on a plain Linear and not read for a fused one.
@@ -28,7 +28,7 @@ import torch
 from engines_common import L, drafter, quantized, saved_target, wide_target
 from safetensors.torch import load_file
 
-from specpress.errors import ConfigError
+from specpress.errors import ConfigError, RequestError
 from specpress.export.hf import export_hf
 from specpress.models.drafter_io import load_drafter, save_drafter
 
@@ -175,18 +175,18 @@ def test_rtn_int4_gets_the_pre_quant_scale_a_plain_linear_must_have(target_dir, 
         assert torch.equal(tensors[key], torch.ones_like(tensors[key]))
 
 
-@pytest.mark.parametrize("cell, opts, rule", [
-    ("nvfp4", {}, "no W4A16_NVFP4 QuantAlgo"),
-    ("mxfp8-dynamic", {}, "no MXFP8 QuantAlgo"),
-    ("int8-smoothquant", {}, "unsupported quant mode"),
-    ("int4", {"include": ("lm_head",)}, "lm_head Linear will not accept QuantConfig"),
-    ("int8", {"exclude": ("k_proj",)}, "one fused Linear with one quantization scheme"),
-    ("int4-asym", {}, "no zero points"),
+@pytest.mark.parametrize("cell, opts, rule, error", [
+    ("nvfp4", {}, "no W4A16_NVFP4 QuantAlgo", RequestError),  # TensorRT-LLM's rules
+    ("mxfp8-dynamic", {}, "no MXFP8 QuantAlgo", RequestError),
+    ("int8-smoothquant", {}, "unsupported quant mode", RequestError),
+    ("int4", {"include": ("lm_head",)}, "lm_head Linear will not accept QuantConfig", RequestError),
+    ("int8", {"exclude": ("k_proj",)}, "one fused Linear with one quantization scheme", RequestError),
+    ("int4-asym", {}, "no zero points", ConfigError),  # the ModelOpt format's own rule
 ], ids=["w4a16-nvfp4", "mxfp8", "smoothquant", "quantized-head", "split-qkv", "int4-asym"])
-def test_what_trtllm_cannot_load_is_refused_with_its_rule(cell, opts, rule, target_dir, tmp_path):
+def test_what_trtllm_cannot_load_is_refused_with_its_rule(cell, opts, rule, error, target_dir, tmp_path):
     t, tdir = target_dir
     src = save_drafter(quantized("eagle3", cell, t, **opts), tmp_path / "src")
-    with pytest.raises(ConfigError, match=rule):
+    with pytest.raises(error, match=rule):
         export_hf(src, tmp_path / "out", engine="trtllm", verifier=str(tdir))
     assert not (tmp_path / "out").exists()
 
@@ -205,7 +205,7 @@ def test_nvfp4_fused_shards_with_their_own_global_scale_are_refused(target_dir, 
     src = save_drafter(d, tmp_path / "src")
     for engine, rule in (("trtllm", "asserts one weight_scale_2"), ("vllm", "the max of the shards'"),
                          ("sglang", "the max of the shards'")):
-        with pytest.raises(ConfigError, match=f"{rule}.*weight_scale_2 differs across q_proj/k_proj/v_proj"):
+        with pytest.raises(RequestError, match=f"{rule}.*weight_scale_2 differs across q_proj/k_proj/v_proj"):
             export_hf(src, tmp_path / engine, engine=engine, verifier=str(tdir))
 
 
@@ -223,8 +223,9 @@ def test_the_serve_config_sets_the_taps_trtllm_would_not_default_to(target_dir, 
 
 def test_eagle1_and_quantized_dflash_have_no_trtllm_route(target_dir, tmp_path):
     t, tdir = target_dir
-    with pytest.raises(ConfigError, match="registers EAGLE-3 draft models only"):
+    with pytest.raises(RequestError, match="registers EAGLE-3 draft models only"):
         export_hf(save_drafter(drafter("eagle", t), tmp_path / "e"), tmp_path / "oe", engine="trtllm")
-    with pytest.raises(ConfigError, match="_build_fused_kv_buffers"):
+    with pytest.raises(RequestError, match="_build_fused_kv_buffers"):
         export_hf(save_drafter(quantized("dflash", "fp8-dynamic", t), tmp_path / "d"), tmp_path / "od",
                   engine="trtllm", verifier=str(tdir))
+    assert not (tmp_path / "oe").exists() and not (tmp_path / "od").exists()

@@ -6,8 +6,8 @@ vLLM builds its drafter only on a GPU, so what needs one is restated here, each 
   (model_executor/models/llama_eagle3.py, llama_eagle.py, qwen3_dflash.py: start_layer_id = the target's layer
   count); `fc` is `model.fc`, a ReplicatedLinear with the draft's quantization config; an independent LM (method
   draft_model) keeps its own names. The EAGLE-3 head is a ParallelLMHead that takes the quantization config.
-- R2 fused Linears (models/llama.py packed_modules_mapping): q/k/v -> qkv_proj (QKVParallelLinear), gate/up ->
-  gate_up_proj (MergedColumnParallelLinear); o_proj, down_proj: RowParallelLinear.
+- R2 fused Linears (model_executor/models/llama.py packed_modules_mapping): q/k/v -> qkv_proj (QKVParallelLinear),
+  gate/up -> gate_up_proj (MergedColumnParallelLinear); o_proj, down_proj: RowParallelLinear.
 - R5 tap count: `fc` takes target_hidden_size x the number of taps in transformer_layer_config.eagle_config
   (llama_eagle3.py LlamaModel: num_aux_hidden_states, else eagle_config's list, else 3).
 - R6 what each compressed-tensors scheme allocates per shard of out_features n (model_executor/layers/quantization/

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from specpress.artifacts import atomic_dir, write_json
-from specpress.errors import CheckpointError, ConfigError, UsageError
+from specpress.errors import CheckpointError, ConfigError, RequestError, UsageError
 from specpress.export.hf.engines import Engine, engine
 from specpress.export.hf.rules import Job
 from specpress.models.drafter import get_family
@@ -97,8 +97,8 @@ def resolve_verifier(verifier: str | None, block: dict[str, Any]) -> tuple[dict[
     """speculators' verifier block, and the verifier's local dir (checked against the drafter's target)."""
     fp = block.get("target") or {}
     if verifier is None:
-        raise UsageError("--verifier NAME_OR_PATH is required: the model id or path the server loads as the "
-                         "target (speculators records it; vLLM checks the drafter against it)")
+        raise UsageError("--target NAME_OR_PATH is required: the model id or path the server loads as the "
+                         "target (speculators records it as the verifier; vLLM checks the drafter against it)")
     local = Path(verifier).expanduser()
     if not local.is_dir():
         arch = fp.get("architecture")
@@ -111,7 +111,7 @@ def resolve_verifier(verifier: str | None, block: dict[str, Any]) -> tuple[dict[
     tcfg = TargetConfig.from_hf(raw, source=str(local / "config.json"))
     bad = fingerprint_diff(fp, target_fingerprint(tcfg))
     if bad:
-        raise CheckpointError(f"--verifier {local} does not match the target this drafter was built for "
+        raise CheckpointError(f"--target {local} does not match the target this drafter was built for "
                               f"(differs in {', '.join(bad)}: drafter {({k: fp[k] for k in bad})}); pass the "
                               f"target the drafter was distilled against")
     return sp.verifier_block(verifier, list(raw.get("architectures") or [])), local
@@ -150,14 +150,32 @@ def _route(fmt: str | None, engine_name: str | None, family: str) -> tuple[str, 
         return "public", MODELOPT, None
     eng = engine(engine_name)
     if family not in eng.layouts:
-        raise ConfigError(eng.no_route.get(family) or f"{eng.read_from} has no route for {family!r} drafters")
+        raise RequestError(eng.no_route.get(family) or f"{eng.read_from} has no route for {family!r} drafters")
     lay = eng.layouts[family]
-    want = "speculators" if lay == "speculators" or (lay == "hf" and eng.quant == CT) else "modelopt" \
-        if eng.quant == MODELOPT else None
-    if fmt is not None and fmt != want:
-        raise UsageError(f"--for {eng.name} writes {eng.label}'s own form of a {family} drafter ({lay} layout, "
-                         f"{eng.quant}); drop --format {fmt}, or drop --for to write that layout alone")
+    if fmt is not None and fmt != _format_of(eng, lay):  # right for another family: the drafter makes it wrong
+        raise RequestError(f"--for {eng.name} writes {eng.label}'s own form of a {family} drafter ({lay} layout, "
+                           f"{eng.quant}); drop --format {fmt}, or drop --for to write that layout alone")
     return lay, (CT if eng.quant == CT else MODELOPT), eng
+
+
+def check_flags(fmt: str | None, engine_name: str | None) -> None:
+    """The command-line errors, whatever the drafter (UsageError, exit 2): neither --for nor --format, or a
+    --format that --for's engine writes for no family."""
+    if fmt is None and engine_name is None:
+        raise UsageError("export hf needs --for ENGINE (vllm, sglang, trtllm) or --format LAYOUT (speculators, "
+                         "modelopt)")
+    if fmt is not None and engine_name is not None:
+        eng = engine(engine_name)
+        if fmt not in {_format_of(eng, lay) for lay in eng.layouts.values()}:
+            raise UsageError(f"--for {eng.name} never writes the --format {fmt} layout ({eng.label} reads "
+                             f"{eng.quant}); drop --format {fmt}, or drop --for to write that layout alone")
+
+
+def _format_of(eng: Engine, lay: str) -> str | None:
+    """The --format whose layout `eng` writes for a family of layout `lay` (None: none of them)."""
+    if lay == "speculators" or (lay == "hf" and eng.quant == CT):
+        return "speculators"
+    return "modelopt" if eng.quant == MODELOPT else None
 
 
 def export_hf(drafter: str | Path, out: str | Path, fmt: str | None = None, *, engine: str | None = None,
@@ -168,9 +186,7 @@ def export_hf(drafter: str | Path, out: str | Path, fmt: str | None = None, *, e
     from specpress.models.drafter_io import active_quantize_step, read_drafter_config
     from specpress.models.quantized.scheme import config_from_dict
 
-    if fmt is None and engine is None:
-        raise UsageError("export hf needs --for ENGINE (vllm, sglang, trtllm) or --format LAYOUT (speculators, "
-                         "modelopt)")
+    check_flags(fmt, engine)
     drafter = Path(drafter).expanduser()
     family, config, raw = read_drafter_config(drafter)
     lay, qfmt, eng = _route(fmt, engine, family)
@@ -179,8 +195,8 @@ def export_hf(drafter: str | Path, out: str | Path, fmt: str | None = None, *, e
     step = active_quantize_step(block.get("steps"))
     qcfg = config_from_dict(step.get("config") or {}) if step else None
     if qfmt == MODELOPT and step is None and eng is None:
-        raise UsageError("--format modelopt writes ModelOpt's quantized layout; this drafter is not quantized "
-                         "(its public layout is what ModelOpt, TensorRT-LLM and SGLang read already)")
+        raise RequestError("--format modelopt writes ModelOpt's quantized layout; this drafter is not quantized "
+                           "(its public layout is what ModelOpt, TensorRT-LLM and SGLang read already)")
     linears = linear_names(family, config)
     quantized = _quantized(step, weights)
     notes: list[str] = []
@@ -196,7 +212,7 @@ def export_hf(drafter: str | Path, out: str | Path, fmt: str | None = None, *, e
     if rules is not None:
         why = rules.refuse(job)
         if why:
-            raise ConfigError(why)
+            raise RequestError(why)
     enc = encoding(qfmt, qcfg) if qcfg is not None else None
     if lay == "speculators":
         weights, cfg_out, rename = _speculators(family, config, public, dtype, weights, block, verifier, policy,
@@ -275,9 +291,9 @@ def _verifier_embedding(local: Path | None, dtype: str) -> Tensor:
     """The verifier's embed_tokens [V, H]: speculators' eagle3 checkpoints store it and its Eagle3DraftModel
     reads it (left out, transformers allocates it uninitialised)."""
     if local is None:
-        raise UsageError("speculators' eagle3 layout stores the verifier's embed_tokens (its Eagle3DraftModel reads "
-                         "it from the checkpoint): pass --verifier as the local target directory, or save the "
-                         "drafter with the target's embedding (save_drafter(..., include_shared=True))")
+        raise RequestError("speculators' eagle3 layout stores the verifier's embed_tokens (its Eagle3DraftModel reads "
+                           "it from the checkpoint): pass --target as the local target directory, or save the "
+                           "drafter with the target's embedding (save_drafter(..., include_shared=True))")
     w = read_weights(local)
     emb = w.get("model.embed_tokens.weight")
     if emb is None:
@@ -288,8 +304,8 @@ def _verifier_embedding(local: Path | None, dtype: str) -> Tensor:
 def _verifier_head(local: Path | None, dtype: str) -> Tensor:
     """The verifier's lm_head [V, H] (speculators' DFlash stores it); tied heads come from embed_tokens."""
     if local is None:
-        raise UsageError("speculators' dflash layout stores the verifier's lm_head: pass --verifier as the local "
-                         "target directory (the server can still load the model id you serve)")
+        raise RequestError("speculators' dflash layout stores the verifier's lm_head: pass --target as the local "
+                           "target directory (the server can still load the model id you serve)")
     w = read_weights(local)
     head = w.get("lm_head.weight", w.get("model.embed_tokens.weight"))
     if head is None:

@@ -30,7 +30,7 @@ class Job:
     quantized: Mapping[str, Mapping[str, Tensor]]  # quantized Linear -> its stored tensors (modules.py keys)
     linears: Mapping[str, tuple[int, int]]  # every Linear -> (out_features, in_features)
     num_target_layers: int | None
-    verifier: str | None  # --verifier as given
+    verifier: str | None  # --target as given: the target the server loads (speculators' verifier)
     out: Path
     tokens: int  # speculative tokens per round
 

@@ -1,11 +1,11 @@
 """SGLang 0.5.23's loading rules for a drafter (read from the PyPI wheel; files relative to sglang/srt/).
 
-- Routes (`--speculative-algorithm`): EAGLE3 and EAGLE read the EAGLE layouts (models/llama_eagle3.py
-  LlamaForCausalLMEagle3, models/llama_eagle.py LlamaForCausalLMEagle: `midlayer` / `layers.0`, d2t as its hot
+- Routes (`--speculative-algorithm`): EAGLE3 and EAGLE read the EAGLE layouts (srt/models/llama_eagle3.py
+  LlamaForCausalLMEagle3, srt/models/llama_eagle.py LlamaForCausalLMEagle: `midlayer` / `layers.0`, d2t as its hot
   token map, a missing embed_tokens shared from the target), DFLASH the z-lab DFlash layout (models/dflash.py,
   speculative/dflash_utils.py parse_dflash_draft_config: dflash_config.target_layer_ids / mask_token_id,
   block_size), STANDALONE a plain HF LM. Its EAGLE-3 layers capture the residual entering layer j
-  (models/llama.py set_eagle3_layers_to_capture: eagle_aux_hidden_state_layer_ids + 1). MTP: no route.
+  (srt/models/llama.py set_eagle3_layers_to_capture: eagle_aux_hidden_state_layer_ids + 1). MTP: no route.
 - Quantized Linears: the draft's own quantization_config (configs/model_config.py; the draft inherits the target's
   --quantization unless --speculative-draft-model-quantization names one) as compressed-tensors
   (layers/quantization/compressed_tensors/compressed_tensors.py _get_scheme_from_parts: pack-quantized WNA16,

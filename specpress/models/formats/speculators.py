@@ -36,7 +36,6 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-import torch
 from torch import Tensor
 
 from specpress.errors import ConfigError
@@ -226,7 +225,3 @@ def to_public_weights(model_type: str, weights: Mapping[str, Tensor]) -> dict[st
 
 def verifier_block(name_or_path: str, architectures: list[str]) -> dict[str, Any]:
     return {"name_or_path": name_or_path, "architectures": list(architectures)}
-
-
-def float_dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
