@@ -5,15 +5,17 @@
 # Steps: environment; CUDA/TensorRT-marked tests; a target (TARGET=dir carried, else ~/.cache/specpress/zoo/small,
 # else `zoo build` capped at 3 min); an eagle3 drafter (DRAFTER=dir carried, else a 2-min distill); held-out
 # prompts; the torch runtime in bf16 (speculative vs plain: tau, speedup, lossless check); the onnxruntime
-# drafter (CUDA provider when present); TensorRT: the plugin-form export, its engines and a bench through
-# --backend tensorrt when standard TensorRT imports, else TensorRT for RTX's ahead-of-time build of the plugin probe.
+# drafter (CUDA provider when present); the serving engines: an fp8 drafter exported `--for` vllm / sglang / trtllm,
+# loaded and drafting in each engine that is installed (bench/serve_check.py); TensorRT: the plugin-form export,
+# its engines and a bench through --backend tensorrt when standard TensorRT imports, else TensorRT for RTX's
+# ahead-of-time build of the plugin probe.
 # The dry run runs every one of those commands too: the same ones at tiny sizes, the engines built ahead of time
-# by TensorRT for RTX (when installed), and the tensorrt bench up to where it needs a GPU (status NEEDS-GPU: the
-# CLI took the command and stopped with that message). Where it runs another command than the real run (a random
-# target for `zoo build`, a one-step distill, an AOT engine build), step `cli` checks that the CLI accepts the
-# real run's exact command line. A step whose tool is absent is SKIPPED with the reason; each step has its own
-# log under OUT; the last thing printed is the table (also OUT/summary.md). PYTHON=... picks the interpreter.
-# Exit status: 0 unless a step that ran failed.
+# by TensorRT for RTX (when installed), and the tensorrt bench and each engine's serve check up to where they need
+# a GPU (status NEEDS-GPU: the command was taken and stopped with that message). Where it runs another command than
+# the real run (a random target for `zoo build`, a one-step distill, an AOT engine build), step `cli` checks that
+# the CLI accepts the real run's exact command line. A step whose tool is absent is SKIPPED with the reason; each
+# step has its own log under OUT; the last thing printed is the table (also OUT/summary.md). PYTHON=... picks the
+# interpreter. Exit status: 0 unless a step that ran failed.
 set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: bash bench/gpu_check.sh OUT [--dry-run]" >&2; exit 2; }
 OUT=$1; DRY=0; [ "${2:-}" = "--dry-run" ] && DRY=1
@@ -147,6 +149,24 @@ else
         --json "$OUT/bench_onnxruntime.json"
 fi
 
+# Serving engines: the drafter quantized as all three load it (fp8; fc in float for SGLang), exported for each
+# engine (`export hf --for`) and, on a GPU machine where the engine is installed, loaded there and drafting: outputs
+# equal to the engine's own plain greedy decoding, tau from its counters. The dry run runs the same exports and the
+# same bench/serve_check.py command, which stops before the engine with "needs a GPU" (NEEDS-GPU).
+step quantize_fp8 180 "${SPX[@]}" quantize --drafter "$DRF" --out "$OUT/eagle3-fp8" --scheme fp8 --exclude fc --force
+for ENG in vllm sglang trtllm; do
+  MOD=$ENG; [ "$ENG" = trtllm ] && MOD=tensorrt_llm
+  step "export_hf_$ENG" 120 "${SPX[@]}" export hf --drafter "$OUT/eagle3-fp8" --out "$OUT/served-$ENG" --for "$ENG" \
+      --target "$TGT" --force || continue
+  step "serve_plan_$ENG" 60 "$PY" bench/serve_check.py --engine "$ENG" --target "$TGT" --export "$OUT/served-$ENG" --plan
+  if [ $DRY -eq 0 ] && ! has "import $MOD"; then
+    skip "serve_$ENG" "$MOD is not installed (pip install vllm==0.34.0 / sglang==0.5.23 / tensorrt-llm on this machine)"
+  else
+    step "serve_$ENG" 600 "$PY" bench/serve_check.py --engine "$ENG" --target "$TGT" --export "$OUT/served-$ENG" \
+        --prompts "$OUT/prompts.jsonl" --n $NPROMPTS --max-new-tokens $MAXNEW --json "$OUT/serve_$ENG.json"
+  fi
+done
+
 # TensorRT: on the GPU, standard TensorRT builds engines for it and the bench runs them; the dry run builds the same
 # engines ahead of time with TensorRT for RTX and runs the same bench up to the GPU (NEEDS-GPU)
 if has "import tensorrt; tensorrt.Builder" && [ $DRY -eq 0 ]; then TRT=tensorrt
@@ -183,7 +203,11 @@ for line in (out / "steps.tsv").read_text().splitlines():
     name, status, secs, note = line.split("\t")
     res = out / f"{name}.json"
     cells = ["", "", "", "", ""]
-    if name.startswith("bench_") and res.is_file():
+    if name.startswith("serve_") and res.is_file():  # the engine's tau (nan where it reports none), mismatches
+        m = json.loads(res.read_text())
+        cells = [f"{m['tau']:.3f}", "", "", "", str(m["mismatches"])]
+        note = m["engine"]
+    elif name.startswith("bench_") and res.is_file():
         m = json.loads(res.read_text())
         cells = [f"{m['tau']:.3f}", f"{m['speedup']:.2f}", f"{m['tokens_per_s']:.1f}", f"{m['draft_ms']:.2f}",
                  str(m["lossless_mismatches"])]

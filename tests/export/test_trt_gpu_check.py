@@ -1,12 +1,14 @@
 """bench/gpu_check.sh --dry-run: every command the GPU check runs for real, run on CPU at tiny sizes, so the
 script is known to work up to its CUDA calls: target built here, drafter distilled, prompts, the torch and
-onnxruntime benches, the plugin export, its engines built ahead of time by TensorRT for RTX, and the tensorrt
-bench, which the CLI must take and stop with "needs a GPU"; commands the dry run swaps for smaller ones are
-parsed by the CLI exactly as the real run gives them."""
+onnxruntime benches, the drafter quantized and exported `--for` each serving engine with bench/serve_check.py's
+engine call planned and run up to the GPU, the plugin export, its engines built ahead of time by TensorRT for RTX,
+and the tensorrt bench; the serve checks and the tensorrt bench must take the command and stop with "needs a
+GPU"; commands the dry run swaps for smaller ones are parsed by the CLI exactly as the real run gives them."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -30,6 +32,17 @@ def test_gpu_check_dry_run(tmp_path):
     summary = (out / "summary.md").read_text()
     assert summary.startswith("| step | status |") and "| bench_torch | ok |" in summary
     assert (out / "bench_torch.json").is_file() and (out / "gpu_check.log").is_file()
+    assert steps["quantize_fp8"] == "ok"
+    for eng in ("vllm", "sglang", "trtllm"):  # exported for each engine; loading it there needs a GPU
+        assert steps[f"export_hf_{eng}"] == "ok" and steps[f"serve_plan_{eng}"] == "ok", (eng, steps)
+        assert steps[f"serve_{eng}"] == "NEEDS-GPU", (eng, steps)
+        plan = json.loads((out / f"serve_plan_{eng}.log").read_text())
+        assert plan["engine"] == eng and str(out / f"served-{eng}") in json.dumps(plan["arguments"])
+        log = (out / f"serve_{eng}.log").read_text()
+        assert f"error: loading the export in {eng} needs a GPU" in log and "Traceback" not in log, log
+    assert json.loads((out / "served-vllm" / "config.json").read_text())["quantization_config"]["quant_method"] == \
+        "compressed-tensors"
+    assert (out / "served-trtllm" / "hf_quant_config.json").is_file()
     accepted = (out / "cli.log").read_text()
     for real in ("zoo build --minutes 3", "distill --target", "export trt --onnx"):
         assert f"accepted: specpress {real}" in accepted, accepted
