@@ -124,6 +124,7 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
     """
     from specpress.artifacts import claim_output
     from specpress.commands.guards import check_seq_len
+    from specpress.compress.data import check_data
     from specpress.compress.quantize.pipeline import quantize_from_dirs
     from specpress.errors import deprecated
     from specpress.models.quantized.scheme import config_for, config_from_dict
@@ -139,6 +140,8 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
                                                 "--data": data_path}):
         if target_dir is not None:
             check_seq_len(target_dir, seq_len, batch, training=False)
+        if data_path is not None:
+            check_data(data_path)  # a device, a FIFO or more text than memory: refused before loading
         rep = quantize_from_dirs(drafter_dir, config, out, target_dir=target_dir, data_path=data_path,
                                  dequantize_out=dequantize_out, force=force, calib_batches=calib_batches,
                                  batch=batch, seq_len=seq_len, seed=seed, eval_batches=eval_batches,
