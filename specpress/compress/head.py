@@ -22,7 +22,7 @@ from torch import Tensor
 
 from specpress.compress.importance import Probe, _mean_stat
 from specpress.compress.slicing import _rebuild, _state
-from specpress.errors import UsageError
+from specpress.errors import RequestError, UsageError
 from specpress.models.drafter import Drafter, families_phrase, get_family
 from specpress.models.heads import dense_weight, factorise
 
@@ -30,43 +30,44 @@ HEAD_INITS = ("svd", "activation")
 
 
 def head_of(d: Drafter) -> Any:
-    """The drafter's own head module (dense Linear or LowRankHead); UsageError when it has none."""
+    """The drafter's own head module (dense Linear or LowRankHead); RequestError when it has none."""
     head = getattr(d, "lm_head", None)
     if get_family(d.family).draft_vocab == "target" or head is None:
         why = "borrows the target's head" if head is None and getattr(d.config, "shared_head", False) else \
             "drafts through the target's head"
-        raise UsageError(f"this {d.family} drafter {why}: it has no head of its own to factorise; drafters with "
+        raise RequestError(f"this {d.family} drafter {why}: it has no head of its own to factorise; drafters with "
                          f"their own head: {families_phrase(lambda f: f.draft_vocab != 'target')}")
     return head
 
 
 def check_head_request(d: Drafter, rank: int | None, share: bool) -> None:
-    """Every impossible head request as a UsageError, before any work (a meta-device drafter works too)."""
+    """Every impossible head request as a RequestError (a UsageError for two options that exclude each other),
+    before any work (a meta-device drafter works too)."""
     fam, c = get_family(d.family), d.config
     if share and "share_head" not in fam.prunable:
         who = families_phrase(lambda f: "share_head" in f.prunable)
         how = "own their vocabulary: an independent LM whose hidden states are not the target's" \
             if fam.draft_vocab == "own" else "draft through the target's head already"
-        raise UsageError(f"--share-head: {d.family} drafters {how}; sharing the target's head rows is for {who}")
+        raise RequestError(f"--share-head: {d.family} drafters {how}; sharing the target's head rows is for {who}")
     if share and rank is not None:
         raise UsageError("--share-head and --head-rank exclude each other: a shared head stores nothing to factorise")
     if rank is not None and "head_rank" not in fam.prunable:
-        raise UsageError(f"--head-rank: {d.family} drafters draft through the target's head and own none; a "
+        raise RequestError(f"--head-rank: {d.family} drafters draft through the target's head and own none; a "
                          f"low-rank head is for {families_phrase(lambda f: 'head_rank' in f.prunable)}")
     if getattr(c, "shared_head", False):
-        raise UsageError("this drafter already shares the target's head rows: it has no head of its own to "
+        raise RequestError("this drafter already shares the target's head rows: it has no head of its own to "
                          + ("factorise" if rank is not None else "share again"))
     if getattr(c, "tie_word_embeddings", False) and rank is not None:
-        raise UsageError("--head-rank: this lm drafter's lm_head is tied to its embeddings, where it costs no bytes "
+        raise RequestError("--head-rank: this lm drafter's lm_head is tied to its embeddings, where it costs no bytes "
                          "of its own; factorising it would add bytes")
     if rank is None:
         return
     if getattr(c, "head_rank", None) is not None:
-        raise UsageError(f"this drafter's head is already low rank ({c.head_rank}); prune the dense drafter it came "
+        raise RequestError(f"this drafter's head is already low rank ({c.head_rank}); prune the dense drafter it came "
                          f"from to another rank")
     h, v = c.hidden_size, getattr(c, "draft_vocab_size", c.vocab_size)
     if not 1 <= rank < h * v / (h + v):
-        raise UsageError(f"--head-rank {rank}: a rank-R head stores R x (hidden {h} + vocabulary {v}) parameters, "
+        raise RequestError(f"--head-rank {rank}: a rank-R head stores R x (hidden {h} + vocabulary {v}) parameters, "
                          f"the dense one {h} x {v} = {h * v:,}; it saves bytes for R in 1..{-(-h * v // (h + v)) - 1}")
 
 

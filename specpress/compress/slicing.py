@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from specpress.compress.importance import attentions, layer_stack, mlps
-from specpress.errors import UsageError
+from specpress.errors import RequestError
 from specpress.models.drafter import Drafter, families_phrase, get_family
 
 
@@ -47,7 +47,7 @@ def slice_ffn(d: Drafter, keep: Mapping[str, Tensor]) -> Drafter:
     """Keep channels keep[path] (sorted ids, the same count for every MLP) of each MLP."""
     sizes = {len(v) for v in keep.values()}
     if set(keep) != set(mlps(d)) or len(sizes) != 1:
-        raise UsageError("slice_ffn needs the kept channels of every MLP, the same count in each")
+        raise RequestError("slice_ffn needs the kept channels of every MLP, the same count in each")
     sd = _state(d)
     for p, idx in keep.items():
         idx = idx.to(sd[f"{p}.gate_proj.weight"].device)
@@ -63,7 +63,7 @@ def slice_heads(d: Drafter, keep: Mapping[str, Tensor]) -> Drafter:
     attn = attentions(d)
     sizes = {len(v) for v in keep.values()}
     if set(keep) != set(attn) or len(sizes) != 1:
-        raise UsageError("slice_heads needs the kept KV groups of every attention, the same count in each")
+        raise RequestError("slice_heads needs the kept KV groups of every attention, the same count in each")
     sd = _state(d)
     for p, groups in keep.items():
         a = attn[p]
@@ -89,11 +89,11 @@ def drop_layers(d: Drafter, keep: Sequence[int]) -> Drafter:
     path, stack = layer_stack(d)
     keep = list(keep)
     if not keep or sorted(set(keep)) != keep or keep[-1] >= len(stack) or keep[0] < 0:
-        raise UsageError(f"layers to keep must be distinct ascending indices in 0..{len(stack) - 1}, got {keep}")
+        raise RequestError(f"layers to keep must be distinct ascending indices in 0..{len(stack) - 1}, got {keep}")
     fam = get_family(d.family)
     gone = [i for i in fam.pinned_layers if i not in keep]
     if gone:
-        raise UsageError(f"a {d.family} drafter's layer(s) {gone} cannot be removed: {fam.note}")
+        raise RequestError(f"a {d.family} drafter's layer(s) {gone} cannot be removed: {fam.note}")
     pre = path + "."
     sd = {}
     for k, v in _state(d).items():
@@ -111,11 +111,11 @@ def shrink_vocab(d: Drafter, target_ids: Tensor) -> Drafter:
     their lm_head rows; d2t / t2d rebuilt (target id = draft id + d2t[draft id])."""
     if get_family(d.family).draft_vocab != "reduced":
         who = families_phrase(lambda f: f.draft_vocab == "reduced")
-        raise UsageError(f"draft-vocabulary pruning is supported for {who} drafters, not {d.family}")
+        raise RequestError(f"draft-vocabulary pruning is supported for {who} drafters, not {d.family}")
     v = d.config.vocab_size
     ids = torch.unique(torch.as_tensor(target_ids, dtype=torch.long).cpu())  # sorted, distinct
     if ids.numel() < 1 or int(ids[0]) < 0 or int(ids[-1]) >= v or not bool(d.t2d.cpu()[ids].all()):
-        raise UsageError("the kept draft tokens must be target ids already in the drafter's draft vocabulary")
+        raise RequestError("the kept draft tokens must be target ids already in the drafter's draft vocabulary")
     old = d.to_target_ids(torch.arange(d.config.draft_vocab_size, device=d.d2t.device)).cpu()
     inv = torch.full((v,), -1, dtype=torch.long)
     inv[old] = torch.arange(old.numel())

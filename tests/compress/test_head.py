@@ -12,12 +12,13 @@ import torch.nn.functional as F
 from drafters_common import CONFIGS, V, make, run, tiny_target
 
 from specpress.compress.prune import PruneConfig, prune
-from specpress.errors import ConfigError, UsageError
+from specpress.errors import ConfigError, RequestError, UsageError
 from specpress.models.drafter import build_drafter
 from specpress.models.drafter_io import load_drafter, save_drafter
 from specpress.models.heads import LowRankHead, factorise
 from specpress.models.inspect import inspect_artifact
 from specpress.models.io import tensor_index
+from specpress.runtime.backends.torch.runner import TorchTarget, drafter_runner
 from specpress.runtime.loop import speculative_generate
 from specpress.runtime.plain import decode_plain
 from specpress.runtime.policy import parse_policy
@@ -129,7 +130,7 @@ def test_shared_head_reads_the_targets_rows_and_counts_them_apart(target, tmp_pa
     h, vd = d.config.hidden_size, d.config.draft_vocab_size
     assert info["shared_head_params"] == vd * h and info["shared_bytes"] == vd * h * 4  # fp32 artifact
     assert info["params"] == sum(t.numel() for t in d.parameters()) - vd * h
-    with pytest.raises(UsageError, match="attach_target"):  # the head comes from the target at load
+    with pytest.raises(RequestError, match="attach_target"):  # the head comes from the target at load
         load_drafter(out).head_logits(q.norm(g))
 
 
@@ -154,7 +155,8 @@ def test_structural_pruning_keeps_a_low_rank_or_shared_head(target, tmp_path):
     d = make("eagle3", target)
     for first in (PruneConfig(head_rank=4), PruneConfig(share_head=True)):
         a = prune(d, first)
-        b = prune(a, PruneConfig(ffn=0.5, heads=0.5))
+        c = a.config
+        b = prune(a, PruneConfig(ffn=c.intermediate_size // 2, kv_heads=c.num_key_value_heads // 2))
         assert b.config.head_rank == a.config.head_rank and b.config.shared_head == a.config.shared_head
         if a.lm_head is not None:
             assert torch.equal(b.lm_head.up.weight, a.lm_head.up.weight)
@@ -220,8 +222,9 @@ def test_greedy_speculative_equals_plain_with_every_policy(variant, policy, targ
             d.set_draft_vocab(torch.arange(24))
         d = prune(d, PruneConfig(head_rank=3) if kind == "rank" else PruneConfig(share_head=True))
         for prompt in ([5, 9, 13, 2, 44, 7], [30, 31, 32, 33, 34]):
-            ref = decode_plain(tgt, prompt, 24, eos_ids=()).tokens
-            got = speculative_generate(tgt, d, prompt, 24, parse_policy(policy), eos_ids=())
+            ref = decode_plain(TorchTarget(tgt), prompt, 24, eos_ids=()).tokens
+            got = speculative_generate(TorchTarget(tgt), drafter_runner(d), prompt, 24, parse_policy(policy),
+                                       eos_ids=())
             assert got.tokens == ref, f"{variant} {policy} {prompt}"
             accepted += sum(r.accepted for r in got.rounds)
     assert accepted > 0
@@ -233,24 +236,24 @@ def test_greedy_speculative_equals_plain_with_every_policy(variant, policy, targ
 
 
 def test_impossible_head_requests_are_refused_by_name(target):
-    with pytest.raises(UsageError, match="--share-head: lm drafters own their vocabulary"):
+    with pytest.raises(RequestError, match="--share-head: lm drafters own their vocabulary"):
         prune(untied_lm(target), PruneConfig(share_head=True))
     for fam in ("eagle", "mtp", "dflash"):
-        with pytest.raises(UsageError, match=f"--head-rank: {fam} drafters draft through the target's head"):
+        with pytest.raises(RequestError, match=f"--head-rank: {fam} drafters draft through the target's head"):
             prune(make(fam, target), PruneConfig(head_rank=2))
-        with pytest.raises(UsageError, match=f"--share-head: {fam} drafters draft through the target's head"):
+        with pytest.raises(RequestError, match=f"--share-head: {fam} drafters draft through the target's head"):
             prune(make(fam, target), PruneConfig(share_head=True))
     d = make("eagle3", target)
     with pytest.raises(UsageError, match="exclude each other"):
         prune(d, PruneConfig(head_rank=2, share_head=True))
-    with pytest.raises(UsageError, match=r"saves bytes for R in 1\.\.13"):  # 32 x 24 / (32 + 24) = 13.7
+    with pytest.raises(RequestError, match=r"saves bytes for R in 1\.\.13"):  # 32 x 24 / (32 + 24) = 13.7
         prune(d, PruneConfig(head_rank=14))
-    with pytest.raises(UsageError, match="already low rank"):
+    with pytest.raises(RequestError, match="already low rank"):
         prune(prune(d, PruneConfig(head_rank=4)), PruneConfig(head_rank=2))
-    with pytest.raises(UsageError, match="already shares"):
+    with pytest.raises(RequestError, match="already shares"):
         prune(prune(d, PruneConfig(share_head=True)), PruneConfig(head_rank=2))
     tied = build_drafter(dataclasses.replace(CONFIGS["lm"], tie_word_embeddings=True)).attach_target(target)
-    with pytest.raises(UsageError, match="tied to its embeddings"):
+    with pytest.raises(RequestError, match="tied to its embeddings"):
         prune(tied, PruneConfig(head_rank=2))
     with pytest.raises(UsageError, match="--head-init activation needs calibration by the target"):
         prune(d, PruneConfig(head_rank=2, head_init="activation"))

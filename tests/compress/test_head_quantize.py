@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from drafters_common import V, randomize, save_with_tokenizer
 
 from specpress.cli import cli
-from specpress.compress.quantize import config_for, quantize
+from specpress.compress.quantize.api import quantize
 from specpress.errors import ConfigError
 from specpress.models.drafter import build_drafter
 from specpress.models.drafter_io import load_drafter, save_drafter
@@ -20,6 +20,7 @@ from specpress.models.eagle3 import Eagle3Config
 from specpress.models.quantized import names as N
 from specpress.models.quantized import scheme as S
 from specpress.models.quantized.modules import quantized_modules
+from specpress.models.quantized.scheme import config_for
 from specpress.models.target import TargetConfig, TargetModel
 
 # hidden 64 and rank 32: both factors' in_features (64, 32) are multiples of every scheme's block (<= 32)

@@ -137,7 +137,8 @@ def test_export_hf_writes_refuses_or_materializes_by_the_engines_rules(target, t
 
 def test_export_hf_materializes_quantized_factors_dequantised(target, target_dir, tmp_path):
     """int4 factors multiply back into a float head: the export computes what the quantized drafter did."""
-    from specpress.compress.quantize import config_for, quantize
+    from specpress.compress.quantize.api import quantize
+    from specpress.models.quantized.scheme import config_for
 
     d = prune(make("eagle3", target), PruneConfig(head_rank=4))
     quantize(d, config_for("int4", group_size=4, include=("lm_head",)))
@@ -153,10 +154,10 @@ def test_cli_export_hf_flag(target, target_dir, tmp_path):
     src = save_drafter(prune(make("eagle3", target), PruneConfig(head_rank=4)), tmp_path / "r")
     invoke = CliRunner().invoke
     res = invoke(cli, ["export", "hf", "--drafter", str(src), "--out", str(tmp_path / "x"), "--format",
-                       "speculators", "--verifier", str(target_dir)])
+                       "speculators", "--target", str(target_dir)])
     assert res.exit_code != 0 and "--materialize-head" in str(res.exception) and not (tmp_path / "x").exists()
     out = _ok(invoke(cli, ["export", "hf", "--drafter", str(src), "--out", str(tmp_path / "x"), "--format",
-                           "speculators", "--verifier", str(target_dir), "--materialize-head"]))
+                           "speculators", "--target", str(target_dir), "--materialize-head"]))
     assert "note: wrote a dense lm_head" in out
 
 
@@ -169,7 +170,7 @@ def test_head_exports_build_with_tensorrt_for_rtx(variant, tmp_path):
     from specpress.export.onnx import ExportOptions, export_from_dirs
     from specpress.export.trt.builder import BuildOptions, build_engines
     from specpress.export.trt.profiles import Budget
-    from specpress.runtime.backends.trt.library import TensorRTUnavailable, load_tensorrt
+    from specpress.runtime.backends.tensorrt.library import TensorRTUnavailable, load_tensorrt
 
     try:
         load_tensorrt("tensorrt_rtx")
@@ -189,7 +190,8 @@ def test_head_exports_build_with_tensorrt_for_rtx(variant, tmp_path):
 def test_modelopt_format_follows_the_same_rules(target, tmp_path):
     """TensorRT-LLM's layout: a low-rank head is written dense (excluded from quantization, as ModelOpt keeps
     lm_head) with --materialize-head; a shared head over the whole vocabulary is written without lm_head."""
-    from specpress.compress.quantize import config_for, quantize
+    from specpress.compress.quantize.api import quantize
+    from specpress.models.quantized.scheme import config_for
 
     low = prune(make("eagle3", target), PruneConfig(head_rank=4))
     shared = prune(full_vocab_eagle3(target), PruneConfig(share_head=True))

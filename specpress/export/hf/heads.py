@@ -80,7 +80,7 @@ def materialize(drafter_dir: Path, family: str, config: Any, weights: dict[str, 
         dense = dataclasses.replace(config, head_rank=None)
     else:
         if verifier_dir is None:
-            raise UsageError("writing a shared head as a dense lm_head reads the target's rows: pass --verifier as the "
+            raise UsageError("writing a shared head as a dense lm_head reads the target's rows: pass --target as the "
                              "local target directory")
         from specpress.models.io import read_weights
 
