@@ -44,8 +44,10 @@ from specpress.export.hf.engines import ENGINES, help_text
 @click.option("--materialize-head", is_flag=True,
               help="Write a low-rank head (prune --head-rank) as its dense product, or a shared head over a reduced "
                    "draft vocabulary (prune --share-head) as the target's rows (read from --target, a local "
-                   "directory), as one lm_head: vLLM and TensorRT-LLM load no other head. Costs the bytes the head "
-                   "saved (the export says how many); without it such a head is refused with the engines' rule.")
+                   "directory), as one lm_head: vLLM, SGLang and TensorRT-LLM load no other head. Costs the bytes "
+                   "the head saved (the export says how many); without it such a head is refused with the engine's "
+                   "rule. A shared head over the whole vocabulary needs no flag: it is written as the engine shares "
+                   "the target's head.")
 @click.option("--force", is_flag=True, help="Replace --out if it exists.")
 def hf(drafter: str, out: str, engine: str | None, fmt: str | None, target: str | None, verifier: str | None,
        policy: str | None, materialize_head: bool, force: bool) -> None:

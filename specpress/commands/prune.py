@@ -112,10 +112,11 @@ def prune(drafter_dir: Path, out: Path, ffn: int | float | None, kv_heads: int |
     The draft head (EAGLE-3's is ~46 % of a zoo drafter's parameters) shrinks two more ways: --head-rank R
     keeps it as two rank-R factors (both ordinary Linears: every quantize scheme takes them with --include
     lm_head), --share-head reads the target's own head rows instead (nothing stored; the bytes are
-    reported as shared by inspect and the sweep). vLLM and TensorRT-LLM load neither a low-rank head nor a
-    shared head over a reduced vocabulary: `export hf` refuses them by name, or writes a dense head with
-    --materialize-head; a shared head over the target's whole vocabulary is written without lm_head, and
-    the engines share the target's. Run after --vocab in the same call they act on the cut vocabulary.
+    reported as shared by inspect and the sweep). vLLM, SGLang and TensorRT-LLM load neither a low-rank head
+    nor a shared head over a reduced vocabulary: `export hf --for ENGINE` refuses them with that engine's
+    rule, or writes a dense head with --materialize-head; a shared head over the target's whole vocabulary is
+    written as each engine shares the target's. Run after --vocab in the same call they act on the cut
+    vocabulary.
 
     \b
     Examples (a zoo EAGLE-3 drafter: 768 FFN channels, 4 KV groups, 4096 draft tokens):

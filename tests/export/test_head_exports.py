@@ -14,7 +14,7 @@ from drafters_common import CONFIGS, V, make, randomize, run, saved_target_and_d
 
 from specpress.cli import cli
 from specpress.compress.prune import PruneConfig, prune
-from specpress.errors import ConfigError, UsageError
+from specpress.errors import RequestError
 from specpress.export.hf import export_hf
 from specpress.models.drafter import build_drafter
 from specpress.models.drafter_io import load_drafter, save_drafter
@@ -117,7 +117,7 @@ def test_export_hf_writes_refuses_or_materializes_by_the_engines_rules(target, t
     for name, d in cases.items():
         src = save_drafter(d, tmp_path / name)
         if name in refused:
-            with pytest.raises(ConfigError, match=refused[name] + ".*--materialize-head"):
+            with pytest.raises(RequestError, match=refused[name] + ".*--materialize-head"):
                 export_hf(src, tmp_path / f"x-{name}", "speculators", verifier=str(target_dir))
             s = export_hf(src, tmp_path / f"m-{name}", "speculators", verifier=str(target_dir), materialize_head=True)
             assert "wrote a dense lm_head" in s.notes[0] and "larger than the one measured" in s.notes[0]
@@ -125,7 +125,7 @@ def test_export_hf_writes_refuses_or_materializes_by_the_engines_rules(target, t
             assert json.loads((s.out / "config.json").read_text())["specpress"]["materialized_head"] in (
                 "low_rank", "shared")
         else:  # the full vocabulary: written without lm_head, which the engines share from the target
-            with pytest.raises(UsageError, match="drop the flag"):
+            with pytest.raises(RequestError, match="drop the flag"):
                 export_hf(src, tmp_path / "y", "speculators", verifier=str(target_dir), materialize_head=True)
             s = export_hf(src, tmp_path / f"m-{name}", "speculators", verifier=str(target_dir))
             assert "no lm_head written" in s.notes[0]
@@ -199,7 +199,7 @@ def test_modelopt_format_follows_the_same_rules(target, tmp_path):
         quantize(d, config_for("fp8", activations="none", include=("lm_head",) if name == "low" else ()))
         src = save_drafter(d, tmp_path / name)
         if name == "low":
-            with pytest.raises(ConfigError, match="ParallelLMHead"):
+            with pytest.raises(RequestError, match="ParallelLMHead"):
                 export_hf(src, tmp_path / "x", "modelopt")
         s = export_hf(src, tmp_path / f"m-{name}", "modelopt", materialize_head=name == "low")
         names = set(tensor_index(s.out))

@@ -199,10 +199,11 @@ def export_hf(drafter: str | Path, out: str | Path, fmt: str | None = None, *, e
     lay, qfmt, eng = _route(fmt, engine, family)
     block = dict(raw.get("specpress") or {})
     weights = serving_io.to_specpress_weights(drafter, read_weights(drafter))
+    rules = eng.rules() if eng is not None else None
     notes: list[str] = []
     if heads.head_kind(config) != "dense":
-        heads.check(family, config, materialize_head)
-        if heads.refusal(family, config):
+        heads.check(family, config, materialize_head, rules)
+        if heads.refusal(family, config, rules):
             local = Path(verifier).expanduser() if verifier is not None else None
             config, weights, block, note = heads.materialize(drafter, family, config, weights, block,
                                                              local if local is not None and local.is_dir() else None,
@@ -224,7 +225,6 @@ def export_hf(drafter: str | Path, out: str | Path, fmt: str | None = None, *, e
     speculative_tokens, more = chain_tokens(policy, family, config) if lay == "speculators" or eng is not None \
         else (None, [])
     notes += more
-    rules = eng.rules() if eng is not None else None
     job = Job(family, config, lay, qcfg, quantized, linears, n_target, verifier, Path(out).expanduser(),
               speculative_tokens or 0) if rules is not None else None
     if rules is not None:

@@ -1,23 +1,23 @@
 """What `export hf` does with a draft head that is not the public dense `lm_head.weight` (models/heads.py).
 
-The engines' rules (read from vLLM's model_executor/models/llama_eagle3.py + v1/.../eagle/utils.py and
-TensorRT-LLM's _torch/models/modeling_speculative.py):
+Each engine's rules (vllm.py, sglang.py, trtllm.py: Rules.own_head, Rules.shared_head, with the files they were
+read from) say what it loads; `--format` alone, without an engine, follows vLLM's and TensorRT-LLM's together
+(RULE_OWN, RULE_SHARED below):
 
-  - an EAGLE-3 drafter's head is one Linear: vLLM builds `lm_head` as ParallelLMHead(draft_vocab_size,
-    hidden_size), TensorRT-LLM as an LMHead of the same shape; a plain HF decoder (the lm family) has
-    `lm_head` [vocab, hidden]. A low-rank head's `lm_head.down` / `lm_head.up` have nothing to load into.
-  - a checkpoint WITHOUT lm_head tensors gets the target's whole lm_head (vLLM: has_own_lm_head stays
-    false and load_eagle_model puts the target's module in; TensorRT-LLM: load_lm_head_from_target). Its
-    logits then cover the target's vocabulary, which vLLM scatters to the draft_vocab_size draft ids
-    and TensorRT-LLM maps through d2t: only a drafter whose draft vocabulary IS the target's (d2t the
-    identity) computes the same thing. A shared head over a reduced draft vocabulary cannot be expressed.
+  - every engine builds the head as one dense Linear: EAGLE-3's [draft_vocab_size, hidden_size], a draft
+    LM's (the lm family) [vocab_size, hidden_size]. A low-rank head's `lm_head.down` / `lm_head.up` have
+    nothing to load into.
+  - a checkpoint WITHOUT lm_head gets the target's whole lm_head: in vLLM and TensorRT-LLM always, in SGLang
+    when config.json has draft_vocab_size null (sglang.py writes that null). Its logits then cover the
+    target's vocabulary, so only a drafter whose draft vocabulary IS the target's (d2t the identity)
+    computes the same thing. A shared head over a reduced draft vocabulary cannot be expressed.
 
 So: a shared head over the whole vocabulary is written without lm_head (what the engines share); a
-low-rank head, or a shared one over a reduced vocabulary, is refused naming that rule unless
+low-rank head, or a shared one over a reduced vocabulary, is refused naming the engine's rule unless
 `materialize` asks for a dense `lm_head.weight` [Vd, H] (up · down, or the target's rows of the draft
-vocabulary, read from the local verifier directory): the engines then load it as any dense head, and the
+vocabulary, read from the local target directory): the engines then load it as any dense head, and the
 drafter's bytes grow by the dense head's (reported). Quantized factors are multiplied dequantised and the
-dense head is written in float: vLLM's EAGLE-3 lm_head takes no quantization config either.
+dense head is written in float: TensorRT-LLM's lm_head takes no quantization config either.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from specpress.errors import CheckpointError, ConfigError, UsageError
+from specpress.errors import CheckpointError, RequestError, UsageError
 
 RULE_OWN = {
     "eagle3": "vLLM builds an EAGLE-3 drafter's lm_head as one ParallelLMHead(draft_vocab_size, hidden_size) and "
@@ -50,16 +50,19 @@ def head_kind(config: Any) -> str:
     return "low_rank" if getattr(config, "head_rank", None) is not None else "dense"
 
 
-def refusal(family: str, config: Any) -> str | None:
-    """Why no engine can load this drafter's head as it is (None when it can: dense, or shared over the full
-    vocabulary, which is written without lm_head)."""
+def refusal(family: str, config: Any, rules: Any = None) -> str | None:
+    """Why the engine (`rules`: its Rules, engines' own_head / shared_head; None: vLLM's and TensorRT-LLM's
+    rules together, for --format alone) cannot load this drafter's head as it is (None when it can: dense, or
+    shared over the full vocabulary, which is written without lm_head)."""
     kind = head_kind(config)
     if kind == "low_rank":
+        own = (getattr(rules, "own_head", None) or RULE_OWN)[family]
         return (f"this {family} drafter's head is low rank (head_rank {config.head_rank}: lm_head.down, "
-                f"lm_head.up), but {RULE_OWN[family]}")
+                f"lm_head.up), but {own}")
     if kind == "shared" and config.draft_vocab_size != config.vocab_size:
+        shared = getattr(rules, "shared_head", None) or RULE_SHARED
         return (f"this eagle3 drafter reads the target's lm_head rows of its {config.draft_vocab_size}-token draft "
-                f"vocabulary (shared_head), but {RULE_SHARED} ({config.vocab_size} tokens here)")
+                f"vocabulary (shared_head), but {shared} ({config.vocab_size} tokens here)")
     return None
 
 
@@ -109,15 +112,15 @@ def materialize(drafter_dir: Path, family: str, config: Any, weights: dict[str, 
     return dense, out, {**block, "steps": steps, "materialized_head": kind}, note
 
 
-def check(family: str, config: Any, materialize_head: bool) -> None:
+def check(family: str, config: Any, materialize_head: bool, rules: Any = None) -> None:
     """Refuse an inexpressible head unless asked to write it dense; refuse the flag where it has no use."""
-    why = refusal(family, config)
+    why = refusal(family, config, rules)
     if why and not materialize_head:
-        raise ConfigError(f"{why}. Pass --materialize-head to write a dense lm_head instead (the exported drafter "
-                          f"then stores the whole head again), or serve it from specpress's ONNX export")
+        raise RequestError(f"{why}. Pass --materialize-head to write a dense lm_head instead (the exported drafter "
+                           f"then stores the whole head again), or serve it from specpress's ONNX export")
     if materialize_head and why is None:
-        raise UsageError(f"--materialize-head: this {family} drafter's head ({head_kind(config)}) is written as the "
-                         f"engines load it already; drop the flag")
+        raise RequestError(f"--materialize-head: this {family} drafter's head ({head_kind(config)}) is written as "
+                           f"the engines load it already; drop the flag")
 
 
 __all__ = ["head_kind", "refusal", "materialize", "check"]
