@@ -193,6 +193,11 @@ def export_hf(drafter: str | Path, out: str | Path, fmt: str | None = None, *, e
     block = dict(raw.get("specpress") or {})
     weights = serving_io.to_specpress_weights(drafter, read_weights(drafter))
     step = active_quantize_step(block.get("steps"))
+    if step is not None and step.get("module_configs"):
+        kinds = sorted({config_from_dict(c).storage_label() for c in step["module_configs"].values()})
+        raise RequestError(f"{drafter} mixes quantization schemes per Linear ({', '.join(kinds)}, quantize --budget); "
+                           f"export hf writes one quantization_config per checkpoint: export it to ONNX, or quantize "
+                           f"with one --scheme (or --budget with candidates that end up uniform)")
     qcfg = config_from_dict(step.get("config") or {}) if step else None
     if qfmt == MODELOPT and step is None and eng is None:
         raise RequestError("--format modelopt writes ModelOpt's quantized layout; this drafter is not quantized "
