@@ -116,8 +116,9 @@ def parse_candidates(text: str) -> tuple[Candidate, ...]:
         if cfg.needs_data():
             raise UsageError(f"--candidates {item!r} needs calibration data per Linear ({cfg.method}); the budget "
                              f"allocates calibration-free schemes: drop :{cfg.method}")
-        label = cfg.storage_label() + ("" if method is None or method == BY_WORD[word].default_method else
-                                       f"-{method}")
+        label = cfg.storage_label()
+        if method is not None and method != BY_WORD[word].default_method and method not in label.split("-"):
+            label += f"-{method}"
         out.append(Candidate(label, cfg))
     labels = [c.label for c in out]
     if len(out) < 2 or len(set(labels)) != len(labels):
