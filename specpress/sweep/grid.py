@@ -114,6 +114,11 @@ class Step:
             budget, cands, measure = self.budget()
             cfg = self.config()
             s = f"budget{budget.text}-" + "_".join(c.label for c in cands) + ("" if measure == "kl" else f"-{measure}")
+            opts = dict(self.options)
+            if measure == "kl":  # the sensitivity windows, when not the defaults
+                s += "".join(f"-{tag}{opts[k]}" for k, tag in (("calib_batches", "cb"), ("seq_len", "sl"),
+                                                               ("batch", "bt")) if opts.get(k, CALIB_DEFAULTS[k])
+                             != CALIB_DEFAULTS[k])
             return s + "".join(f"-{k[:3]}_" + "_".join(getattr(cfg, k)) for k in ("include", "exclude")
                                if getattr(cfg, k))
         cfg, s = self.config(), str(self.config().label())
