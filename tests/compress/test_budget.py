@@ -249,3 +249,37 @@ def test_sweep_budget_key():
                      ({"budget": "lots"}, "--budget 'lots'")):
         with pytest.raises((ConfigError, UsageError), match=msg):
             expand_grid([{"quantize": bad}])
+
+
+def test_a_sweep_point_allocates_under_its_budget(tmp_path):
+    import json
+
+    import yaml
+
+    from specpress.models.lm import LMConfig, LMDrafter
+    from specpress.models.target import save_target
+    from specpress.sweep.results import read_results
+
+    t = tiny_target()
+    save_target(t, tmp_path / "target")
+    d = LMDrafter(LMConfig.from_target_config(t.config))
+    d.load_state_dict(t.state_dict())
+    save_drafter(d.eval().attach_target(t), tmp_path / "drafter")
+    g = torch.Generator().manual_seed(3)
+    rows = [{"input_ids": torch.randint(1, V, (5,), generator=g).tolist()} for _ in range(4)]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = [{"input_ids": torch.randint(1, V, (150,), generator=g).tolist()} for _ in range(4)]
+    (tmp_path / "ids.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data))
+    recipe = {"target": "target", "drafter": "drafter", "prompts": "prompts.jsonl", "policies": ["chain:3"],
+              "max_new_tokens": 8, "calibration": "ids.jsonl", "agreement_data": "ids.jsonl", "agreement_batches": 1,
+              "grid": [{"quantize": {"budget": "10bpp", "candidates": ["int8", "int4:g8", "float"],
+                                     "calib_batches": 2, "seq_len": 32, "batch": 2}}]}
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    res = CliRunner().invoke(cli, ["sweep", str(tmp_path / "recipe.yaml"), "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0, (res.output, res.exception)
+    row = next(r for r in read_results(tmp_path / "out") if r["point"] != "base")
+    assert row["point"] == "budget10bpp-int8_int4-g8_float-cb2-sl32-bt2" and row["lossless_mismatches"] == 0
+    step = row["provenance"][-1]
+    a = step["allocation"]
+    assert a["sensitivity"] == "kl" and step["calibration"]["windows"] == 4
+    assert row["bytes"] == a["measured_bytes"] <= a["budget_bytes"] and len(set(a["choice"].values())) > 1
