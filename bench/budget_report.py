@@ -1,7 +1,9 @@
 """Report of bench/budget.yaml: does the budget allocation's predicted cost rank the measured tau, and does the
 allocation beat the uniform scheme at equal bytes?
 
-    python bench/budget_report.py runs/budget/results.jsonl
+    python bench/budget_report.py runs/budget/results.jsonl [more/results.jsonl ...]
+
+Points of further runs join when their base is the same prompt for prompt (the same drafter, prompts and policy).
 
 Prints one row per point (bytes, tau, retention, predicted cost = the summed per-Linear KL sensitivity of its
 schemes, read from any budget point's sensitivity table, so uniform points get one too when their scheme is a
@@ -40,9 +42,18 @@ def _step(row: dict) -> dict | None:
     return next((s for s in reversed(row.get("provenance") or []) if s.get("step") == "quantize"), None)
 
 
-def main(path: str) -> None:
-    rows = [r for r in map(json.loads, Path(path).read_text().splitlines()) if r.get("status", "ok") == "ok"]
+def _rows(path: str) -> list[dict]:
+    return [r for r in map(json.loads, Path(path).read_text().splitlines()) if r.get("status", "ok") == "ok"]
+
+
+def main(paths: list[str]) -> None:
+    rows = _rows(paths[0])
     base = next(r for r in rows if r["point"] == "base")
+    for more in paths[1:]:
+        extra = _rows(more)
+        if next(r for r in extra if r["point"] == "base")["per_prompt_tau"] != base["per_prompt_tau"]:
+            sys.exit(f"{more}: its base differs prompt by prompt from {paths[0]}'s: its points cannot be paired")
+        rows += [r for r in extra if r["point"] != "base"]
     tables = [s["allocation"] for r in rows if (s := _step(r)) and s.get("allocation")]
     scores = tables[0]["scores"] if tables else {}
     if any(t["scores"] != scores for t in tables):
@@ -83,6 +94,6 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) < 2:
         sys.exit(__doc__)
-    main(sys.argv[1])
+    main(sys.argv[1:])
