@@ -122,6 +122,10 @@ def describe_step(step: dict[str, Any]) -> str:
         agr = step.get("agreement") or {}
         if agr.get("before") and agr.get("after"):
             parts.append(f"acc@k {_acc(agr['before'])} -> {_acc(agr['after'])}")
+        if step.get("allocation"):
+            from specpress.commands.quantize import allocation_line
+
+            parts.append("budget " + allocation_line(step["allocation"]))
         return "; ".join(parts)
     scalars = [f"{k} {v}" for k, v in step.items() if k not in ("step", "name") and isinstance(v, (str, int, float))]
     return f"{kind}: {', '.join(scalars)}" if scalars else kind
@@ -133,6 +137,9 @@ def _quant_label(cfg: dict, step: dict) -> str:
     from specpress.errors import ConfigError
     from specpress.models.quantized.scheme import config_from_dict
 
+    if step.get("scheme") == "mixed":
+        kinds = sorted({config_from_dict(c).storage_label() for c in step["module_configs"].values()})
+        return f"mixed ({', '.join(kinds)})"
     try:
         return f"{config_from_dict(cfg).storage_label()} {step.get('method')}"
     except ConfigError:

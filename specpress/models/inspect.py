@@ -142,6 +142,10 @@ def _quantization(block: dict[str, Any], index: dict[str, Any], model: nn.Module
         params = sum(p.numel() for p in lin.parameters())
         nbytes = sum(v.nbytes for k, v in index.items() if k.startswith(name + "."))
         modules[name] = {"params": params, "bytes": nbytes, "bits_per_param": round(8 * nbytes / params, 3)}
+        if step.get("module_configs"):  # a mixed step (quantize --budget): each Linear's own scheme
+            from specpress.models.quantized.scheme import config_from_dict as _cfg
+
+            modules[name]["scheme"] = _cfg(step["module_configs"].get(name) or {}).storage_label()
     q_params = sum(m["params"] for m in modules.values())
     q_bytes = sum(m["bytes"] for m in modules.values())
     rest = sum(v.nbytes for v in index.values()) - q_bytes
@@ -149,11 +153,17 @@ def _quantization(block: dict[str, Any], index: dict[str, Any], model: nn.Module
     from specpress.models.quantized.scheme import config_from_dict, scheme_of
 
     try:
-        cfg = config_from_dict(step.get("config") or {})
-        acts, speed = cfg.act_mode, scheme_of(cfg).speed
+        if step.get("module_configs"):  # mixed: each scheme's, joined (each Linear's scheme is in `modules`)
+            cfgs = [config_from_dict(c) for c in step["module_configs"].values()]
+            modes = sorted({c.act_mode for c in cfgs})
+            acts = modes[0] if len(modes) == 1 else "+".join(modes)
+            speed = "; ".join(dict.fromkeys(f"{c.storage_label()}: {scheme_of(c).speed}" for c in cfgs))
+        else:
+            cfg = config_from_dict(step.get("config") or {})
+            acts, speed = cfg.act_mode, scheme_of(cfg).speed
     except ConfigError:
         acts, speed = None, None
-    if acts not in (None, "none"):
+    if acts not in (None, "none") and not step.get("module_configs"):
         speed = f"{acts} activations emulated on the CPU (fake-quantized input, dequantized weight): saves bytes, not time"
     return {"scheme": step.get("scheme"), "method": step.get("method"), "config": step.get("config"),
             "activations": acts, "speed": speed,

@@ -46,6 +46,8 @@ def artifact_key(ctx: SweepContext, point: Point) -> dict[str, Any]:
 
 
 def _uses_calibration(step: Step) -> bool:
+    if step.is_budget:
+        return step.budget()[2] == "kl"
     cfg = step.config()
     return bool(cfg.needs_data())
 
@@ -77,6 +79,8 @@ def apply_step(ctx: SweepContext, drafter: Any, step: Step) -> Any:
                      provenance_extra={"source": source} if cfg.needs_data() else None)
     from specpress.compress.quantize.api import quantize, update_step
 
+    if step.is_budget:
+        return _apply_budget(ctx, drafter, step, cfg)
     calibration = None
     if cfg.needs_data():
         from specpress.compress.data import WindowSampler
@@ -90,6 +94,26 @@ def apply_step(ctx: SweepContext, drafter: Any, step: Step) -> Any:
         update_step(drafter, calibration={"data": source, "windows": calibration.windows,
                                           "tokens": calibration.tokens, "seed": ctx.recipe.seed,
                                           "inputs": step.calib_inputs()})
+    return drafter
+
+
+def _apply_budget(ctx: SweepContext, drafter: Any, step: Step, select: Any) -> Any:
+    """A budget step (`quantize --budget`): sensitivity on the recipe's calibration windows, then the allocation."""
+    from specpress.compress.quantize.api import update_step
+    from specpress.compress.quantize.budget import KLProbe, quantize_to_budget
+
+    budget, cands, measure = step.budget()
+    probe = None
+    if measure == "kl":
+        from specpress.compress.data import WindowSampler
+
+        c = step.calibration()
+        sampler = WindowSampler(ctx.stream(ctx.recipe.calibration), c["seq_len"], c["batch"], ctx.recipe.seed)
+        probe = KLProbe(ctx.target, drafter, sampler, c["calib_batches"])
+    quantize_to_budget(drafter, select, cands, budget, float_dtype=ctx.stored_dtype(), measure=measure, probe=probe)
+    if probe is not None:
+        update_step(drafter, calibration={"data": ctx.recipe.calibration.to_json(), "windows": probe.windows,
+                                          "tokens": probe.tokens, "seed": ctx.recipe.seed, "inputs": "first-step"})
     return drafter
 
 

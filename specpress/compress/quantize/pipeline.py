@@ -15,8 +15,15 @@ from typing import Any
 
 import torch
 
-from specpress.compress.quantize.api import (dequantize, quantize, resolve_float_dtype, round_floats, stored_bytes,
-                                             update_step)
+from specpress.compress.quantize.api import (
+    dequantize,
+    quantize,
+    resolve_float_dtype,
+    round_floats,
+    stored_bytes,
+    update_step,
+)
+from specpress.compress.quantize.budget import Budget, Candidate
 from specpress.device import DTYPES
 from specpress.errors import DataError, UsageError
 from specpress.models.quantized.configs import QuantizeConfig
@@ -37,7 +44,9 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
                        target_dir: str | Path | None = None, data_path: str | Path | None = None,
                        dequantize_out: bool = False, force: bool = False, calib_batches: int = 8, batch: int = 4,
                        seq_len: int = 128, seed: int = 0, eval_batches: int = 4,
-                       float_dtype: str | torch.dtype | None = "auto", calib_inputs: str = "rounds") -> QuantizeReport:
+                       float_dtype: str | torch.dtype | None = "auto", calib_inputs: str = "rounds",
+                       budget: Budget | None = None, candidates: tuple[Candidate, ...] = (),
+                       sensitivity: str | None = None) -> QuantizeReport:
     """Load, quantize, measure, write `out` atomically.
 
     float_dtype: what the kept float tensors (norms, biases, unquantized Linears, embeddings) are stored
@@ -46,6 +55,9 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
     with `dequantize_out` the dequantised weights are rounded and measured the same way.
     calib_inputs: what a config that needs data calibrates on (calibrate.calibration_loop): real speculative
     rounds (`rounds[:POLICY]`) or the teacher-forced first step (`first-step`).
+    budget: allocate a scheme per Linear among `candidates` (budget.py; `config` then only selects the
+    Linears), scoring each by `sensitivity` (kl: on `calib_batches` calibration windows, needs the target;
+    weight: data-free; None: kl with a target, else weight).
     """
     from specpress.artifacts import check_new
     from specpress.compress.data import WindowSampler, data_stream
@@ -93,12 +105,23 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
 
         assert target is not None and sampler is not None
         calibration = calibration_loop(calib_inputs, target, drafter, sampler, calib_batches)
-    quantize(drafter, config, calibration, float_dtype=stored)
+    if budget is None:
+        quantize(drafter, config, calibration, float_dtype=stored)
+    else:
+        from specpress.compress.quantize.budget import KLProbe, quantize_to_budget
+
+        measure = sensitivity or ("kl" if target is not None else "weight")
+        probe = KLProbe(target, drafter, sampler, calib_batches) if measure == "kl" and target is not None else None
+        quantize_to_budget(drafter, config, candidates, budget, float_dtype=stored, measure=measure, probe=probe,
+                           progress=True)
+        if probe is not None:
+            calibration = probe  # type: ignore[assignment]  (its windows are recorded as the calibration)
     extra: dict[str, Any] = {"source": str(drafter_dir), "source_bytes": source["bytes"],
                              "source_dtype": source["dtype"], "float_dtype": str(stored).removeprefix("torch.")}
     if calibration is not None:
         extra["calibration"] = {"data": str(data_path), "windows": calibration.windows, "tokens": calibration.tokens,
-                                "seq_len": seq_len, "seed": seed, "inputs": calib_inputs}
+                                "seq_len": seq_len, "seed": seed,
+                                "inputs": "first-step" if budget is not None else calib_inputs}
     if dequantize_out:  # what is written, and measured: the dequantised weights rounded to the float dtype
         dequantize(drafter)
         round_floats(drafter, stored)

@@ -213,6 +213,11 @@ def export_hf(drafter: str | Path, out: str | Path, fmt: str | None = None, *, e
             notes.append("no lm_head written: the engines then share the target's whole lm_head, which is this "
                          "drafter's shared head (its draft vocabulary is the target's)")
     step = active_quantize_step(block.get("steps"))
+    if step is not None and step.get("module_configs"):
+        kinds = sorted({config_from_dict(c).storage_label() for c in step["module_configs"].values()})
+        raise RequestError(f"{drafter} mixes quantization schemes per Linear ({', '.join(kinds)}, quantize --budget); "
+                           f"export hf writes one quantization_config per checkpoint: export it to ONNX, or quantize "
+                           f"with one --scheme (or --budget with candidates that end up uniform)")
     qcfg = config_from_dict(step.get("config") or {}) if step else None
     if qfmt == MODELOPT and step is None and eng is None:
         raise RequestError("--format modelopt writes ModelOpt's quantized layout; this drafter is not quantized "
