@@ -27,7 +27,8 @@ from specpress.errors import CheckpointError
 
 MANIFEST = "manifest.json"
 FORMAT = "specpress-onnx"
-FORMAT_VERSION = 3  # 2: every graph records its role; 3: `files` records every file's size and sha256
+FORMAT_VERSION = 4  # 2: every graph records its role; 3: `files` records every file's size and sha256; 4: a graph's
+# weights in its own external data file (`data_file`)
 # the DrafterRunner call a graph serves (runtime/backends/base.py): fuse_taps, feature_step, block_drafts (its
 # block pass, then its Markov head's bias per position), lm_step
 CALLS = ("fuse", "feature", "block", "markov", "lm")
@@ -72,7 +73,8 @@ def format1_role(graph: str, cache_layers: int) -> GraphRole:
 
 @dataclass(frozen=True)
 class GraphSpec:
-    """One exported graph: its file, its I/O, its own bytes (shared tensors excluded) and its role."""
+    """One exported graph: its file, its I/O, its own bytes (its external data included, shared tensors
+    excluded), its role, and the external data file holding its weights (None: inside the graph, format <= 3)."""
 
     name: str
     file: str
@@ -81,6 +83,7 @@ class GraphSpec:
     bytes: int
     role: GraphRole
     uses_shared: bool = False
+    data_file: str | None = None
 
     def input_names(self) -> list[str]:
         return [t.name for t in self.inputs]
@@ -127,8 +130,9 @@ class ExportManifest:
     files: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # name -> {bytes, sha256} (file_records)
 
     def file_names(self) -> list[str]:
-        """Every file of the export a backend opens: the graphs, then the shared tensors."""
-        return [g.file for g in self.graphs] + ([self.shared_file] if self.shared_file else [])
+        """Every file of the export a backend opens: the graphs and their weights, then the shared tensors."""
+        return [f for g in self.graphs for f in (g.file, g.data_file) if f] + (
+            [self.shared_file] if self.shared_file else [])
 
     @property
     def drafter_bytes(self) -> int:

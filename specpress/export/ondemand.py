@@ -1,9 +1,10 @@
 """Export on demand: `--backend onnxruntime --drafter <drafter artifact>` runs the drafter's ONNX export,
 made once into `$SPECPRESS_CACHE/onnx/<key>` and reused while the drafter, the target and the options
 are unchanged (key: the drafter's config + weight bytes, the target's config + weight file sizes and
-times, the export options and the specpress version). `--target-backend onnxruntime` likewise runs the
-target's `export target`, made once into `$SPECPRESS_CACHE/onnx-target/<key>`. The command calls these,
-never the backend.
+times, the dtype the target is loaded in, the export options and the specpress version).
+`--target-backend onnxruntime` likewise runs the target's `export target`, made once into
+`$SPECPRESS_CACHE/onnx-target/<key>`. The command calls these, never the backend, and passes the target
+it has loaded: the export runs on that one, never on a second copy.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from specpress import __version__
 from specpress.artifacts import artifact_kind
@@ -42,34 +43,52 @@ def _hash_options(h: "hashlib._Hash", options: object) -> str:
     return h.hexdigest()[:16]
 
 
-def export_key(drafter_dir: Path, target_dir: Path, options: ExportOptions) -> str:
+def export_key(drafter_dir: Path, target_dir: Path, options: ExportOptions, target_dtype: str = "auto") -> str:
     h = hashlib.sha256()
     for f in sorted(Path(drafter_dir).glob("*.json")) + sorted(Path(drafter_dir).glob("*.safetensors")):
         h.update(f.name.encode())
         h.update(f.read_bytes())
     _hash_target(h, target_dir)
+    h.update(f"target dtype {target_dtype}".encode())
     return _hash_options(h, options)
 
 
+def dtype_word(target: Any) -> str:
+    """fp32 / bf16 / fp16: the dtype a loaded TargetModel holds its weights in."""
+    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[str(target.lm_head.weight.dtype)[6:]]
+
+
 def exported_dir_for(drafter_dir: str | Path, target_dir: str | Path, options: ExportOptions = ExportOptions(),
-                     progress: Callable[[str], None] = lambda s: None) -> tuple[Path, bool]:
-    """(the export directory of this drafter, whether it was exported now rather than reused)."""
+                     progress: Callable[[str], None] = lambda s: None, *, target: Any = None,
+                     target_dtype: str = "auto") -> tuple[Path, bool]:
+    """(the export directory of this drafter, whether it was exported now rather than reused). `target`: the
+    TargetModel the caller holds (the export then uses it, in its dtype), else the target is loaded in
+    `target_dtype`."""
     drafter_dir, target_dir = Path(drafter_dir).expanduser(), Path(target_dir).expanduser()
-    out = cache_root() / "onnx" / export_key(drafter_dir, target_dir, options)
+    dt = dtype_word(target) if target is not None else target_dtype
+    out = cache_root() / "onnx" / export_key(drafter_dir, target_dir, options, dt)
     forced = dataclasses.replace(options, force=True)
     return _reuse_or_export(out, str(drafter_dir), open_export,
-                            lambda o: export_from_dirs(drafter_dir, target_dir, o, forced, progress), progress)
+                            lambda o: export_from_dirs(drafter_dir, target_dir, o, forced, progress, target_dtype=dt,
+                                                       target=target), progress)
 
 
 def exported_target_for(target_dir: str | Path, options: TargetExportOptions = TargetExportOptions(),
-                        progress: Callable[[str], None] = lambda s: None) -> tuple[Path, bool]:
+                        progress: Callable[[str], None] = lambda s: None, *, target: Any = None) -> tuple[Path, bool]:
     """(the `export target` directory of this target, whether it was exported now rather than reused), in
-    `$SPECPRESS_CACHE/onnx-target/<key>` (key: the target's file names, sizes and times, options, version)."""
+    `$SPECPRESS_CACHE/onnx-target/<key>` (key: the target's file names, sizes and times, options, version).
+    `target`: the TargetModel the caller holds, exported when its dtype is the export's (else the target is
+    loaded in the export's dtype)."""
+    from specpress.export.target import export_target
+
     target_dir = Path(target_dir).expanduser()
     h = hashlib.sha256()
     _hash_target(h, target_dir)
     out = cache_root() / "onnx-target" / _hash_options(h, options)
     forced = dataclasses.replace(options, force=True)
+    if target is not None and dtype_word(target) == options.dtype:
+        return _reuse_or_export(out, f"target {target_dir}", open_target_export,
+                                lambda o: export_target(target, o, forced, progress), progress)
     return _reuse_or_export(out, f"target {target_dir}", open_target_export,
                             lambda o: export_target_from_dir(target_dir, o, forced, progress), progress)
 
