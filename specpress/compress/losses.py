@@ -54,12 +54,32 @@ if TYPE_CHECKING:
 
 @dataclass
 class TeacherBatch:
-    """The target's signals on one batch of windows (computed under no_grad)."""
+    """The target's signals on one batch of windows (computed under no_grad). The logits are in the target's
+    dtype (bf16 under the default --target-dtype): a loss converts what it reads to fp32. For a drafter with a
+    reduced draft vocabulary they may hold only those columns (`vocab`: their target ids, ascending) with the
+    full-vocabulary argmax beside them (`top1`): the [B, T, V] logits are then never made (teacher.py)."""
 
     ids: Tensor  # [B, T] token windows
-    logits: Tensor  # [B, T, V] target logits (z_j predicts ids[:, j+1])
+    logits: Tensor  # [B, T, V] target logits (z_j predicts ids[:, j+1]); [B, T, len(vocab)] with `vocab`
     hidden: Tensor  # [B, T, H] target final normed hidden
     taps: dict[int, Tensor]  # HF hidden_states index -> [B, T, H]
+    top1: Tensor | None = None  # [B, T] the target's argmax over its whole vocabulary (given with `vocab`)
+    vocab: Tensor | None = None  # [Vk] ascending target ids of the columns `logits` holds (None: all of them)
+
+    def ref_ids(self) -> Tensor:
+        """[B, T] the target's argmax over its whole vocabulary."""
+        return self.top1 if self.top1 is not None else top1(self.logits)
+
+    def columns(self, ids: Tensor) -> Tensor:
+        """[B, T, len(ids)] the logits of target ids `ids` (in the target's dtype); with a restricted batch,
+        `ids` must be among its `vocab` (a pruned draft vocabulary is a subset of the one it was cut from)."""
+        if self.vocab is None:
+            return self.logits[..., ids]
+        pos = torch.searchsorted(self.vocab, ids).clamp(max=self.vocab.numel() - 1)
+        if not torch.equal(self.vocab[pos], ids):
+            raise UsageError("the teacher's logits were kept for another draft vocabulary than this drafter's; "
+                             "compute them for its vocabulary (target_signals(..., vocab=...))")
+        return self.logits[..., pos]
 
 
 @dataclass
@@ -157,21 +177,25 @@ def chain_loss(ctx: LossContext) -> LossOut:
                                         steps=k, span=n).steps
     reduced = fam.draft_vocab == "reduced"
     vocab = _draft_vocab(s) if reduced else None
+    draft_z = b.columns(vocab) if vocab is not None else None  # [B, T, Vd]: the draft vocabulary's columns only
+    refs = b.ref_ids()  # [B, T] the target's argmax over its whole vocabulary
     feature_loss = fam.distill.feature_regression
-    total = b.logits.new_zeros(())
+    total = b.hidden.new_zeros((), dtype=torch.float32)
     hits, counts = torch.zeros(k), torch.zeros(k)
     parts: dict[str, float] = {}
     for i, (logits, g) in enumerate(outs):
-        z = b.logits[:, 1 + i:1 + i + n].float()  # target distribution of the token this step drafts
-        ref = top1(z)
+        ref = refs[:, 1 + i:1 + i + n]  # the target's top-1 of the token this step drafts
         w = cfg.step_decay ** i if fam.distill.step_weights == "decay" else 1.0 / k
-        if vocab is not None:
-            p = F.softmax(z[..., vocab], dim=-1)  # restricted to the draft vocab, renormalized
+        if draft_z is not None:
+            assert vocab is not None
+            # the draft vocabulary's logits, taken before any softmax: restricted, renormalized, fp32
+            p = F.softmax(draft_z[:, 1 + i:1 + i + n].float(), dim=-1)
             inside = s.t2d[ref]  # type: ignore[index]
             step_loss = (soft_ce(logits, p) * inside).mean()
             pred = vocab[top1(logits)]
         elif feature_loss:
             assert g is not None
+            z = b.logits[:, 1 + i:1 + i + n].float()  # target distribution of the token this step drafts
             feat = F.smooth_l1_loss(g.float(), b.hidden[:, 1 + i:1 + i + n].float())
             ce = soft_ce(logits, F.softmax(z, dim=-1)).mean()
             step_loss = cfg.feature_weight * feat + cfg.ce_weight * ce
@@ -181,7 +205,7 @@ def chain_loss(ctx: LossContext) -> LossOut:
             if cfg.labels == "data":
                 step_loss = F.cross_entropy(logits.float().flatten(0, 1), b.ids[:, 2 + i:2 + i + n].flatten())
             else:
-                step_loss = soft_ce(logits, F.softmax(z, dim=-1)).mean()
+                step_loss = soft_ce(logits, F.softmax(b.logits[:, 1 + i:1 + i + n].float(), dim=-1)).mean()
             pred = top1(logits)
         if t_outs is not None:
             tl = t_outs[i][0]
