@@ -14,7 +14,12 @@ TEMPERATURE = click.option("--temperature", type=click.FloatRange(min=0.0), defa
 TOP_K = click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off.")
 TOP_P = click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0, show_default=True)
 SEED = click.option("--seed", type=int, default=0, show_default=True, help="Seed for sampling.")
-DTYPE = click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32", show_default=True)
+DTYPE = click.option("--target-dtype", "--dtype", "dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32",
+                     show_default=True,
+                     help="Dtype the target is loaded in (once, memory-mapped when stored in it). fp32 by default: "
+                          "the lossless reference, every speculative output equal to plain greedy decoding; bf16 "
+                          "halves the target's memory (an 8B target: 16 GB instead of 32) and may differ from plain "
+                          "decoding at ties of the bf16 logits. --dtype is its older name.")
 TARGET = click.option("--target", "target_dir", required=True, type=click.Path(path_type=Path),
                       help="Target model directory (HF format: config.json + model.safetensors).")
 DRAFTER = click.option("--drafter", "drafter_dir", type=click.Path(path_type=Path), default=None,
@@ -67,7 +72,7 @@ def loop_target(target_backend: str, target, target_dir: Path, dtype: str, compi
     from specpress.export.target import TargetExportOptions
     from specpress.runtime.backends.onnxruntime import load_target_runner
 
-    path, _ = exported_target_for(target_dir, TargetExportOptions(dtype=dtype), progress=warn)
+    path, _ = exported_target_for(target_dir, TargetExportOptions(dtype=dtype), progress=warn, target=target)
     return load_target_runner(path, "cpu")
 
 
@@ -82,14 +87,15 @@ def check_compile(compile_drafter: bool, drafter_dir: Path | None, backend: str 
 def load_drafter_runner(backend: str, drafter_dir: Path, target, *, strict: bool, warn, compile_drafter: bool,
                         target_dir: Path | None = None):
     """The --drafter directory as the --backend registry entry runs it, on the target's device. A drafter
-    artifact given to a backend that reads ONNX is exported first (once, cached; specpress.export.ondemand)."""
+    artifact given to a backend that reads ONNX is exported first (once, cached; specpress.export.ondemand),
+    with the target already loaded (never a second copy)."""
     from specpress.runtime.backends import is_drafter_artifact, load_runner
     from specpress.runtime.backends.torch import TorchTarget
 
     if BACKENDS[backend].reads == "onnx" and target_dir is not None and is_drafter_artifact(Path(drafter_dir)):
         from specpress.export.ondemand import exported_dir_for
 
-        drafter_dir, _ = exported_dir_for(drafter_dir, target_dir, progress=warn)
+        drafter_dir, _ = exported_dir_for(drafter_dir, target_dir, progress=warn, target=target)
     opts = {"compile": True} if compile_drafter else {}
     return load_runner(backend, drafter_dir, target, TorchTarget(target).device, strict=strict, warn=warn, **opts)
 
@@ -240,7 +246,7 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
     from specpress.runtime.compile import compile_target as compile_target_fn
     from specpress.runtime.policy import parse_policy
     from specpress.runtime.sampling import SamplingParams
-    from specpress.ticker import bar_columns
+    from specpress.ticker import LogTicker, bar_columns
 
     check_compile(compile_drafter, drafter_dir, backend)
     if compare_dir is not None and drafter_dir is None:
@@ -279,12 +285,18 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
     compiled = [(flag, what) for flag, what, on in (("--compile", "the drafter", compile_drafter),
                                                     ("--compile-target", "the target", compile_target)) if on]
     meter = LoadMeter()  # other processes' share of our cores while timing (a warning when they compete)
-    with Progress(*bar_columns(), console=console, transient=True) as progress, compile_errors(
+    label = "decoding" if drafter is None else f"decoding ({pol}) + baseline"
+    ticker = LogTicker(console, label, len(prompts))  # plain lines when stderr is a log file
+
+    with Progress(*bar_columns(eta=True), console=console, transient=True) as progress, compile_errors(
             bool(compiled), " or ".join(w for _, w in compiled), " / ".join(f for f, _ in compiled)):
-        task = progress.add_task("decoding" if drafter is None else f"decoding ({pol}) + baseline",
-                                 total=len(prompts))
-        kw = dict(params=SamplingParams(temperature, top_k, top_p), seed=seed, config=config,
-                  on_prompt=lambda i: progress.advance(task))
+        task = progress.add_task(label, total=len(prompts))
+
+        def on_prompt(i: int) -> None:
+            progress.advance(task)
+            ticker.tick(i + 1, "prompts")
+
+        kw = dict(params=SamplingParams(temperature, top_k, top_p), seed=seed, config=config, on_prompt=on_prompt)
         if drafter is None:
             result = bench_plain(verifier, prompts, max_new_tokens, warmup_prompts=warmup if compile_target else 0,
                                  **kw)
@@ -319,7 +331,7 @@ def report(console, result: dict, n_prompts: int, pol) -> None:
         console.print(f"{n_prompts} prompts, {n_tok} tokens, {result['tokens_per_s']:.1f} tok/s "
                       f"(median step {result['verify_ms']:.2f} ms), plain decoding")
         return
-    ar = " ".join(f"{a:.2f}" for a in result["ar"][:8])
+    ar = " ".join(f"{a:.2f}" for a in result["ar"][:8]) or "- (no draft token was accepted)"
     lossless = result["lossless_mismatches"]
     console.print(f"{n_prompts} prompts, {n_tok} tokens, {pol}: tau {result['tau']:.2f}, AR[k] {ar}; "
                   f"{result['tokens_per_s']:.1f} tok/s vs plain {result['baseline_tokens_per_s']:.1f} "

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from specpress.commands.options import target_dtype as target_dtype_option
+
 
 @click.command()
 @click.option("--drafter", "drafter_dir", required=True, type=click.Path(path_type=Path),
@@ -38,16 +40,22 @@ import click
 @click.option("--calib-batches", type=int, default=2, show_default=True,
               help="Calibration batches for activation / kl importance.")
 @click.option("--vocab-tokens", type=int,  # default: PruneConfig's (kept out of here: it would import torch)
-              help="Tokens --vocab counts (target predictions or data tokens) to rank the vocabulary.  "
-                   "[default: 262144]")
+              help="Tokens --vocab counts (target predictions or data tokens) to rank the vocabulary: one target "
+                   "forward per --batch x --seq-len of them (256 at the defaults; ~10 s on the zoo target, about an "
+                   "hour for a 1B target on 2 CPU cores).  [default: 262144]")
+@click.option("--vocab-minutes", type=click.FloatRange(min=0, min_open=True),
+              help="Time budget of that counting: it stops at whichever of --vocab-tokens or this comes first, and "
+                   "the step records how many tokens it counted (`specpress plan` estimates the forwards' time).  "
+                   "[default: 10]")
 @click.option("--kl-group", type=int, default=8, show_default=True, help="FFN channels scored together by kl.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@target_dtype_option("bf16", "With --target: its signals rank the vocabulary and score the units.")
 @click.option("--force", is_flag=True, help="Replace an existing --out.")
 def prune(drafter_dir: Path, out: Path, ffn: float | None, heads: float | None, layers: int | None,
           vocab: int | None, importance: str, vocab_source: str, target_dir: Path | None, data_path: Path | None,
           continuation_tokens: int | None, recover_steps: int, recover_lr: float, batch: int, seq_len: int,
-          calib_batches: int, vocab_tokens: int | None, kl_group: int,
-          seed: int, force: bool) -> None:
+          calib_batches: int, vocab_tokens: int | None, vocab_minutes: float | None, kl_group: int,
+          seed: int, target_dtype: str, force: bool) -> None:
     """Remove FFN channels, KV groups, layers or draft-vocabulary tokens: a smaller dense drafter.
 
     The result is in the family's public layout (smaller config and tensors) and records the step
@@ -57,9 +65,11 @@ def prune(drafter_dir: Path, out: Path, ffn: float | None, heads: float | None, 
     against the target, as `specpress distill` does.
 
     --vocab (EAGLE-3) rebuilds lm_head, d2t and t2d for the tokens the target predicts most often on
-    --data, counted over --vocab-tokens predictions. Rank on enough of them: on the zoo target a
-    quarter of the vocabulary ranked on 2,048 predictions kept 94.5 % of tau, ranked on 262,144 (the
-    default, ~10 s of target forwards) 102.7 % (BENCHMARKS.md, "Compression").
+    --data, counted over --vocab-tokens predictions or --vocab-minutes of target forwards, whichever
+    ends first. Rank on enough of them: on the zoo target a quarter of the vocabulary ranked on 2,048
+    predictions kept 94.5 % of tau, ranked on 262,144 (the default, ~10 s of target forwards) 102.7 %
+    (BENCHMARKS.md, "Compression"). A large target reaches the time budget first: the summary says how
+    many it counted; give more minutes (or a GPU) to rank on more.
 
     Rank on data that looks like your traffic: a vocabulary ranked on one kind of text covers another
     worse, and tau falls with it (`bench` reports eval_coverage beside the calibration coverage recorded
@@ -90,7 +100,8 @@ def prune(drafter_dir: Path, out: Path, ffn: float | None, heads: float | None, 
     config = PruneConfig(ffn=ffn, heads=heads, layers=layers, vocab=vocab, importance=importance,
                          vocab_source=vocab_source, kl_group=kl_group, batch=batch, seq_len=seq_len,
                          calib_batches=calib_batches, seed=seed, recover_steps=recover_steps, recover_lr=recover_lr,
-                         **({} if vocab_tokens is None else {"vocab_tokens": vocab_tokens}))
+                         **({} if vocab_tokens is None else {"vocab_tokens": vocab_tokens}),
+                         **({} if vocab_minutes is None else {"vocab_minutes": vocab_minutes}))
     out = out.expanduser()
     if data_path is not None and target_dir is None:
         raise UsageError("--data needs --target DIR: its tokenizer encodes the data")
@@ -106,7 +117,7 @@ def prune(drafter_dir: Path, out: Path, ffn: float | None, heads: float | None, 
                           has_target=target_dir is not None, has_calib=data_path is not None)
         if target_dir is not None:
             check_seq_len(target_dir, seq_len, batch, training=recover_steps > 0)
-        target = load_target(target_dir) if target_dir is not None else None
+        target = load_target(target_dir, dtype=target_dtype) if target_dir is not None else None
         stream, extra = None, {}
         if data_path is not None:
             assert target is not None and target_dir is not None

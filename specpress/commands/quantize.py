@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from specpress.commands.options import target_dtype as target_dtype_option
 from specpress.models.quantized.names import METHOD_WORDS, SCHEME_WORDS, schemes_help
 
 
@@ -57,20 +58,24 @@ def _fmt(n: int) -> str:
               help="Dtype of what stays in floating point (norms, biases, kept Linears). auto: the source's "
                    "dtype when 16-bit, else bfloat16.")
 @click.option("--force", is_flag=True, help="Replace an existing --out.")
-@click.option("--calib-batches", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Calibration batches (gptq).")
+@click.option("--calib-batches", type=click.IntRange(min=1),
+              help="Calibration batches of --batch x --seq-len windows. GPTQ needs about twice as many input rows as "
+                   "the widest Linear it quantizes has inputs, or its codes fit the calibration windows: its "
+                   "default takes that many (36 for a Llama-3.2-1B EAGLE-3 drafter, 62 at 8B; each is a calibration "
+                   "pass over the target), other methods 8.  [default: 8, or what GPTQ needs]")
 @click.option("--batch", type=click.IntRange(min=1), default=4, show_default=True, help="Windows per batch.")
 @click.option("--seq-len", type=click.IntRange(min=4), default=128, show_default=True, help="Tokens per window.")
 @click.option("--eval-batches", type=click.IntRange(min=1), default=4, show_default=True,
               help="Batches for the before/after agreement.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@target_dtype_option("bf16", "With --target: calibration and the before/after agreement run on its signals.")
 def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, group_size: int | None,
              symmetric: bool | None, activations: str | None, act_calibration: str | None, kv_cache: str | None,
              calib_inputs: str,
              include: str | None, exclude: str | None, target_dir: Path | None,
-             data_path: Path | None, dequantize_out: bool, float_dtype: str, force: bool, calib_batches: int,
+             data_path: Path | None, dequantize_out: bool, float_dtype: str, force: bool, calib_batches: int | None,
              batch: int, seq_len: int,
-             eval_batches: int, seed: int) -> None:
+             eval_batches: int, seed: int, target_dtype: str) -> None:
     """Quantize a drafter's Linear weights and report bytes and agreement before / after.
 
     Every Linear of the drafter is quantized except the draft lm_head (unless --include lm_head) and
@@ -133,7 +138,8 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
         rep = quantize_from_dirs(drafter_dir, config, out, target_dir=target_dir, data_path=data_path,
                                  dequantize_out=dequantize_out, force=force, calib_batches=calib_batches,
                                  batch=batch, seq_len=seq_len, seed=seed, eval_batches=eval_batches,
-                                 float_dtype=float_dtype, calib_inputs=calib_inputs)
+                                 float_dtype=float_dtype, calib_inputs=calib_inputs, target_dtype=target_dtype,
+                                 progress=True)
     s = rep.step
     what = f"{config_from_dict(s['config']).storage_label()}, method {s['method']}"
     click.echo(f"{rep.family} drafter quantized ({what}): {len(s['quantized'])} Linears -> {rep.out}"

@@ -29,7 +29,7 @@ STAGES = ("quantize", "prune")
 QUANTIZE_FIELDS = ("scheme", "method", "group_size", "symmetric", "activations", "act_calibration", "kv_cache",
                    "include", "exclude", "calib_batches", "batch", "seq_len", "calib_inputs")
 NAME_LISTS = ("include", "exclude")  # quantize fields whose list value is one setting, not a product axis
-CALIB_DEFAULTS = {"calib_batches": 8, "batch": 4, "seq_len": 128}  # as `specpress quantize`
+CALIB_DEFAULTS = {"calib_batches": 8, "batch": 4, "seq_len": 128}  # as `specpress quantize` (GPTQ: more, run.py)
 CALIB_INPUTS = "rounds"  # as `specpress quantize --calib-inputs`
 ENTRY_KEYS = ("id", "quantize", "prune", "chain")
 _ID_OK = re.compile(r"[^A-Za-z0-9._+-]")

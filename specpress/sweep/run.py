@@ -69,9 +69,11 @@ def apply_step(ctx: SweepContext, drafter: Any, step: Step) -> Any:
     calibration = None
     if cfg.needs_data():
         from specpress.compress.data import WindowSampler
-        from specpress.compress.quantize.calibrate import calibration_loop
+        from specpress.compress.quantize.calibrate import calibration_loop, default_calib_batches
 
         c = step.calibration()
+        if "calib_batches" not in dict(step.options):  # the method's default, as `specpress quantize`
+            c["calib_batches"] = default_calib_batches(drafter, cfg, c["batch"], c["seq_len"])
         sampler = WindowSampler(ctx.stream(ctx.recipe.calibration), c["seq_len"], c["batch"], ctx.recipe.seed)
         calibration = calibration_loop(step.calib_inputs(), ctx.target, drafter, sampler, c["calib_batches"])
     quantize(drafter, cfg, calibration, float_dtype=ctx.stored_dtype())
@@ -159,7 +161,7 @@ def measure_point(ctx: SweepContext, point: Point, runs: list[RunSpec], *, log: 
                 if BACKENDS[backend].reads == "onnx":  # exported once, cached (specpress.export.ondemand)
                     from specpress.export.ondemand import exported_dir_for
 
-                    path = exported_dir_for(art, ctx.target_dir)[0]
+                    path = exported_dir_for(art, ctx.target_dir, target=ctx.target)[0]
                 runners[backend] = load_runner(backend, path, ctx.target, TorchTarget(ctx.target).device)
             res = bench_speculative(
                 ctx.target, runners[backend], ctx.prompts, ctx.recipe.max_new_tokens, parse_policy(policy),

@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
+from specpress.compress.progress import count_bar
 from specpress.compress.quantize.handlers import ForwardLoop, register_handler
 from specpress.errors import UsageError
 from specpress.models.quantized import primitives as P
@@ -169,17 +170,22 @@ def quantize_gptq(model: nn.Module, names: list[str], config: GPTQConfig, calibr
     if not config.sequential:
         hs = collect_hessians(model, [g[0] for g in groups], calibration)
     thin = []
-    for group in groups:
-        h, rows = collect_hessians(model, [group[0]], calibration)[group[0]] if config.sequential else hs[group[0]]
-        k = model.get_submodule(group[0]).in_features
-        if rows < 2 * k:
-            thin.append(f"{'/'.join(group)} ({rows} rows for {k} inputs)")
-        for name in group:
-            lin = model.get_submodule(name)
-            q, s, z = gptq_codes(lin.weight, h, bits=config.bits, group_size=config.group_size,
-                                 symmetric=config.symmetric, damp=config.damp, block_size=config.block_size)
-            replace_module(model, name, IntLinear.from_codes(lin, q, s, z, bits=config.bits,
-                                                             group_size=config.group_size, symmetric=config.symmetric))
+    label = f"gptq: {len(groups)} groups of Linears" + (", one calibration pass each" if config.sequential else "")
+    with count_bar(getattr(calibration, "progress", False), label, len(groups)) as advance:
+        for group in groups:
+            h, rows = collect_hessians(model, [group[0]], calibration)[group[0]] if config.sequential else hs[group[0]]
+            k = model.get_submodule(group[0]).in_features
+            if rows < 2 * k:
+                thin.append(f"{'/'.join(group)} ({rows} rows for {k} inputs)")
+            for name in group:
+                lin = model.get_submodule(name)
+                q, s, z = gptq_codes(lin.weight, h, bits=config.bits, group_size=config.group_size,
+                                     symmetric=config.symmetric, damp=config.damp, block_size=config.block_size)
+                replace_module(model, name, IntLinear.from_codes(lin, q, s, z, bits=config.bits,
+                                                                 group_size=config.group_size,
+                                                                 symmetric=config.symmetric))
+            del h
+            advance()
     if thin:
         notes.append(f"gptq: few calibration rows for {', '.join(thin)}; with fewer than 2x in_features rows the "
                      f"codes can overfit the calibration windows: give more --calib-batches / --seq-len")
