@@ -66,13 +66,19 @@ def read_texts(path: str | Path) -> list[str]:
     return texts
 
 
+ENCODE_DOCS = 64  # documents encoded per batch: each Encoding holds ~100 bytes a token (ids, offsets, strings)
+
+
 def encode_stream(texts: list[str], tokenizer: Any, eos_id: int) -> np.ndarray:
-    """One int32 stream: doc0 EOS doc1 EOS …"""
-    ids: list[int] = []
-    for enc in tokenizer.encode_batch(texts, add_special_tokens=False):
-        ids.extend(enc.ids)
-        ids.append(eos_id)
-    return np.asarray(ids, dtype=np.int32)
+    """One int32 stream: doc0 EOS doc1 EOS … Encoded ENCODE_DOCS documents at a time into int32 arrays:
+    encoding 4 MB of text in one batch into a Python list held ~450 MB after it returned (and 700 MB at
+    its peak); a document's own Encoding is still made whole."""
+    eos = np.asarray([eos_id], dtype=np.int32)
+    parts: list[np.ndarray] = []
+    for i in range(0, len(texts), ENCODE_DOCS):
+        for enc in tokenizer.encode_batch(texts[i:i + ENCODE_DOCS], add_special_tokens=False):
+            parts += [np.asarray(enc.ids, dtype=np.int32), eos]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
 
 
 @dataclass(frozen=True)
