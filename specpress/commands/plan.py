@@ -23,7 +23,8 @@ def plan(json_out: Path | None, force: bool, command: tuple[str, ...]) -> None:
     tokens), from its inputs' config.json and safetensors headers alone (meta device, seconds even at 8B).
 
     COMMAND is the command line you would run, without `specpress`: distill, quantize, prune, export onnx,
-    export target, export hf, bench or run, with the same options. The peak is the largest of the
+    export target, export hf, bench or run, with the same options; or a sweep recipe (a .yaml path or a
+    bundled recipe's name), planned point by point. The peak is the largest of the
     command's phases (each a sum of named parts: the target in --target-dtype, the drafter, optimizer
     state, activations, GPTQ's Hessians, an export's weights as onnxruntime maps them, ...) plus this
     process's own resident memory after the command's imports; it is compared with the memory available
@@ -34,14 +35,16 @@ def plan(json_out: Path | None, force: bool, command: tuple[str, ...]) -> None:
       specpress plan distill --target ~/models/Llama-3.1-8B-Instruct --family eagle3 --data chat.jsonl \\
           --out drafters/eagle3 --steps 2000
       specpress plan export onnx --drafter drafters/eagle3 --target ~/models/Llama-3.1-8B-Instruct --out onnx/e3
+      specpress plan recipes/llama31-8b-eagle3.yaml
     """
     from specpress.artifacts import check_output, write_json
     from specpress.cli import COMMANDS
     from specpress.errors import UsageError
-    from specpress.machine import available_bytes
     from specpress.plan import plan_command
 
     words = list(command)
+    if len(words) == 1 and (words[0].endswith((".yaml", ".yml")) or words[0] in ("quickstart",)):
+        return _plan_recipe(words[0], json_out, force)
     name = " ".join(words[:2]) if words[0] == "export" and len(words) > 1 else words[0]
     if name not in PLANNED:
         raise UsageError(f"plan knows no command {name!r}; give one of: {', '.join(PLANNED)} with its options")
@@ -61,7 +64,31 @@ def plan(json_out: Path | None, force: bool, command: tuple[str, ...]) -> None:
     if json_out:
         check_output(json_out, force=force, kind="file", flag="--json")
     p = plan_command(name, ctx.params)
-    click.echo(f"specpress {name}: peak about {_fmt(p.peak_bytes)} (in the {p.peak_phase} phase)")
+    _show(f"specpress {name}", p)
+    if json_out:
+        write_json(json_out, p.to_dict())
+
+
+def _plan_recipe(recipe: str, json_out: Path | None, force: bool) -> None:
+    from specpress.artifacts import check_output, write_json
+    from specpress.plan import plan_recipe
+
+    if json_out:
+        check_output(json_out, force=force, kind="file", flag="--json")
+    plans = plan_recipe(recipe)
+    for p in plans:
+        _show(p.command, p)
+    worst = max(plans, key=lambda p: p.peak_bytes)
+    click.echo(f"sweep {recipe}: {len(plans)} plans; the largest peak is {_fmt(worst.peak_bytes)} ({worst.command}); "
+               f"in-process and local workers run one point at a time, a Ray cluster one per worker")
+    if json_out:
+        write_json(json_out, {"recipe": recipe, "peak_bytes": worst.peak_bytes, "plans": [p.to_dict() for p in plans]})
+
+
+def _show(title: str, p) -> None:  # noqa: ANN001 - a specpress.plan.Plan (not imported at module load)
+    from specpress.machine import available_bytes
+
+    click.echo(f"{title}: peak about {_fmt(p.peak_bytes)} (in the {p.peak_phase} phase)")
     for phase, parts in p.phases.items():
         click.echo(f"  {phase:<24} {_fmt(sum(parts.values())):>10}   "
                    + ", ".join(f"{k} {_fmt(v)}" for k, v in parts.items() if v))
@@ -77,5 +104,3 @@ def plan(json_out: Path | None, force: bool, command: tuple[str, ...]) -> None:
     if free is not None:
         verdict = "fits" if p.peak_bytes < free else "does NOT fit"
         click.echo(f"  {verdict} in the {_fmt(free)} available now")
-    if json_out:
-        write_json(json_out, p.to_dict())

@@ -124,6 +124,16 @@ class DrafterFacts:
     stored: int  # bytes as stored
     quantized: bool = False
 
+    @property
+    def taps(self) -> int:
+        """How many target taps it reads (a public EAGLE-3 config leaves them to the target: 3)."""
+        from specpress.errors import UsageError
+
+        try:
+            return len(self.model.taps)
+        except UsageError:
+            return int(getattr(self.model.config, "num_taps", 3))
+
 
 def drafter_facts(path: str | Path) -> DrafterFacts:
     from specpress.models.drafter import get_family

@@ -110,8 +110,8 @@ def plan_quantize(p: dict[str, Any]) -> Plan:
     from specpress.compress.quantize.calibrate import default_calib_batches
     from specpress.models.quantized.integer import GPTQConfig
 
-    d = drafter_facts(p["drafter_dir"])
-    config = _quantize_config(p)
+    d = p.get("_drafter") or drafter_facts(p["drafter_dir"])
+    config = p.get("_config") or _quantize_config(p)
     names, _ = select_modules(d.model, config)
     widths = linear_widths(d.model)
     q_params = sum(widths[n][0] * widths[n][1] for n in names)
@@ -126,9 +126,10 @@ def plan_quantize(p: dict[str, Any]) -> Plan:
         vd = getattr(d.model.config, "draft_vocab_size", t.cfg.vocab_size)
         holds["target"] = t.bytes
         evals = p.get("eval_batches", 4)
-        phases["agreement"] = {"target": t.bytes, "drafter": d.held, "data": data_bytes(p.get("data_path")),
-                               "target forward": forward_bytes(t, b, n, False, len(d.model.taps)) + HEAD_BLOCK,
-                               "signals + loss": b * n * (vd * 12 + d.model.config.hidden_size * 20)}
+        if evals:
+            phases["agreement"] = {"target": t.bytes, "drafter": d.held, "data": data_bytes(p.get("data_path")),
+                                   "target forward": forward_bytes(t, b, n, False, d.taps) + HEAD_BLOCK,
+                                   "signals + loss": b * n * (vd * 12 + d.model.config.hidden_size * 20)}
         work["target_forwards"] += 2 * evals
         work["target_tokens"] += 2 * evals * b * n
     phase = {**({"target": t.bytes} if t else {}), **common}
@@ -137,7 +138,8 @@ def plan_quantize(p: dict[str, Any]) -> Plan:
         batches = p.get("calib_batches") or default_calib_batches(d.model, config, b, n)
         groups = _gptq_groups(names)
         k = max(widths[g[0]][0] for g in groups)
-        hessian = 4 * k * k + 8 * k * k * 4  # the fp32 sum, then gptq_codes' float64 H, H + λI, its factor, inverse
+        hessian = 4 * k * k + 8 * k * k * 3 + 4 * k * k  # the fp32 sum; gptq_codes' float64 H and two of H + λI, its
+        #                                                factor, its inverse and that one's factor; the fp32 result
         phase["gptq hessian (widest group)"] = hessian
         phase["calibration rounds (target KV)"] = kv_bytes(t.cfg, n, t.es)
         holds["gptq hessian"] = hessian
@@ -156,7 +158,7 @@ def plan_quantize(p: dict[str, Any]) -> Plan:
 
 @planner("prune")
 def plan_prune(p: dict[str, Any]) -> Plan:
-    d = drafter_facts(p["drafter_dir"])
+    d = p.get("_drafter") or drafter_facts(p["drafter_dir"])
     phases: dict[str, dict[str, int]] = {}
     holds = {"drafter": d.held}
     work: dict[str, Any] = {"target_forwards": 0, "target_tokens": 0}
@@ -170,7 +172,7 @@ def plan_prune(p: dict[str, Any]) -> Plan:
         vd = getattr(d.model.config, "draft_vocab_size", t.cfg.vocab_size)
         cb = p.get("calib_batches", 2)
         k = 1
-        signals = cb * (b * n * vd * t.es + b * n * d.model.config.hidden_size * (1 + len(d.model.taps)) * 4)
+        signals = cb * (b * n * vd * t.es + b * n * d.model.config.hidden_size * (1 + d.taps) * 4)
         probes = cb * b * n * k * vd * 4 * 2
         phase.update({"target": t.bytes, "calibration signals + probes": signals + probes,
                       "data": data_bytes(p.get("data_path"))})

@@ -15,8 +15,9 @@ flow through the quantized groups before it (one pass of the forward loop per gr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -33,7 +34,7 @@ def gptq_codes(w: Tensor, h: Tensor, *, bits: int, group_size: int | None, symme
     """W [N, K], H [K, K] -> (codes [N, K] int16, scales [N, K/G] f32, zeros [N, K/G] f32)."""
     w = w.detach().float().cpu().clone()  # on CPU whatever the model's device (the loop is column by column)
     n, k = w.shape
-    h = h.detach().double().cpu().clone()
+    h = h.detach().to("cpu", torch.float64, copy=True)
     dead = torch.diagonal(h) == 0
     h[dead, dead] = 1.0
     u = _inverse_cholesky(h, damp)
@@ -73,13 +74,17 @@ def _inverse_cholesky(h: Tensor, damp: float) -> Tensor:
     """Upper Cholesky factor of (H + λI)⁻¹ (float32), λ = damp·mean(diag H); λ grows ×10 if H is not
     positive definite, up to 4 times."""
     mean = float(torch.diagonal(h).mean())
-    eye = torch.eye(h.shape[0], dtype=h.dtype)
-    for attempt in range(5):
+    for attempt in range(5):  # at most three K x K float64 matrices at a time (at K = 14,336: 1.6 GB each)
         lam = damp * (10 ** attempt) * mean
-        l, info = torch.linalg.cholesky_ex(h + lam * eye)
+        a = h.clone()
+        a.diagonal().add_(lam)
+        chol, info = torch.linalg.cholesky_ex(a)
+        del a
         if int(info) == 0:
-            hinv = torch.cholesky_inverse(l)
+            hinv = torch.cholesky_inverse(chol)
+            del chol
             u, info = torch.linalg.cholesky_ex(hinv, upper=True)
+            del hinv
             if int(info) == 0:
                 return u.float()
     raise UsageError(f"GPTQ: the calibration Hessian is not positive definite even with damping "
