@@ -108,6 +108,23 @@ def available_bytes() -> int | None:
     return None
 
 
+def release_memory() -> None:
+    """Give memory freed by Python and torch back to the system: a garbage collection, then glibc's
+    malloc_trim (freed blocks under glibc's mmap threshold, e.g. a target converted tensor by tensor, stay
+    in its heap otherwise: measured, a released 0.8 GB fp32 target kept the process 0.8 GB larger)."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    if name:
+        try:
+            ctypes.CDLL(name).malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
+            pass
+
+
 def step_bytes(cfg: Any, batch: int, seq_len: int, training: bool) -> int:
     """A lower bound on the memory one [batch, seq_len] step of `cfg` (a TargetConfig) holds at its peak."""
     b, t, f = batch, seq_len, 4  # fp32 bytes

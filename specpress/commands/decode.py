@@ -95,7 +95,10 @@ def load_drafter_runner(backend: str, drafter_dir: Path, target, *, strict: bool
     if BACKENDS[backend].reads == "onnx" and target_dir is not None and is_drafter_artifact(Path(drafter_dir)):
         from specpress.export.ondemand import exported_dir_for
 
+        from specpress.machine import release_memory
+
         drafter_dir, _ = exported_dir_for(drafter_dir, target_dir, progress=warn, target=target)
+        release_memory()  # the export's torch drafter and validation sessions, before the runtime's sessions
     opts = {"compile": True} if compile_drafter else {}
     return load_runner(backend, drafter_dir, target, TorchTarget(target).device, strict=strict, warn=warn, **opts)
 

@@ -21,7 +21,6 @@ in the export's dtype, not two.
 
 from __future__ import annotations
 
-import gc
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +39,7 @@ from specpress.export.graph import ExternalData, Graph
 from specpress.export.onnx import DTYPES, require_onnxruntime, session_options, tensor_specs
 from specpress.export.rounds import NEAR_TIE_REL, round_prompts
 from specpress.export.validate import TOLERANCE, ExportValidationError, check, compare, random_tree_mask
+from specpress.machine import release_memory
 from specpress.manifest import TargetExportManifest, file_records
 from specpress.models.drafter import target_fingerprint
 
@@ -190,7 +190,7 @@ def export_target(target: Any, out: str | Path, options: TargetExportOptions = T
         feeds, want_out = random_case(ref)
         decoded = torch_decodes(ref)
         del ref
-        gc.collect()  # a target this function loaded is released here: onnxruntime maps the weights next
+        release_memory()  # a target this function loaded is released here: onnxruntime maps the weights next
         progress(f"validating on random inputs ({size:,} bytes)")
         sess = ort.InferenceSession(str(path), session_options(ort, prepack=False),
                                     providers=["CPUExecutionProvider"])
