@@ -94,7 +94,6 @@ def load_drafter_runner(backend: str, drafter_dir: Path, target, *, strict: bool
 
     if BACKENDS[backend].reads == "onnx" and target_dir is not None and is_drafter_artifact(Path(drafter_dir)):
         from specpress.export.ondemand import exported_dir_for
-
         from specpress.machine import release_memory
 
         drafter_dir, _ = exported_dir_for(drafter_dir, target_dir, progress=warn, target=target)
