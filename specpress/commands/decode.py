@@ -331,7 +331,7 @@ def report(console, result: dict, n_prompts: int, pol) -> None:
     n_tok = sum(len(o) for o in result["outputs"])
     if pol is None:
         console.print(f"{n_prompts} prompts, {n_tok} tokens, {result['tokens_per_s']:.1f} tok/s "
-                      f"(median step {result['verify_ms']:.2f} ms), plain decoding")
+                      f"(median step {result['verify_ms']:.2f} ms), plain decoding", markup=False)
         return
     ar = " ".join(f"{a:.2f}" for a in result["ar"][:8]) or "- (no draft token was accepted)"
     lossless = result["lossless_mismatches"]
@@ -340,7 +340,7 @@ def report(console, result: dict, n_prompts: int, pol) -> None:
                   f"(speedup {result['speedup']:.2f}x); round ms draft {result['draft_ms']:.2f} / verify "
                   f"{result['verify_ms']:.2f} / other {result['other_ms']:.2f}; loop overhead "
                   f"{100 * result['overhead_fraction']:.0f}%"
-                  + ("" if lossless is None else f"; lossless mismatches {lossless}"))
+                  + ("" if lossless is None else f"; lossless mismatches {lossless}"), markup=False)
     if result.get("eval_coverage") is not None:
         cal = result.get("calibration_coverage")
         console.print(f"draft vocabulary covers {100 * result['eval_coverage']:.1f} % of the emitted tokens"
@@ -352,4 +352,4 @@ def report(console, result: dict, n_prompts: int, pol) -> None:
                       f"{c['base_draft_forward_ms_median']:.2f} ({c['draft_forward_ms_ratio']:.2f}x), round ms "
                       f"{c['round_ms_median']:.2f} vs {c['base_round_ms_median']:.2f} ({c['round_ms_ratio']:.2f}x)"
                       + ("" if c["lossless_mismatches"] is None else
-                         f"; lossless mismatches {c['lossless_mismatches']}"))
+                         f"; lossless mismatches {c['lossless_mismatches']}"), markup=False)
