@@ -37,7 +37,7 @@ def reference_copy(drafter: Any, dtype: str) -> Any:
     modules in that type too: they are wrapped (CastEmbedding, CastHead), never copied, so a bf16 target
     behind an fp32 export costs no fp32 copy of its embeddings or head."""
     want = {"fp32": torch.float32, "fp16": torch.float16}[dtype]
-    d = drafter if drafter.compute_param().dtype == want else copy.deepcopy(drafter).to(want)
+    d = drafter if drafter.compute_param().dtype == want else converted_copy(drafter, want)
     if drafter._shared is not None and get_family(drafter.family).draft_vocab != "own":  # it borrows them
         s = drafter.shared
         if s.embed_tokens.weight.dtype != want or s.lm_head.weight.dtype != want:
@@ -45,6 +45,17 @@ def reference_copy(drafter: Any, dtype: str) -> Any:
             d._shared = SharedModules(CastEmbedding(s.embed_tokens.weight, want), CastHead(s.lm_head.weight, want),
                                       s.target_config)
     return d
+
+
+def converted_copy(module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """copy.deepcopy(module).to(dtype) without the full-precision copy in between: each floating tensor is
+    converted straight into the copy (deepcopy's memo)."""
+    memo: dict[int, Any] = {}
+    for t in list(module.parameters()) + list(module.buffers()):
+        if t.is_floating_point() and id(t) not in memo:
+            c = t.detach().to(dtype)
+            memo[id(t)] = nn.Parameter(c, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else c
+    return copy.deepcopy(module, memo)
 
 
 class CastEmbedding(nn.Module):
