@@ -166,7 +166,7 @@ def commands(d: Path, work: Path) -> dict[str, list[str]]:
         "quantize-rtn": ["quantize", "--drafter", e, "--out", w("rtn"), "--scheme", "int4", "--target", t,
                          "--data", data],
         "quantize-gptq": ["quantize", "--drafter", e, "--out", w("gptq"), "--scheme", "int4", "--method", "gptq",
-                          "--target", t, "--data", data],
+                          "--target", t, "--data", data, "--calib-batches", "8"],
         "prune": ["prune", "--drafter", e, "--out", w("prune"), "--vocab", "16000", "--target", t, "--data", data,
                   "--vocab-tokens", "16384"],
         "export-onnx-fp32": ["export", "onnx", "--drafter", e, "--target", t, "--out", w("onnx32")],
