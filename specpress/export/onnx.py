@@ -202,6 +202,7 @@ def export_onnx(drafter: Any, out: str | Path, options: ExportOptions = ExportOp
                                        tensor_specs(model.graph.output), sizes[name], roles[name], bool(c.g.shared),
                                        data_file))
                 del model
+                progress(f"validating {name} ({sizes[name]:,} bytes)")
                 sess = ort.InferenceSession(str(path), session_options(ort, prepack=False),
                                             providers=["CPUExecutionProvider"])
                 feeds, want = case(ref, name, o.attention)
