@@ -172,14 +172,15 @@ def linear_widths(model: Any) -> dict[str, tuple[int, int]]:
     return {n: (m.in_features, m.out_features) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
 
 
-TOKENIZE_DOC = 120  # resident bytes per byte of text after tokenizing one document (measured: 4 MB -> 450 MB)
-TOKENIZE_DOCS = 22  # ... of many documents, encoded 64 at a time (4 MB of files -> 86 MB)
+TOKENIZE_DOC = 14  # resident bytes per byte of text after tokenizing one document and trimming the heap (4 MB ->
+#                   53 MB; 450 MB untrimmed)
+TOKENIZE_DOCS = 14  # ... of many documents, encoded 64 at a time
 
 
 def data_bytes(data: Any) -> int:
-    """What tokenizing --data leaves resident (the tokenizer's Encodings are freed, but the allocator keeps
-    much of their memory): about TOKENIZE_DOC x a single text file's bytes, TOKENIZE_DOCS x those of a
-    directory, a .jsonl or a zoo split (measured, compress/data.py's encode_stream)."""
+    """What tokenizing --data leaves resident once compress/data.py's data_stream has returned (its freed
+    Encodings given back): about TOKENIZE_DOC x a text file's bytes, TOKENIZE_DOCS x those of a directory,
+    a .jsonl or a zoo split (measured)."""
     if data is None:
         return 0
     if str(data) in ("zoo:train", "zoo:val", "zoo-train", "zoo-val"):

@@ -65,9 +65,10 @@ def plan_distill(p: dict[str, Any]) -> Plan:
     h, f = student.config.hidden_size, student.config.intermediate_size
     steps = cfg.steps or 0
     signals = b * n * h * (1 + len(student.taps)) * 4 + b * n * vd * t.es
-    # per unrolled step, kept for backward: the draft logits (bf16) and the fp32 softmax, log-softmax and
-    # product of the soft cross-entropy (~20 bytes a logit, measured), and the layer's activations
-    loss = k * b * n * (vd * 20 + h * 24 + f * 12)
+    # per unrolled step, kept for backward: the draft logits (losses.soft_ce_logits keeps only them: bf16,
+    # and their fp32 copy for the step's head) and the layer's activations; one step's fp32 softmax, log-softmax
+    # and product at a time
+    loss = k * b * n * (vd * 4 + h * 24 + f * 12) + b * n * vd * 16
     state = n_params * 4 * 2 + (n_params - muon) * 8 + muon * 4  # weights + grads, AdamW 2 moments, Muon 1
     phase = {"target": t.bytes, "student + grads + optimizer": state, "teacher signals": signals,
              "target forward": forward_bytes(t, b, n, logits=fam.draft_vocab != "reduced",

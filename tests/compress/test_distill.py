@@ -540,3 +540,23 @@ def test_draft_vocab_teacher_signals_give_the_full_logits_loss(target, dtype, mo
     torch.testing.assert_close(a.loss, b.loss)
     with pytest.raises(UsageError, match="another draft vocabulary"):
         part.columns(torch.tensor([int(i) for i in range(V) if i not in set(vocab.tolist())][:3]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_soft_cross_entropy_matches_autograd(dtype):
+    """soft_ce_logits keeps only its inputs for backward; its loss and gradient are those of autograd
+    through soft_ce(logits, softmax(target))."""
+    from specpress.compress.losses import soft_ce, soft_ce_logits
+
+    g = torch.Generator().manual_seed(0)
+    z = (torch.randn(3, 5, 40, generator=g) * 3).to(dtype)
+    t = (torch.randn(3, 5, 40, generator=g) * 3).to(dtype)
+    w = torch.rand(3, 5, generator=g)
+    a, b = z.clone().requires_grad_(), z.clone().requires_grad_()
+    la = (soft_ce(a, torch.softmax(t.float(), -1)) * w).sum()
+    lb = (soft_ce_logits(b, t) * w).sum()
+    la.backward()
+    lb.backward()
+    torch.testing.assert_close(lb, la)
+    torch.testing.assert_close(b.grad.float(), a.grad.float(), atol=1e-6 if dtype == torch.float32 else 1e-2,
+                               rtol=1e-5 if dtype == torch.float32 else 1e-2)
