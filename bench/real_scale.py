@@ -12,7 +12,10 @@ tokenizer is a 4,096-token byte-level BPE trained on the data (so every id the d
 drafter is an EAGLE-3 drafter of hidden 2048 with a 32,000-token draft vocabulary, random fp32 weights (what
 `distill` writes). `--big-drafter` adds one whose FFN is 107,000 wide: 3.0 GB in fp32, over protobuf's 2 GB.
 
-`measure` runs each command as a child process (`PYTHONPATH=--repo`, OMP_NUM_THREADS=2) and records the
+The measured commands do less work than a study would (distill 4 steps, GPTQ 2 calibration batches, prune
+4,096 ranked tokens, bench 2 prompts x 16 tokens): none of those counts changes what the command holds at its
+peak (reached in distill's second step, GPTQ's widest group, prune's first forward, bench's first prompt), and
+the machine this ran on was shared. `measure` runs each command as a child process (`PYTHONPATH=--repo`, OMP_NUM_THREADS=2) and records the
 child's peak RSS (wait4's ru_maxrss: resident pages, file-backed ones included) and wall time as one JSON
 line; it refuses to start a command when MemAvailable is below what the command peaked at before this work
 (NEED_GIB) + 2 GiB, or --min-free-gib. `specpress plan` is run on
@@ -153,31 +156,32 @@ def make(args: argparse.Namespace) -> None:
     lines = text.splitlines()
     prompts = [{"prompt": "\n".join(lines[i * 400:i * 400 + 6])} for i in range(8)]
     (out / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    (out / "prompts2.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts[:2]))
 
 
 def commands(d: Path, work: Path) -> dict[str, list[str]]:
     """name -> specpress arguments; every output under `work` (removed before each run)."""
     t, e = str(d / "target"), str(d / "eagle3")
-    data, prompts = str(d / "data.txt"), str(d / "prompts.jsonl")
+    data, prompts2 = str(d / "data.txt"), str(d / "prompts2.jsonl")
     w = lambda name: str(work / name)  # noqa: E731
     return {
         "distill": ["distill", "--target", t, "--family", "eagle3", "--data", data, "--out", w("distill"),
-                    "--steps", "20"],
+                    "--steps", "4"],
         "quantize-rtn": ["quantize", "--drafter", e, "--out", w("rtn"), "--scheme", "int4", "--target", t,
                          "--data", data],
         "quantize-gptq": ["quantize", "--drafter", e, "--out", w("gptq"), "--scheme", "int4", "--method", "gptq",
-                          "--target", t, "--data", data, "--calib-batches", "8"],
+                          "--target", t, "--data", data, "--calib-batches", "2"],
         "prune": ["prune", "--drafter", e, "--out", w("prune"), "--vocab", "16000", "--target", t, "--data", data,
-                  "--vocab-tokens", "16384"],
+                  "--vocab-tokens", "4096"],
         "export-onnx-fp32": ["export", "onnx", "--drafter", e, "--target", t, "--out", w("onnx32")],
         "export-onnx-fp16": ["export", "onnx", "--drafter", e, "--target", t, "--out", w("onnx16"), "--dtype",
                              "fp16"],
         "export-onnx-3gb": ["export", "onnx", "--drafter", str(d / "eagle3-3gb"), "--target", t, "--out",
                             w("onnx3gb")],
         "export-target": ["export", "target", "--target", t, "--out", w("target")],
-        "bench-torch": ["bench", "--target", t, "--drafter", e, "--prompts", prompts, "--max-new-tokens", "16",
+        "bench-torch": ["bench", "--target", t, "--drafter", e, "--prompts", prompts2, "--max-new-tokens", "16",
                         "--json", w("bench-torch.json")],
-        "bench-ort": ["bench", "--target", t, "--drafter", e, "--prompts", prompts, "--max-new-tokens", "16",
+        "bench-ort": ["bench", "--target", t, "--drafter", e, "--prompts", prompts2, "--max-new-tokens", "16",
                       "--backend", "onnxruntime", "--json", w("bench-ort.json")],
         "export-hf": ["export", "hf", "--drafter", e, "--out", w("hf"), "--format", "speculators", "--verifier", t],
     }
