@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from specpress.compress.data import WindowSampler
 from specpress.compress.losses import TeacherBatch
 from specpress.compress.progress import count_bar
-from specpress.compress.teacher import draft_vocab, target_signals
+from specpress.compress.teacher import draft_vocab, head_signals, target_signals
 from specpress.errors import UsageError
 from specpress.models.drafter import Drafter, families_phrase, get_family
 from specpress.models.forced import input_features, spaced_anchors
@@ -148,9 +148,9 @@ def _probe(d: Drafter, s: TeacherBatch, k: int) -> Probe:
     b, t = ids.shape
     kind = get_family(d.family).loss
     reduced = get_family(d.family).draft_vocab == "reduced"
-    z = s.columns(draft_vocab_ids(d)).float() if reduced else s.logits.float()  # fp32, the columns the loss reads
+    z = s.columns(draft_vocab_ids(d)) if reduced else s.logits  # the columns the loss reads, in the target's dtype
     if kind == "lm":
-        return Probe(ids, None, F.log_softmax(z, -1), z.argmax(-1))
+        return Probe(ids, None, F.log_softmax(z.float(), -1), z.argmax(-1))
     if kind == "block":
         bk = d.config.block_size
         if t - bk < 1:
@@ -159,7 +159,7 @@ def _probe(d: Drafter, s: TeacherBatch, k: int) -> Probe:
         anchors = spaced_anchors(b, t, bk, ids.device)
         src = anchors[0, :, None] + torch.arange(bk - 1, device=ids.device)  # slot k drafts a+k ~ z_{a+k-1}
         ref = z[:, src]  # [B, N, Bk-1, V]
-        return Probe(ids, d.fuse_taps(s.taps), F.log_softmax(ref, -1), ref.argmax(-1), anchors=anchors)
+        return Probe(ids, d.fuse_taps(s.taps), F.log_softmax(ref.float(), -1), ref.argmax(-1), anchors=anchors)
     n = t - k - 1
     if n < 1:
         raise UsageError(f"calibration windows of {t} tokens are too short for {k} draft steps; "
@@ -168,7 +168,7 @@ def _probe(d: Drafter, s: TeacherBatch, k: int) -> Probe:
     ref = torch.stack([z[:, 1 + i:1 + i + n] for i in range(k)], dim=2)  # [B, n, K, V]: step i drafts x_{j+2+i}
     top = s.ref_ids()  # the target's argmax over its whole vocabulary
     ref_ids = torch.stack([top[:, 1 + i:1 + i + n] for i in range(k)], dim=2)
-    return Probe(ids, first[:, :n], F.log_softmax(ref, -1), ref_ids, k, span=n)
+    return Probe(ids, first[:, :n], F.log_softmax(ref.float(), -1), ref_ids, k, span=n)
 
 
 def drafter_logits(d: Drafter, probe: Probe, copies: int = 1) -> Tensor:
@@ -402,8 +402,8 @@ def vocab_count_stream(source: str, target: TargetModel | None, calib: np.ndarra
     t0 = time.monotonic()
     with count_bar(progress, "draft vocabulary: target predictions", len(windows)) as advance, torch.inference_mode(), \
             torch.autocast("cpu", dtype=torch.bfloat16, enabled=cpu_fp32):
-        for w in windows:
-            parts.append(target(w.to(dev)).logits.argmax(-1).flatten().cpu())  # type: ignore[union-attr]
+        for w in windows:  # the argmax a block of positions at a time: the [B, T, V] logits are never made
+            parts.append(head_signals(target.lm_head, target(w.to(dev), logits="none").hidden, None)[1].flatten().cpu())
             advance()
             if minutes is not None and time.monotonic() - t0 > 60 * minutes:
                 break

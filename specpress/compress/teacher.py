@@ -55,13 +55,14 @@ def target_signals(target: TargetModel | Callable[..., Any], ids: Tensor, taps: 
         return TeacherBatch(ids, out.logits, out.hidden.float(), {k: v.float() for k, v in out.taps.items()})
     out = target(ids, taps=taps, logits="none")
     logits, top = head_signals(head if head is not None else target.lm_head, out.hidden, vocab)
+    assert logits is not None
     return TeacherBatch(ids, logits, out.hidden.float(), {k: v.float() for k, v in out.taps.items()}, top, vocab)
 
 
 @torch.no_grad()
-def head_signals(head: Any, hidden: Tensor, vocab: Tensor) -> tuple[Tensor, Tensor]:
-    """(logits of the `vocab` columns [B, T, Vk], the argmax over every column [B, T]) of `head` over hidden
-    [B, T, H], a block of positions at a time (HEAD_BLOCK_BYTES of full logits at most)."""
+def head_signals(head: Any, hidden: Tensor, vocab: Tensor | None) -> tuple[Tensor | None, Tensor]:
+    """(logits of the `vocab` columns [B, T, Vk] (None without `vocab`), the argmax over every column [B, T])
+    of `head` over hidden [B, T, H], a block of positions at a time (HEAD_BLOCK_BYTES of full logits at most)."""
     b, t, _ = hidden.shape
     flat = hidden.reshape(b * t, -1)
     v = head.weight.shape[0]
@@ -69,9 +70,10 @@ def head_signals(head: Any, hidden: Tensor, vocab: Tensor) -> tuple[Tensor, Tens
     cols, tops = [], []
     for r in range(0, b * t, rows):
         z = head(flat[r:r + rows].to(head.weight.dtype))  # [rows, V]
-        tops.append(z.max(dim=-1).indices)
-        cols.append(z[:, vocab.to(z.device)])
-    return torch.cat(cols).view(b, t, -1), torch.cat(tops).view(b, t)
+        tops.append(z.max(dim=-1).indices)  # the first index among ties, as argmax
+        if vocab is not None:
+            cols.append(z[:, vocab.to(z.device)])
+    return (torch.cat(cols).view(b, t, -1) if vocab is not None else None), torch.cat(tops).view(b, t)
 
 
 def draft_vocab(*drafters: Drafter | None) -> Tensor | None:
@@ -132,6 +134,7 @@ class Teacher:
             taps = {t: stacked[1 + i].float() for i, t in enumerate(self.taps)}
             if self.vocab is not None:
                 logits, top = head_signals(self.target.lm_head, hidden, self.vocab)
+                assert logits is not None
                 return TeacherBatch(ids, logits, hidden.float(), taps, top, self.vocab)
             with torch.no_grad():
                 logits = self.target.lm_head(hidden)
