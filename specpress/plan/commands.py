@@ -279,8 +279,22 @@ def plan_decode(p: dict[str, Any]) -> Plan:
 
 @planner("export hf")
 def plan_export_hf(p: dict[str, Any]) -> Plan:
+    """The drafter read (mapped) and written a tensor at a time; speculators' eagle3 / dflash layouts also
+    store the verifier's embeddings / head, converted from the target's files to the drafter's dtype."""
+    from specpress.models.io import read_config
+
     d = drafter_facts(p.get("drafter_dir") or p["drafter"])
-    phases = {"convert": {"drafter (read)": d.stored, "converted": d.stored, "serialized": int(SAVE_COPY * d.stored)}}
-    return Plan("export hf", base_bytes(), phases, {"drafter": d.stored}, {"target_forwards": 0})
+    phase = {"drafter": d.stored, "serialized": int(SAVE_COPY * d.stored)}
+    holds = {"drafter": d.stored}
+    verifier = p.get("verifier")
+    if p.get("fmt") == "speculators" and d.family in ("eagle3", "dflash") and verifier \
+            and Path(verifier).expanduser().is_dir():
+        t = target_facts(verifier, "auto")
+        es = {"float16": 2, "bfloat16": 2}.get(str(read_config(p.get("drafter_dir") or p["drafter"]).get(
+            "torch_dtype")), 4)
+        v = t.cfg.vocab_size * t.cfg.hidden_size
+        phase.update({"verifier tensor (as stored)": v * t.es, "verifier tensor (converted)": v * es})
+        holds["verifier tensor"] = v * es
+    return Plan("export hf", base_bytes(), {"convert": phase}, holds, {"target_forwards": 0})
 
 
