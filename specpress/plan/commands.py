@@ -284,7 +284,7 @@ def plan_export_hf(p: dict[str, Any]) -> Plan:
     from specpress.models.io import read_config
 
     d = drafter_facts(p.get("drafter_dir") or p["drafter"])
-    phase = {"drafter": d.stored, "serialized": int(SAVE_COPY * d.stored)}
+    phases = {"write": {"drafter": d.stored, "serialized": int(SAVE_COPY * d.stored)}}
     holds = {"drafter": d.stored}
     verifier = p.get("verifier")
     if p.get("fmt") == "speculators" and d.family in ("eagle3", "dflash") and verifier \
@@ -293,8 +293,9 @@ def plan_export_hf(p: dict[str, Any]) -> Plan:
         es = {"float16": 2, "bfloat16": 2}.get(str(read_config(p.get("drafter_dir") or p["drafter"]).get(
             "torch_dtype")), 4)
         v = t.cfg.vocab_size * t.cfg.hidden_size
-        phase.update({"verifier tensor (as stored)": v * t.es, "verifier tensor (converted)": v * es})
+        phases["verifier tensor"] = {"as stored (mapped)": v * t.es, "converted": v * es}
+        phases["write"]["verifier tensor"] = v * es
         holds["verifier tensor"] = v * es
-    return Plan("export hf", base_bytes(), {"convert": phase}, holds, {"target_forwards": 0})
+    return Plan("export hf", base_bytes(), phases, holds, {"target_forwards": 0})
 
 
