@@ -168,6 +168,11 @@ def quantize_gptq(model: nn.Module, names: list[str], config: GPTQConfig, calibr
                   notes: list[str]) -> None:
     """GPTQ codes for the named Linears, group by group (q/k/v share a Hessian, as do gate/up)."""
     assert calibration is not None
+    if getattr(calibration, "progress", False):
+        from rich.console import Console
+
+        Console(stderr=True).print(f"gptq: a first calibration pass groups the {len(names)} Linears by input "
+                                   f"(then one pass per group)", highlight=False)
     groups, uncalled = call_groups(model, names, calibration)
     if uncalled:
         notes.append(f"gptq: {', '.join(uncalled)} never ran in the calibration forward: rounded to nearest")
