@@ -17,8 +17,8 @@ The measured commands do less work than a study would (distill 4 steps, GPTQ 2 c
 peak (reached in distill's second step, GPTQ's widest group, prune's first forward, bench's first prompt), and
 the machine this ran on was shared. `measure` runs each command as a child process (`PYTHONPATH=--repo`, OMP_NUM_THREADS=2) and records the
 child's peak RSS (wait4's ru_maxrss: resident pages, file-backed ones included) and wall time as one JSON
-line; it refuses to start a command when MemAvailable is below what the command peaked at before this work
-(NEED_GIB) + 2 GiB, or --min-free-gib. `specpress plan` is run on
+line; it refuses to start a command when MemAvailable is below its plan's peak (or, without `plan`, what it
+peaked at before this work: NEED_GIB) + 2 GiB, or --min-free-gib. `specpress plan` is run on
 the same command line first when the repo has it, and its prediction is recorded beside the measurement.
 """
 
@@ -224,16 +224,17 @@ def measure(args: argparse.Namespace) -> None:
         for out in (work / n for n in ("cache", "distill", "distill.partial", "rtn", "gptq", "prune", "onnx32",
                                        "onnx16", "onnx3gb", "target", "hf", "bench-torch.json", "bench-ort.json")):
             shutil.rmtree(out, ignore_errors=True) if out.is_dir() else out.unlink(missing_ok=True)
-        free = mem_available()
-        need = max(args.min_free_gib, NEED_GIB.get(name, 0) + 2) if args.min_free_gib >= 0 else 0
-        if free < need * 2 ** 30:
-            print(f"{name}: skipped, MemAvailable {free / 2 ** 30:.1f} GiB < {need:.1f} GiB", flush=True)
-            continue
         plan = None
         if (repo / "specpress" / "commands" / "plan.py").is_file():
             rc, _, _ = run_one([sys.executable, "-m", "specpress.cli", "plan", "--json", str(work / "plan.json"),
                                 "--force", *spec], env, work / f"{name}.plan.log")
             plan = json.loads((work / "plan.json").read_text()) if rc == 0 else None
+        free = mem_available()
+        expect = plan["peak_bytes"] / 2 ** 30 if plan else NEED_GIB.get(name, 0)  # the plan, else the old peak
+        need = max(args.min_free_gib, expect + 2) if args.min_free_gib >= 0 else 0
+        if free < need * 2 ** 30:
+            print(f"{name}: skipped, MemAvailable {free / 2 ** 30:.1f} GiB < {need:.1f} GiB", flush=True)
+            continue
         argv = [sys.executable, "-m", "specpress.cli", *spec]
         print(f"{name}: {shlex.join(spec)}  (MemAvailable {free / 2 ** 30:.1f} GiB)", flush=True)
         rc, wall, peak = run_one(argv, env, work / f"{name}.log")
