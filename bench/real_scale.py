@@ -15,7 +15,8 @@ drafter is an EAGLE-3 drafter of hidden 2048 with a 32,000-token draft vocabular
 The measured commands do less work than a study would (distill 4 steps, GPTQ 2 calibration batches, prune
 4,096 ranked tokens, bench 2 prompts x 16 tokens): none of those counts changes what the command holds at its
 peak (reached in distill's second step, GPTQ's widest group, prune's first forward, bench's first prompt), and
-the machine this ran on was shared. `measure` runs each command as a child process (`PYTHONPATH=--repo`, OMP_NUM_THREADS=2) and records the
+the machine this ran on was shared. `measure` runs each command as a child process (`PYTHONPATH=--repo`,
+OMP_NUM_THREADS as set, else 1) and records the
 child's peak RSS (wait4's ru_maxrss: resident pages, file-backed ones included) and wall time as one JSON
 line; it refuses to start a command when MemAvailable is below its plan's peak (or, without `plan`, what it
 peaked at before this work: NEED_GIB) + 2 GiB, or --min-free-gib. `specpress plan` is run on
@@ -183,7 +184,7 @@ def commands(d: Path, work: Path) -> dict[str, list[str]]:
                         "--json", w("bench-torch.json")],
         "bench-ort": ["bench", "--target", t, "--drafter", e, "--prompts", prompts2, "--max-new-tokens", "16",
                       "--backend", "onnxruntime", "--json", w("bench-ort.json")],
-        "export-hf": ["export", "hf", "--drafter", e, "--out", w("hf"), "--format", "speculators", "--verifier", t],
+        "export-hf": ["export", "hf", "--drafter", e, "--out", w("hf"), "--format", "speculators", "--target", t],
     }
 
 
@@ -211,14 +212,15 @@ def measure(args: argparse.Namespace) -> None:
     repo = Path(args.repo).resolve()
     work = Path(args.work or d / f"work-{args.label}")
     work.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false",
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+           "TOKENIZERS_PARALLELISM": "false",
            "SPECPRESS_CACHE": str(work / "cache")}
     cmds = commands(d, work)
     only = args.only.split(",") if args.only else [k for k in cmds if k != "export-onnx-3gb" or args.big_drafter]
     results = Path(args.results).expanduser()
     results.parent.mkdir(parents=True, exist_ok=True)
-    commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+    commit = args.commit or subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+                                           capture_output=True, text=True).stdout.strip()
     for name in only:
         spec = cmds[name]
         for out in (work / n for n in ("cache", "distill", "distill.partial", "rtn", "gptq", "prune", "onnx32",
@@ -266,6 +268,7 @@ def main() -> None:
     r.add_argument("--only")
     r.add_argument("--big-drafter", action="store_true")
     r.add_argument("--min-free-gib", type=float, default=4.0)
+    r.add_argument("--commit", help="the commit --repo holds when it is a snapshot (git archive), not a checkout")
     a = ap.parse_args()
     make(a) if a.cmd == "make" else measure(a)
 

@@ -7,19 +7,21 @@ from pathlib import Path
 
 import click
 
-from specpress.runtime.backends import BACKENDS, READS
+from specpress.errors import UsageError
+from specpress.runtime.backends import READS, backends, names
 
 TEMPERATURE = click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
                            help="0 = greedy; >0 samples from the target's (processed) distribution.")
 TOP_K = click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off.")
 TOP_P = click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0, show_default=True)
 SEED = click.option("--seed", type=int, default=0, show_default=True, help="Seed for sampling.")
-DTYPE = click.option("--target-dtype", "--dtype", "dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32",
+DTYPE = click.option("--dtype", "--target-dtype", "dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32",
                      show_default=True,
                      help="Dtype the target is loaded in (once, memory-mapped when stored in it). fp32 by default: "
                           "the lossless reference, every speculative output equal to plain greedy decoding; bf16 "
                           "halves the target's memory (an 8B target: 16 GB instead of 32) and may differ from plain "
-                          "decoding at ties of the bf16 logits. --dtype is its older name.")
+                          "decoding at ties of the bf16 logits. --target-dtype is the same option (its name in the commands "
+                          "that also have an output dtype).")
 TARGET = click.option("--target", "target_dir", required=True, type=click.Path(path_type=Path),
                       help="Target model directory (HF format: config.json + model.safetensors).")
 DRAFTER = click.option("--drafter", "drafter_dir", type=click.Path(path_type=Path), default=None,
@@ -43,16 +45,15 @@ COMPARE = click.option("--compare-drafter", "compare_dir", type=click.Path(path_
                        help="A second drafter decoding every prompt in the same interleave (plain, --drafter, "
                             "this; reversed on odd prompts): the JSON's `compare` holds its metrics and both "
                             "drafters' median forward and round ms per round, with the ratio this / --drafter.")
-COMPARE_BACKEND = click.option("--compare-backend", type=click.Choice(list(BACKENDS)), default=None,
+COMPARE_BACKEND = click.option("--compare-backend", type=click.Choice(names()), default=None,
                                help="Backend of --compare-drafter  [default: --backend]; e.g. --backend torch "
                                     "--compare-backend onnxruntime times one drafter on both.")
 COMPILE_WARMUP_PROMPTS = 3
-BACKEND = click.option("--backend", type=click.Choice(list(BACKENDS)), default="torch", show_default=True,
+BACKEND = click.option("--backend", type=click.Choice(names()), default="torch", show_default=True,
                        help="Where the drafter runs (the target: --target-backend); --drafter is then "
-                            + "; ".join(f"for {b.name}: {READS[b.reads]}" for b in BACKENDS.values()) + ".")
-
-
-TARGET_BACKEND = click.option("--target-backend", type=click.Choice(["torch", "onnxruntime"]), default="torch",
+                            + "; ".join(f"for {b.name}: {READS[b.reads]}" for b in backends().values())
+                            + " (a drafter artifact is exported to ONNX on demand, once, into the cache).")
+TARGET_BACKEND = click.option("--target-backend", type=click.Choice(names(runs_target=True)), default="torch",
                               show_default=True,
                               help="Where the target runs (plain decoding and verification): torch, or onnxruntime "
                                    "over its `specpress export target` graph, exported once into the cache. With "
@@ -60,59 +61,50 @@ TARGET_BACKEND = click.option("--target-backend", type=click.Choice(["torch", "o
 
 
 def loop_target(target_backend: str, target, target_dir: Path, dtype: str, compile_target: bool, warn):
-    """The target the loop calls: the torch TargetModel, or an OnnxTarget over its (cached) export."""
-    if target_backend == "torch":
-        return target
-    if compile_target:
-        raise click.UsageError("--compile-target compiles the torch target; drop it with --target-backend onnxruntime")
-    if dtype == "bf16":
-        raise click.UsageError("--target-backend onnxruntime runs an fp32 or fp16 export (onnxruntime's CPU kernels "
-                               "have no bf16); pass --dtype fp32 or fp16")
-    from specpress.export.ondemand import exported_target_for
-    from specpress.export.target import TargetExportOptions
-    from specpress.runtime.backends.onnxruntime import load_target_runner
+    """The target the loop calls: the torch target, or the --target-backend's runner over what it reads
+    (an ONNX export made on demand)."""
+    from specpress.export.ondemand import target_input
+    from specpress.runtime.backends import load_target_runner
 
-    path, _ = exported_target_for(target_dir, TargetExportOptions(dtype=dtype), progress=warn, target=target)
-    return load_target_runner(path, "cpu")
+    if compile_target and target_backend != "torch":
+        raise UsageError(f"--compile-target compiles the torch target; drop it with --target-backend {target_backend}")
+    return load_target_runner(target_backend, target_input(target_backend, target_dir, dtype, progress=warn,
+                                                          target=target), target)
+
+
+def check_drafter_dir(backend: str, drafter_dir: Path | None, flag: str = "--drafter") -> None:
+    """Before any loading: an export given to a backend that runs drafter artifacts is refused, naming the
+    backend that runs it (a drafter artifact given to an export backend is exported on demand)."""
+    from specpress.errors import RequestError
+    from specpress.runtime.backends import check_reads, get_backend
+
+    backend_ = get_backend(backend)
+    if drafter_dir is not None and backend_.reads == "drafter":
+        try:
+            check_reads(backend_, Path(drafter_dir))
+        except RequestError as exc:
+            raise RequestError(str(exc).replace("--drafter ", f"{flag} ", 1)) from None
 
 
 def check_compile(compile_drafter: bool, drafter_dir: Path | None, backend: str = "torch") -> None:
     if compile_drafter and drafter_dir is None:
-        raise click.UsageError("--compile compiles the drafter; pass --drafter too (plain decoding stays eager)")
+        raise UsageError("--compile compiles the drafter; pass --drafter too (plain decoding stays eager)")
     if compile_drafter and backend != "torch":
-        raise click.UsageError(f"--compile compiles a torch drafter's forward; the {backend} backend runs its own "
+        raise UsageError(f"--compile compiles a torch drafter's forward; the {backend} backend runs its own "
                                "graph: drop --compile or use --backend torch")
 
 
 def load_drafter_runner(backend: str, drafter_dir: Path, target, *, strict: bool, warn, compile_drafter: bool,
-                        target_dir: Path | None = None):
+                        target_dir: Path):
     """The --drafter directory as the --backend registry entry runs it, on the target's device. A drafter
     artifact given to a backend that reads ONNX is exported first (once, cached; specpress.export.ondemand),
     with the target already loaded (never a second copy)."""
-    from specpress.runtime.backends import is_drafter_artifact, load_runner
-    from specpress.runtime.backends.torch import TorchTarget
+    from specpress.export.ondemand import runner_input
+    from specpress.runtime.backends import load_runner
 
-    if BACKENDS[backend].reads == "onnx" and target_dir is not None and is_drafter_artifact(Path(drafter_dir)):
-        from specpress.export.ondemand import exported_dir_for
-        from specpress.machine import release_memory
-
-        drafter_dir, _ = exported_dir_for(drafter_dir, target_dir, progress=warn, target=target)
-        release_memory()  # the export's torch drafter and validation sessions, before the runtime's sessions
     opts = {"compile": True} if compile_drafter else {}
-    return load_runner(backend, drafter_dir, target, TorchTarget(target).device, strict=strict, warn=warn, **opts)
-
-
-def drafter_bytes(backend: str, drafter_dir: Path) -> int:
-    """Bytes of the drafter as stored: the artifact's own count, or the files of an exported directory."""
-    if BACKENDS[backend].reads == "drafter":
-        from specpress.models.inspect import inspect_artifact
-
-        return int(inspect_artifact(drafter_dir)["bytes"])
-    if BACKENDS[backend].reads == "onnx" and (Path(drafter_dir) / "manifest.json").is_file():
-        from specpress.manifest import load_manifest
-
-        return load_manifest(drafter_dir).drafter_bytes  # the graphs; the target's shared tensors excluded
-    return sum(p.stat().st_size for p in Path(drafter_dir).expanduser().rglob("*") if p.is_file())
+    return load_runner(backend, runner_input(backend, drafter_dir, target_dir, progress=warn, target=target), target,
+                       target.lm_head.weight.device, strict=strict, warn=warn, **opts)
 
 
 def DECODING(fn):  # noqa: N802 - used as a decorator like the option constants above
@@ -120,6 +112,7 @@ def DECODING(fn):  # noqa: N802 - used as a decorator like the option constants 
     for option in (DTYPE, SEED, TOP_P, TOP_K, TEMPERATURE, POLICY):
         fn = option(fn)
     return fn
+
 
 @click.command()
 @TARGET
@@ -150,13 +143,17 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
     from specpress.runtime.loop import speculative_generate
     from specpress.runtime.plain import decode_plain
     from specpress.runtime.policy import parse_policy
-    from specpress.runtime.prompts import encode
+    from specpress.limits import prompt_line_limit
+    from specpress.machine import check_decode
+    from specpress.runtime.prompts import encode, max_context
     from specpress.runtime.sampling import SamplingParams
 
     check_compile(compile_drafter, drafter_dir, backend)
-    target = load_target(target_dir, dtype=dtype)
+    check_drafter_dir(backend, drafter_dir)
     tok = load_tokenizer(target_dir)
-    ids = encode(prompt, tok)
+    ids = encode(prompt, tok, prompt_line_limit(max_context(target_dir)))
+    check_decode(target_dir, len(ids), max_new_tokens, dtype, "--prompt")  # before the target's weights load
+    target = load_target(target_dir, dtype=dtype)
     gen = torch.Generator().manual_seed(seed)
     params = SamplingParams(temperature, top_k, top_p)
     verifier = loop_target(target_backend, target, target_dir, dtype, False, lambda m: click.echo(m, err=True))
@@ -192,7 +189,10 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
 @COMPARE_BACKEND
 @TARGET_BACKEND
 @STRICT
-@click.option("--json", "json_out", type=click.Path(path_type=Path), help="Write the full metrics object here.")
+@click.option("--json", "json_out", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
+              type=click.Path(path_type=Path, allow_dash=True),
+              help="Write the full metrics object (outputs and per-prompt rows included) to FILE; bare --json (or -) "
+                   "prints it on stdout. Without it, stdout gets the object without outputs and per_prompt.")
 @click.option("--force", is_flag=True, help="Replace an existing --json file.")
 def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_new_tokens: int, policy: str | None,
           temperature: float, top_k: int, top_p: float, seed: int, dtype: str, backend: str,
@@ -238,11 +238,40 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
       specpress bench --target ~/.cache/specpress/zoo/medium --drafter onnx/eagle3 --backend onnxruntime \\
           --target-backend onnxruntime --prompts prompts.jsonl --max-new-tokens 64 --json all-ort.json
     """
+    from contextlib import ExitStack
+
+    from specpress.artifacts import claim_output
+
+    check_compile(compile_drafter, drafter_dir, backend)
+    if compare_dir is not None and drafter_dir is None:
+        raise UsageError("--compare-drafter compares against --drafter; pass --drafter too")
+    if compare_backend is not None and compare_dir is None:
+        raise UsageError("--compare-backend names the backend of --compare-drafter; pass --compare-drafter too")
+    compare_backend = compare_backend or backend
+    check_drafter_dir(backend, drafter_dir)
+    check_drafter_dir(compare_backend, compare_dir, "--compare-drafter")
+    to_file = json_out is not None and json_out != Path("-")
+    with ExitStack() as stack:
+        if to_file:  # before decoding: a bad path must not cost the measurement; held until it is written
+            stack.enter_context(claim_output(json_out, force=force, kind="file", flag="--json",
+                                             inputs={"--target": target_dir, "--prompts": prompts_file,
+                                                     "--drafter": drafter_dir, "--compare-drafter": compare_dir}))
+        _bench(target_dir, drafter_dir, prompts_file, max_new_tokens, policy, temperature, top_k, top_p, seed, dtype,
+               backend, compile_drafter, compile_target, compare_dir, compare_backend, target_backend, strict,
+               json_out, to_file)
+
+
+def _bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_new_tokens: int, policy: str | None,
+           temperature: float, top_k: int, top_p: float, seed: int, dtype: str, backend: str,
+           compile_drafter: bool, compile_target: bool, compare_dir: Path | None, compare_backend: str,
+           target_backend: str, strict: bool, json_out: Path | None, to_file: bool) -> None:
+    """bench after its options are checked and its --json file claimed."""
     from rich.console import Console
     from rich.progress import Progress
 
-    from specpress.artifacts import check_output, write_json
+    from specpress.artifacts import write_json
     from specpress.machine import LoadMeter, load_warning
+    from specpress.runtime.backends import drafter_bytes
     from specpress.runtime.bench import bench_plain, bench_speculative, default_policy, load_bench_inputs
     from specpress.runtime.compile import compile_errors
     from specpress.runtime.compile import compile_target as compile_target_fn
@@ -250,18 +279,8 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
     from specpress.runtime.sampling import SamplingParams
     from specpress.ticker import LogTicker, bar_columns
 
-    check_compile(compile_drafter, drafter_dir, backend)
-    if compare_dir is not None and drafter_dir is None:
-        raise click.UsageError("--compare-drafter compares against --drafter; pass --drafter too")
-    if compare_backend is not None and compare_dir is None:
-        raise click.UsageError("--compare-backend names the backend of --compare-drafter; pass --compare-drafter too")
-    compare_backend = compare_backend or backend
-    if json_out:  # before decoding: a bad path must not cost the measurement
-        check_output(json_out, force=force, kind="file", flag="--json",
-                     inputs={"--target": target_dir, "--prompts": prompts_file, "--drafter": drafter_dir,
-                             "--compare-drafter": compare_dir})
     console = Console(stderr=True)
-    target, prompts = load_bench_inputs(target_dir, prompts_file, dtype)
+    target, prompts = load_bench_inputs(target_dir, prompts_file, dtype, max_new_tokens)
     config = {"target": str(target_dir), "prompts_file": str(prompts_file), "dtype": dtype,
               "drafter": None if drafter_dir is None else str(drafter_dir), "backend": backend, "policy": None,
               "compile": compile_drafter, "compile_target": compile_target}
@@ -319,9 +338,11 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
         if warning := coverage_warning(result["eval_coverage"], result["calibration_coverage"]):
             console.print("warning: " + warning, style="yellow", highlight=False)
     report(console, result, len(prompts), pol)
-    if json_out:
-        write_json(json_out, result)  # its directory was made by check_output
+    if to_file:
+        write_json(json_out, result)  # claimed (and its directory made) before the work
         console.print(f"wrote {json_out}")
+    elif json_out is not None:
+        click.echo(json.dumps(result, indent=2))
     else:
         click.echo(json.dumps({k: v for k, v in result.items() if k not in ("outputs", "per_prompt")}, indent=2))
 

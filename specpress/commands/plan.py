@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -15,7 +16,9 @@ def _fmt(n: float) -> str:
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False,
                                  "help_option_names": ["-h", "--help"]})
-@click.option("--json", "json_out", type=click.Path(path_type=Path), help="Also write the plan as JSON here.")
+@click.option("--json", "json_out", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
+              type=click.Path(path_type=Path, allow_dash=True),
+              help="Also write the plan as one JSON object to FILE; bare --json (or -) prints only it on stdout.")
 @click.option("--force", is_flag=True, help="Replace an existing --json file.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def plan(json_out: Path | None, force: bool, command: tuple[str, ...]) -> None:
@@ -37,12 +40,13 @@ def plan(json_out: Path | None, force: bool, command: tuple[str, ...]) -> None:
       specpress plan export onnx --drafter drafters/eagle3 --target ~/models/Llama-3.1-8B-Instruct --out onnx/e3
       specpress plan recipes/llama31-8b-eagle3.yaml
     """
-    from specpress.artifacts import check_output, write_json
     from specpress.cli import COMMANDS
     from specpress.errors import UsageError
     from specpress.plan import plan_command
 
     words = list(command)
+    if json_out is not None and str(json_out) in {n.split()[0] for n in PLANNED}:  # `plan --json export hf ...`
+        words, json_out = [str(json_out), *words], Path("-")
     if len(words) == 1 and (words[0].endswith((".yaml", ".yml")) or words[0] in ("quickstart",)):
         return _plan_recipe(words[0], json_out, force)
     name = " ".join(words[:2]) if words[0] == "export" and len(words) > 1 else words[0]
@@ -61,28 +65,50 @@ def plan(json_out: Path | None, force: bool, command: tuple[str, ...]) -> None:
         return
     except click.ClickException as exc:
         raise UsageError(f"specpress {name}: {exc.format_message()}") from None
-    if json_out:
-        check_output(json_out, force=force, kind="file", flag="--json")
-    p = plan_command(name, ctx.params)
-    _show(f"specpress {name}", p)
-    if json_out:
-        write_json(json_out, p.to_dict())
+    with _json_claim(json_out, force):
+        p = plan_command(name, ctx.params)
+        if json_out != Path("-"):
+            _show(f"specpress {name}", p)
+        _write_json(json_out, p.to_dict())
+
+
+def _json_claim(json_out: Path | None, force: bool) -> Any:
+    """--json FILE claimed (artifacts.claim_output) before planning; nothing to claim for stdout."""
+    from contextlib import nullcontext
+
+    from specpress.artifacts import claim_output
+
+    if json_out is None or json_out == Path("-"):
+        return nullcontext()
+    return claim_output(json_out, force=force, kind="file", flag="--json")
+
+
+def _write_json(json_out: Path | None, obj: dict) -> None:
+    """The plan's JSON to --json FILE, or on stdout for a bare --json."""
+    import json
+
+    from specpress.artifacts import write_json
+
+    if json_out == Path("-"):
+        click.echo(json.dumps(obj, indent=2))
+    elif json_out is not None:
+        write_json(json_out, obj)
 
 
 def _plan_recipe(recipe: str, json_out: Path | None, force: bool) -> None:
-    from specpress.artifacts import check_output, write_json
     from specpress.plan import plan_recipe
 
-    if json_out:
-        check_output(json_out, force=force, kind="file", flag="--json")
-    plans = plan_recipe(recipe)
-    for p in plans:
-        _show(p.command, p)
-    worst = max(plans, key=lambda p: p.peak_bytes)
-    click.echo(f"sweep {recipe}: {len(plans)} plans; the largest peak is {_fmt(worst.peak_bytes)} ({worst.command}); "
-               f"in-process and local workers run one point at a time, a Ray cluster one per worker")
-    if json_out:
-        write_json(json_out, {"recipe": recipe, "peak_bytes": worst.peak_bytes, "plans": [p.to_dict() for p in plans]})
+    with _json_claim(json_out, force):
+        plans = plan_recipe(recipe)
+        worst = max(plans, key=lambda p: p.peak_bytes)
+        if json_out != Path("-"):
+            for p in plans:
+                _show(p.command, p)
+            click.echo(f"sweep {recipe}: {len(plans)} plans; the largest peak is {_fmt(worst.peak_bytes)} "
+                       f"({worst.command}); in-process and local workers run one point at a time, a Ray cluster one "
+                       f"per worker")
+        _write_json(json_out, {"recipe": recipe, "peak_bytes": worst.peak_bytes,
+                               "plans": [p.to_dict() for p in plans]})
 
 
 def _show(title: str, p) -> None:  # noqa: ANN001 - a specpress.plan.Plan (not imported at module load)

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError
 from specpress.models.drafter import Drafter, get_family
 from specpress.models.forced import Forced, input_features
 
@@ -77,7 +77,7 @@ class TeacherBatch:
             return self.logits[..., ids]
         pos = torch.searchsorted(self.vocab, ids).clamp(max=self.vocab.numel() - 1)
         if not torch.equal(self.vocab[pos], ids):
-            raise UsageError("the teacher's logits were kept for another draft vocabulary than this drafter's; "
+            raise RequestError("the teacher's logits were kept for another draft vocabulary than this drafter's; "
                              "compute them for its vocabulary (target_signals(..., vocab=...))")
         return self.logits[..., pos]
 
@@ -193,7 +193,7 @@ def chain_loss(ctx: LossContext) -> LossOut:
     t = b.ids.shape[1]
     n = t - k - 1
     if n < 1:
-        raise UsageError(f"seq_len {t} is too short for {k} unrolled draft steps; use --seq-len >= {k + 2}")
+        raise RequestError(f"seq_len {t} is too short for {k} unrolled draft steps; use --seq-len >= {k + 2}")
     outs = fam.teacher_forced(s, b.ids, _chain_inputs(ctx, s, n, noise=True), steps=k, span=n).steps
     t_outs = None
     if ctx.teacher is not None:
@@ -266,7 +266,7 @@ def dflash_anchors(batch: int, t: int, block: int, n: int, generator: torch.Gene
     """[B, N] distinct sorted anchors per window in [1, T - block] (every label inside the window)."""
     hi = t - block
     if hi < 1:
-        raise UsageError(f"seq_len {t} is too short for DFlash blocks of {block}; use --seq-len >= {block + 2}")
+        raise RequestError(f"seq_len {t} is too short for DFlash blocks of {block}; use --seq-len >= {block + 2}")
     n = min(n, hi)
     rows = [torch.randperm(hi, generator=generator)[:n].sort().values + 1 for _ in range(batch)]
     return torch.stack(rows)

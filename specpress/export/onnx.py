@@ -15,6 +15,7 @@ real drafting rounds through the onnxruntime backend against the torch drafter (
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ from onnx import TensorProto
 from specpress import __version__
 from specpress.artifacts import atomic_dir
 from specpress.compress.progress import count_bar
-from specpress.errors import UsageError
+from specpress.errors import RequestError, UsageError
 from specpress.export import ops
 from specpress.export.blocks import Ctx
 from specpress.export.families import build_graphs, cache_dims
@@ -100,8 +101,8 @@ def require_onnxruntime() -> Any:
     try:
         import onnxruntime
     except ImportError as exc:
-        raise UsageError(f"exporting validates every graph with onnxruntime, which is not installed ({exc}); "
-                         f"pip install 'specpress[ort]'") from None
+        raise RequestError(f"exporting validates every graph with onnxruntime, which is not installed ({exc}); "
+                           f"pip install 'specpress[ort]'") from None
     return onnxruntime
 
 
@@ -162,8 +163,8 @@ def export_onnx(drafter: Any, out: str | Path, options: ExportOptions = ExportOp
     """Export `drafter` (attached to `target`, a TargetModel) to `out`; see the module docstring. bar: a
     progress bar (stderr) over the graphs' validation."""
     if target is None:
-        raise UsageError("export_onnx validates the export on real drafting rounds, which the target verifies: "
-                         "pass target=<the TargetModel the drafter is attached to>")
+        raise RequestError("export_onnx validates the export on real drafting rounds, which the target verifies: "
+                           "pass target=<the TargetModel the drafter is attached to>")
     ort = require_onnxruntime()
     t0 = time.perf_counter()
     o = options
@@ -250,18 +251,21 @@ def _quantization(drafter: Any, o: ExportOptions, notes: list[str]) -> dict[str,
 
 def export_from_dirs(drafter_dir: str | Path, target_dir: str | Path | None, out: str | Path,
                      options: ExportOptions = ExportOptions(),
-                     progress: Callable[[str], None] = lambda s: None, *, target_dtype: str = "auto",
+                     progress: Callable[[str], None] = lambda s: None,
+                     warn: Callable[[str], None] | None = None, *, target_dtype: str = "auto",
                      target: Any = None, bar: bool = False) -> ExportReport:
     """Load the drafter artifact attached to its target and export it (see export_onnx). The target is
     `target` when given (a loaded TargetModel: `run` / `bench` export with the one they hold), else loaded
-    from `target_dir` in `target_dtype`."""
-    from specpress.models.drafter_io import load_drafter
+    from `target_dir` in `target_dtype`. A drafter built for another target of the same shape loads with a
+    warning (`warn`, default stderr), as `run` says."""
     from specpress.models.target import load_target
+    from specpress.models.drafter_io import load_drafter_for
 
     require_onnxruntime()
     if target is None:
         progress(f"loading target {target_dir} ({target_dtype})")
         target = load_target(target_dir, dtype=target_dtype, device="cpu")  # type: ignore[arg-type]
     progress(f"loading drafter {drafter_dir}")
-    drafter = load_drafter(drafter_dir, target=target).eval()
+    drafter = load_drafter_for(target, drafter_dir, warn=warn or (lambda m: print(m, file=sys.stderr)),
+                               device="cpu").eval()
     return export_onnx(drafter, out, options, progress, target=target, bar=bar)

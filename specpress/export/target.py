@@ -123,11 +123,12 @@ class _Decoded:
 def torch_decodes(target: Any, n: int = DECODE_PROMPTS, tokens: int = DECODE_TOKENS) -> list[_Decoded]:
     """Greedy decoding of `n` prompts by the torch target, with the logits that chose each token (one
     teacher-forced forward over prompt + tokens), all that decode_agreement needs of the torch target."""
+    from specpress.runtime.backends.torch.runner import TorchTarget
     from specpress.runtime.plain import decode_plain
 
     out = []
     for p in round_prompts(target, n):
-        a = decode_plain(target, p, tokens, eos_ids=()).tokens
+        a = decode_plain(TorchTarget(target), p, tokens, eos_ids=()).tokens
         with torch.inference_mode():
             logits = target(torch.tensor([p + a])).logits[0].float()
         out.append(_Decoded(p, a, logits[len(p) - 1:len(p) - 1 + len(a)].clone()))
@@ -162,7 +163,7 @@ def export_target(target: Any, out: str | Path, options: TargetExportOptions = T
     copied to it), or a function returning one, which is then released before onnxruntime runs."""
     from torch import nn
 
-    from specpress.runtime.backends.onnxruntime import load_target_runner
+    from specpress.runtime.backends.onnxruntime.runner import load_target_runner
 
     ort = require_onnxruntime()
     t0 = time.perf_counter()

@@ -24,7 +24,9 @@ from typing import Any
 
 import torch
 
-ES = {"fp32": 4, "bf16": 2, "fp16": 2}
+from specpress.machine import DTYPE_BYTES as ES  # noqa: F401  (bytes per element of a dtype word)
+from specpress.machine import kv_bytes  # noqa: F401  (the KV cache, as models/kv.py allocates it)
+
 HEAD_BLOCK = 1 << 27  # compress/teacher.py HEAD_BLOCK_BYTES: the full logits computed at a time
 SAVE_COPY = 0.0  # safetensors' save_file writes from the tensors' own memory (measured): no copy while saving
 ORT_SESSIONS = 64 << 20  # onnxruntime's sessions beyond their weights: arenas, graphs, kernels (measured)
@@ -127,11 +129,11 @@ class DrafterFacts:
     @property
     def taps(self) -> int:
         """How many target taps it reads (a public EAGLE-3 config leaves them to the target: 3)."""
-        from specpress.errors import UsageError
+        from specpress.errors import RequestError
 
         try:
             return len(self.model.taps)
-        except UsageError:
+        except RequestError:
             return int(getattr(self.model.config, "num_taps", 3))
 
 
@@ -161,10 +163,6 @@ def forward_bytes(t: TargetFacts, b: int, n: int, logits: bool, taps: int = 0) -
     scores = 2 * b * c.num_attention_heads * n * n * 4
     kept = b * n * c.hidden_size * (taps + 1) * 4
     return act + scores + kept + (b * n * c.vocab_size * t.es if logits else 0)
-
-
-def kv_bytes(cfg: Any, tokens: int, es: int, batch: int = 1) -> int:
-    return 2 * cfg.num_hidden_layers * batch * cfg.num_key_value_heads * tokens * cfg.head_dim * es
 
 
 def linear_widths(model: Any) -> dict[str, tuple[int, int]]:

@@ -234,7 +234,7 @@ def plan_export_target(p: dict[str, Any]) -> Plan:
 
 @planner("bench", "run")
 def plan_decode(p: dict[str, Any]) -> Plan:
-    from specpress.runtime.backends import BACKENDS, is_drafter_artifact
+    from specpress.runtime.backends import get_backend, is_drafter_artifact
 
     t = target_facts(p["target_dir"], p.get("dtype", "fp32"))
     new = p.get("max_new_tokens", 64)
@@ -252,7 +252,7 @@ def plan_decode(p: dict[str, Any]) -> Plan:
     if p.get("drafter_dir") is not None:
         path = Path(p["drafter_dir"]).expanduser()
         backend = p.get("backend", "torch")
-        onnx = BACKENDS[backend].reads == "onnx"
+        onnx = get_backend(backend).reads == "onnx"
         if onnx and is_drafter_artifact(path):
             d = drafter_facts(path)
             ort = _export_bytes(d, "fp32")

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError
 from specpress.plan import ORT_SESSIONS, DrafterFacts, Plan, base_bytes, drafter_facts, kv_bytes, target_facts
 from specpress.plan.commands import plan_distill, plan_prune, plan_quantize
 
@@ -22,7 +22,7 @@ def _target_dir(recipe: Any) -> Path:
 
     cached = default_zoo_dir(spec.zoo)
     if not is_zoo_dir(cached):
-        raise UsageError(f"the recipe's zoo target ({spec.zoo}) is not built yet; `specpress zoo build --size "
+        raise RequestError(f"the recipe's zoo target ({spec.zoo}) is not built yet; `specpress zoo build --size "
                          f"{spec.zoo}` makes it (minutes), then plan again")
     return cached
 

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from specpress.compress.progress import count_bar
 from specpress.compress.quantize.handlers import ForwardLoop, register_handler
-from specpress.errors import UsageError
+from specpress.errors import RequestError
 from specpress.models.quantized import primitives as P
 from specpress.models.quantized.integer import GPTQConfig, IntLinear, quantize_rtn
 from specpress.models.quantized.restore import replace_module
@@ -87,8 +87,8 @@ def _inverse_cholesky(h: Tensor, damp: float) -> Tensor:
             del hinv
             if int(info) == 0:
                 return u.float()
-    raise UsageError(f"GPTQ: the calibration Hessian is not positive definite even with damping "
-                     f"{damp * 1e4:g}x its mean diagonal; give more or more varied calibration data")
+    raise RequestError(f"GPTQ: the calibration Hessian is not positive definite even with damping "
+                       f"{damp * 1e4:g}x its mean diagonal; give more or more varied calibration data")
 
 
 # ----------------------------------------------------------------------------------------------
