@@ -123,9 +123,9 @@ def read_json_object(path: str | Path, fix: str = "", *, error: ErrorType = Chec
 
 def load_torch(path: Path, fix: str, what: str = "checkpoint", *, mmap: bool = False) -> Any:
     """`torch.load(path, weights_only=True)` on the CPU (`mmap`: its tensors memory-mapped, not read, when the
-    file is torch's zip format, the only one torch maps); anything
-    it refuses or cannot read is a CheckpointError naming the file and `fix` (a pickle that needs code to load
-    is refused as such: specpress never runs it)."""
+    file is in torch's zip format, the only one torch maps); anything it refuses or cannot read is a
+    CheckpointError naming the file and `fix` (a pickle that needs code to load is refused as such: specpress
+    never runs it)."""
     import pickle
     import zipfile
 

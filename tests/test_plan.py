@@ -73,3 +73,30 @@ def test_plan_predicts_the_measured_peak(case, name, tmp_path):
     ratio = measured / plan["peak_bytes"]
     assert 0.8 <= ratio <= 1.2, (f"{name}: measured {measured / 2 ** 20:.0f} MiB, planned "
                                  f"{plan['peak_bytes'] / 2 ** 20:.0f} MiB ({plan['phases']})")
+
+
+
+def test_plan_export_hf_counts_the_verifier_tensor_under_each_spelling(tmp_path):
+    """export hf's speculators layout stores the verifier's embeddings / head: plan counts them whether the
+    target is given as --target, as the deprecated --verifier, or implied by --for vllm."""
+    from specpress.models.drafter import build_drafter
+    from specpress.models.drafter_io import save_drafter
+    from specpress.models.eagle3 import Eagle3Config
+    from specpress.models.target import load_target
+    from specpress.plan import plan_command
+
+    write_target(tmp_path / "target", hidden=64, layers=8, ffn=128, vocab=1000, heads=4)
+    cfg = Eagle3Config(vocab_size=1000, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                       num_key_value_heads=2, max_position_embeddings=512, draft_vocab_size=500)
+    d = build_drafter(cfg).attach_target(load_target(tmp_path / "target"))
+    d.set_draft_vocab(torch.arange(500))
+    save_drafter(d, tmp_path / "eagle3")
+    t, e = str(tmp_path / "target"), str(tmp_path / "eagle3")
+    base = {"drafter": e, "out": str(tmp_path / "o-hf"), "engine": None, "fmt": "speculators", "target": None,
+            "verifier": None, "policy": None, "force": False}
+    plain = plan_command("export hf", base)
+    assert "verifier tensor" not in plain.holds  # no target given: nothing of it is stored
+    for extra in ({"target": t}, {"verifier": t}, {"fmt": None, "engine": "vllm", "target": t}):
+        p = plan_command("export hf", {**base, **extra})
+        assert p.holds["verifier tensor"] == 1000 * 64 * 4, extra  # the drafter's fp32, the target's shape
+        assert p.peak_bytes > plain.peak_bytes

@@ -20,8 +20,8 @@ DTYPE = click.option("--dtype", "--target-dtype", "dtype", type=click.Choice(["f
                      help="Dtype the target is loaded in (once, memory-mapped when stored in it). fp32 by default: "
                           "the lossless reference, every speculative output equal to plain greedy decoding; bf16 "
                           "halves the target's memory (an 8B target: 16 GB instead of 32) and may differ from plain "
-                          "decoding at ties of the bf16 logits. --target-dtype is the same option (its name in the commands "
-                          "that also have an output dtype).")
+                          "decoding at ties of the bf16 logits. --target-dtype is the same option (its name in the "
+                          "commands that also have an output dtype).")
 TARGET = click.option("--target", "target_dir", required=True, type=click.Path(path_type=Path),
                       help="Target model directory (HF format: config.json + model.safetensors).")
 DRAFTER = click.option("--drafter", "drafter_dir", type=click.Path(path_type=Path), default=None,

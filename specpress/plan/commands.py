@@ -286,8 +286,11 @@ def plan_export_hf(p: dict[str, Any]) -> Plan:
     d = drafter_facts(p.get("drafter_dir") or p["drafter"])
     phases = {"write": {"drafter": d.stored, "serialized": int(SAVE_COPY * d.stored)}}
     holds = {"drafter": d.stored}
-    verifier = p.get("verifier")
-    if p.get("fmt") == "speculators" and d.family in ("eagle3", "dflash") and verifier \
+    from specpress.export.hf.engines import engine
+
+    verifier = p.get("target") or p.get("verifier")  # --verifier: the deprecated spelling of --target
+    layout = p.get("fmt") or (engine(p["engine"]).layouts.get(d.family) if p.get("engine") else None)
+    if layout == "speculators" and d.family in ("eagle3", "dflash") and verifier \
             and Path(verifier).expanduser().is_dir():
         t = target_facts(verifier, "auto")
         es = {"float16": 2, "bfloat16": 2}.get(str(read_config(p.get("drafter_dir") or p["drafter"]).get(
