@@ -100,8 +100,8 @@ def prune(drafter_dir: Path, out: Path, ffn: int | float | None, kv_heads: int |
     --data, counted over --vocab-tokens predictions or --vocab-minutes of target forwards, whichever
     ends first. Rank on enough of them: on the zoo target a quarter of the vocabulary ranked on 2,048
     predictions kept 94.5 % of tau, ranked on 262,144 (the default, ~10 s of target forwards) 102.7 %
-    (BENCHMARKS.md, "Compression"). A large target reaches the time budget first: the summary says how
-    many it counted; give more minutes (or a GPU) to rank on more.
+    (recorded in BENCHMARKS.md at b5bd58d, 2026-11-29). A large target reaches the time budget first: the
+    summary says how many it counted; give more minutes (or a GPU) to rank on more.
 
     Rank on data that looks like your traffic: a vocabulary ranked on one kind of text covers another
     worse, and tau falls with it (`bench` reports eval_coverage beside the calibration coverage recorded
