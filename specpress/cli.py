@@ -33,6 +33,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                  "Quantize a drafter's weights (int8/int4, nf4/fp4, fp8): bytes and acc@k before/after."),
     "export": ("specpress.commands.export", "export",
                "Export a drafter (ONNX graphs, TensorRT engines, serving formats) or a target's forward."),
+    "plan": ("specpress.commands.plan", "plan",
+             "Before running a command: its peak memory and work (target forwards, tokens), from configs alone."),
     "sweep": ("specpress.commands.sweep", "sweep",
               "Run a recipe: a grid of compressed drafters, each benched against the base (table, plots, Pareto)."),
 }

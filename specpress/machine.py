@@ -108,6 +108,20 @@ def available_bytes() -> int | None:
     return None
 
 
+def release_memory() -> None:
+    """Give memory freed by Python and torch back to the system: a garbage collection, then glibc's
+    malloc_trim (freed blocks under glibc's mmap threshold, e.g. a target converted tensor by tensor, stay
+    in its heap otherwise: measured, a released 0.8 GB fp32 target kept the process 0.8 GB larger)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:  # the process's own symbols (libc's among them): ctypes.util.find_library would spawn ldconfig
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
+        pass
+
+
 def step_bytes(cfg: Any, batch: int, seq_len: int, training: bool) -> int:
     """A lower bound on the memory one [batch, seq_len] step of `cfg` (a TargetConfig) holds at its peak."""
     b, t, f = batch, seq_len, 4  # fp32 bytes
@@ -147,10 +161,10 @@ def check_seq_len(target_dir: Path | str, seq_len: int, batch: int, *, training:
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
-def kv_bytes(cfg: Any, capacity: int, dtype_bytes: int = 4) -> int:
-    """Bytes of the target's KV cache for `capacity` positions (K and V, every layer), as models/kv.py
-    allocates it up front."""
-    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * capacity * cfg.head_dim * dtype_bytes
+def kv_bytes(cfg: Any, capacity: int, dtype_bytes: int = 4, batch: int = 1) -> int:
+    """Bytes of the target's KV cache for `capacity` positions of `batch` rows (K and V, every layer), as
+    models/kv.py allocates it up front."""
+    return 2 * cfg.num_hidden_layers * batch * cfg.num_key_value_heads * capacity * cfg.head_dim * dtype_bytes
 
 
 def check_decode(target_dir: Path | str, prompt_tokens: int, max_new_tokens: int, dtype: str = "fp32",

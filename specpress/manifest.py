@@ -28,8 +28,9 @@ from specpress.readback import check_types, read_json
 
 MANIFEST = "manifest.json"
 FORMAT = "specpress-onnx"
-FORMAT_VERSION = 3  # 2: every graph records its role; 3: `files` records every file's size and sha256
-# the drafter runner call a graph serves (runtime/backends/base.py): fuse_taps, feature_step, block_drafts (its
+FORMAT_VERSION = 4  # 2: every graph records its role; 3: `files` records every file's size and sha256; 4: a graph's
+# weights in its own external data file (`data_file`)
+# the DrafterRunner call a graph serves (runtime/backends/base.py): fuse_taps, feature_step, block_drafts (its
 # block pass, then its Markov head's bias per position), lm_step
 CALLS = ("fuse", "feature", "block", "markov", "lm")
 EXPORT_FIX = "export the drafter again with `specpress export onnx --drafter DIR --target DIR --out DIR`"
@@ -62,7 +63,8 @@ class GraphRole:
 
 @dataclass(frozen=True)
 class GraphSpec:
-    """One exported graph: its file, its I/O, its own bytes (shared tensors excluded) and its role."""
+    """One exported graph: its file, its I/O, its own bytes (its external data included, shared tensors
+    excluded), its role, and the external data file holding its weights (None: inside the graph, format <= 3)."""
 
     name: str
     file: str
@@ -71,6 +73,7 @@ class GraphSpec:
     bytes: int
     role: GraphRole
     uses_shared: bool = False
+    data_file: str | None = None
 
     def input_names(self) -> list[str]:
         return [t.name for t in self.inputs]
@@ -117,8 +120,9 @@ class ExportManifest:
     files: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # name -> {bytes, sha256} (file_records)
 
     def file_names(self) -> list[str]:
-        """Every file of the export a backend opens: the graphs, then the shared tensors."""
-        return [g.file for g in self.graphs] + ([self.shared_file] if self.shared_file else [])
+        """Every file of the export a backend opens: the graphs and their weights, then the shared tensors."""
+        return [f for g in self.graphs for f in (g.file, g.data_file) if f] + (
+            [self.shared_file] if self.shared_file else [])
 
     @property
     def drafter_bytes(self) -> int:

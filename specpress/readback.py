@@ -121,9 +121,11 @@ def read_json_object(path: str | Path, fix: str = "", *, error: ErrorType = Chec
     return obj
 
 
-def load_torch(path: Path, fix: str, what: str = "checkpoint") -> Any:
-    """`torch.load(path, weights_only=True)` on the CPU; anything it refuses or cannot read is a CheckpointError
-    naming the file and `fix` (a pickle that needs code to load is refused as such: specpress never runs it)."""
+def load_torch(path: Path, fix: str, what: str = "checkpoint", *, mmap: bool = False) -> Any:
+    """`torch.load(path, weights_only=True)` on the CPU (`mmap`: its tensors memory-mapped, not read, when the
+    file is in torch's zip format, the only one torch maps); anything it refuses or cannot read is a
+    CheckpointError naming the file and `fix` (a pickle that needs code to load is refused as such: specpress
+    never runs it)."""
     import pickle
     import zipfile
 
@@ -131,7 +133,7 @@ def load_torch(path: Path, fix: str, what: str = "checkpoint") -> Any:
 
     regular_file(path, CheckpointError, fix)
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap and zipfile.is_zipfile(path))
     except pickle.UnpicklingError as exc:  # torch's weights-only reader refused it: code, or not a pickle at all
         found = re.search(r"Unsupported (global|operand)[^\n]*", str(exc))
         detail = f" ({found.group(0).strip().rstrip('.')})" if found else ""

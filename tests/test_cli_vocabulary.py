@@ -68,6 +68,21 @@ def test_json_means_one_thing_in_bench_and_inspect(saved, tmp_path):
     assert run_main("inspect", ddir, "--json", info, "--force").exit_code == 0
 
 
+def test_json_means_one_thing_in_plan(saved, tmp_path):
+    """plan's --json as bench's: FILE, or bare (also written before the planned command line) printing only
+    the JSON object on stdout."""
+    tdir, ddir, prompts = saved
+    cmd = ["bench", "--target", tdir, "--drafter", ddir, "--prompts", prompts, "--max-new-tokens", "4"]
+    out = tmp_path / "plan.json"
+    forms = [run_main("plan", "--json", out, *cmd), run_main("plan", "--json", *cmd),
+             run_main("plan", "--json", "-", *cmd)]
+    assert all(r.exit_code == 0 for r in forms), [r.stderr for r in forms]
+    objects = [json.loads(out.read_text())] + [json.loads(r.stdout) for r in forms[1:]]
+    assert len({json.dumps(o["phases"], sort_keys=True) for o in objects}) == 1 and objects[0]["command"] == "bench"
+    assert "peak about" in forms[0].stdout  # with a FILE the plan is shown too
+    assert run_main("plan", "--json", out, *cmd).exit_code == 1  # an existing FILE needs --force
+
+
 def test_prompts_command_writes_what_bench_reads(saved, tmp_path):
     from specpress.models.tokenizer import load_tokenizer
     from specpress.runtime.heldout import heldout_code_prompts

@@ -124,6 +124,7 @@ def cases(root, tdir, data, drafter, prompts, out):
         "run": ["run", "--target", tdir, "--drafter", drafter, "--prompt", "def", "--max-new-tokens", "4",
                 "--backend", "onnxruntime"],
         "inspect": ["inspect", drafter],
+        "plan": ["plan", "--json", out, "export", "onnx", "--drafter", drafter, "--target", tdir, "--out", export],
         "prompts": ["prompts", "--target", tdir, "--out", out, "--n", "2", "--tokens", "8"],
         "sweep": ["sweep", recipe, "--out", out],
         "zoo build": None,  # tests/zoo builds a tiny zoo through build_zoo; see test_zoo_build_writes_only_its_out
@@ -150,7 +151,7 @@ def test_every_command_is_audited(inputs, tmp_path):
 
 
 ORDER = ["export onnx", "export trt", "export target", "export hf", "quantize", "prune", "distill", "regenerate",
-         "bench", "run", "inspect", "prompts", "sweep"]
+         "bench", "run", "inspect", "plan", "prompts", "sweep"]
 
 
 @pytest.mark.parametrize("name", ORDER)

@@ -15,7 +15,13 @@ TEMPERATURE = click.option("--temperature", type=click.FloatRange(min=0.0), defa
 TOP_K = click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off.")
 TOP_P = click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0, show_default=True)
 SEED = click.option("--seed", type=int, default=0, show_default=True, help="Seed for sampling.")
-DTYPE = click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32", show_default=True)
+DTYPE = click.option("--dtype", "--target-dtype", "dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32",
+                     show_default=True,
+                     help="Dtype the target is loaded in (once, memory-mapped when stored in it). fp32 by default: "
+                          "the lossless reference, every speculative output equal to plain greedy decoding; bf16 "
+                          "halves the target's memory (an 8B target: 16 GB instead of 32) and may differ from plain "
+                          "decoding at ties of the bf16 logits. --target-dtype is the same option (its name in the "
+                          "commands that also have an output dtype).")
 TARGET = click.option("--target", "target_dir", required=True, type=click.Path(path_type=Path),
                       help="Target model directory (HF format: config.json + model.safetensors).")
 DRAFTER = click.option("--drafter", "drafter_dir", type=click.Path(path_type=Path), default=None,
@@ -62,7 +68,8 @@ def loop_target(target_backend: str, target, target_dir: Path, dtype: str, compi
 
     if compile_target and target_backend != "torch":
         raise UsageError(f"--compile-target compiles the torch target; drop it with --target-backend {target_backend}")
-    return load_target_runner(target_backend, target_input(target_backend, target_dir, dtype, progress=warn), target)
+    return load_target_runner(target_backend, target_input(target_backend, target_dir, dtype, progress=warn,
+                                                          target=target), target)
 
 
 def check_drafter_dir(backend: str, drafter_dir: Path | None, flag: str = "--drafter") -> None:
@@ -90,12 +97,13 @@ def check_compile(compile_drafter: bool, drafter_dir: Path | None, backend: str 
 def load_drafter_runner(backend: str, drafter_dir: Path, target, *, strict: bool, warn, compile_drafter: bool,
                         target_dir: Path):
     """The --drafter directory as the --backend registry entry runs it, on the target's device. A drafter
-    artifact given to a backend that reads ONNX is exported first (once, cached; specpress.export.ondemand)."""
+    artifact given to a backend that reads ONNX is exported first (once, cached; specpress.export.ondemand),
+    with the target already loaded (never a second copy)."""
     from specpress.export.ondemand import runner_input
     from specpress.runtime.backends import load_runner
 
     opts = {"compile": True} if compile_drafter else {}
-    return load_runner(backend, runner_input(backend, drafter_dir, target_dir, progress=warn), target,
+    return load_runner(backend, runner_input(backend, drafter_dir, target_dir, progress=warn, target=target), target,
                        target.lm_head.weight.device, strict=strict, warn=warn, **opts)
 
 
@@ -104,6 +112,7 @@ def DECODING(fn):  # noqa: N802 - used as a decorator like the option constants 
     for option in (DTYPE, SEED, TOP_P, TOP_K, TEMPERATURE, POLICY):
         fn = option(fn)
     return fn
+
 
 @click.command()
 @TARGET
@@ -268,7 +277,7 @@ def _bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_n
     from specpress.runtime.compile import compile_target as compile_target_fn
     from specpress.runtime.policy import parse_policy
     from specpress.runtime.sampling import SamplingParams
-    from specpress.ticker import bar_columns
+    from specpress.ticker import LogTicker, bar_columns
 
     console = Console(stderr=True)
     target, prompts = load_bench_inputs(target_dir, prompts_file, dtype, max_new_tokens)
@@ -297,12 +306,18 @@ def _bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_n
     compiled = [(flag, what) for flag, what, on in (("--compile", "the drafter", compile_drafter),
                                                     ("--compile-target", "the target", compile_target)) if on]
     meter = LoadMeter()  # other processes' share of our cores while timing (a warning when they compete)
-    with Progress(*bar_columns(), console=console, transient=True) as progress, compile_errors(
+    label = "decoding" if drafter is None else f"decoding ({pol}) + baseline"
+    ticker = LogTicker(console, label, len(prompts))  # plain lines when stderr is a log file
+
+    with Progress(*bar_columns(eta=True), console=console, transient=True) as progress, compile_errors(
             bool(compiled), " or ".join(w for _, w in compiled), " / ".join(f for f, _ in compiled)):
-        task = progress.add_task("decoding" if drafter is None else f"decoding ({pol}) + baseline",
-                                 total=len(prompts))
-        kw = dict(params=SamplingParams(temperature, top_k, top_p), seed=seed, config=config,
-                  on_prompt=lambda i: progress.advance(task))
+        task = progress.add_task(label, total=len(prompts))
+
+        def on_prompt(i: int) -> None:
+            progress.advance(task)
+            ticker.tick(i + 1, "prompts")
+
+        kw = dict(params=SamplingParams(temperature, top_k, top_p), seed=seed, config=config, on_prompt=on_prompt)
         if drafter is None:
             result = bench_plain(verifier, prompts, max_new_tokens, warmup_prompts=warmup if compile_target else 0,
                                  **kw)
@@ -337,16 +352,16 @@ def report(console, result: dict, n_prompts: int, pol) -> None:
     n_tok = sum(len(o) for o in result["outputs"])
     if pol is None:
         console.print(f"{n_prompts} prompts, {n_tok} tokens, {result['tokens_per_s']:.1f} tok/s "
-                      f"(median step {result['verify_ms']:.2f} ms), plain decoding")
+                      f"(median step {result['verify_ms']:.2f} ms), plain decoding", markup=False)
         return
-    ar = " ".join(f"{a:.2f}" for a in result["ar"][:8])
+    ar = " ".join(f"{a:.2f}" for a in result["ar"][:8]) or "- (no draft token was accepted)"
     lossless = result["lossless_mismatches"]
     console.print(f"{n_prompts} prompts, {n_tok} tokens, {pol}: tau {result['tau']:.2f}, AR[k] {ar}; "
                   f"{result['tokens_per_s']:.1f} tok/s vs plain {result['baseline_tokens_per_s']:.1f} "
                   f"(speedup {result['speedup']:.2f}x); round ms draft {result['draft_ms']:.2f} / verify "
                   f"{result['verify_ms']:.2f} / other {result['other_ms']:.2f}; loop overhead "
                   f"{100 * result['overhead_fraction']:.0f}%"
-                  + ("" if lossless is None else f"; lossless mismatches {lossless}"))
+                  + ("" if lossless is None else f"; lossless mismatches {lossless}"), markup=False)
     if result.get("eval_coverage") is not None:
         cal = result.get("calibration_coverage")
         console.print(f"draft vocabulary covers {100 * result['eval_coverage']:.1f} % of the emitted tokens"
@@ -358,4 +373,4 @@ def report(console, result: dict, n_prompts: int, pol) -> None:
                       f"{c['base_draft_forward_ms_median']:.2f} ({c['draft_forward_ms_ratio']:.2f}x), round ms "
                       f"{c['round_ms_median']:.2f} vs {c['base_round_ms_median']:.2f} ({c['round_ms_ratio']:.2f}x)"
                       + ("" if c["lossless_mismatches"] is None else
-                         f"; lossless mismatches {c['lossless_mismatches']}"))
+                         f"; lossless mismatches {c['lossless_mismatches']}"), markup=False)

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from specpress.commands.options import target_dtype as target_dtype_option
+
 
 def _int_list(value: str | None, flag: str) -> tuple[int, ...] | None:
     """'2,4,7' -> (2, 4, 7); a clear error for anything else."""
@@ -78,21 +80,23 @@ FAMILIES_HELP = "eagle, eagle3, mtp, dflash, lm"
 @click.option("--checkpoint-minutes", type=click.FloatRange(min=0), default=2.0, show_default=True)
 @click.option("--dtype", type=click.Choice(["bf16", "fp32"]), default="bf16", show_default=True,
               help="Dtype of the target's and the student's forwards: bf16 runs them under bfloat16 autocast (about "
-                   "2x faster on CPUs with AMX / AVX512-BF16); losses, optimizer and weights stay fp32 either way.")
+                   "2x faster on CPUs with AMX / AVX512-BF16); losses, optimizer and weights stay fp32 either way (the "
+                   "target's weights are held in --target-dtype).")
 @click.option("--bf16/--fp32", "legacy_bf16", default=None, hidden=True, help="Deprecated spelling of --dtype.")
 @click.option("--compile", "compile_teacher", is_flag=True,
               help="Run the target's teacher forward through torch.compile (Inductor, fixed shapes): on the zoo "
                    "target's CPU 42-45 -> 28-31 ms a step, after 15-25 s of compiling (counted by --minutes).")
 @click.option("--cache-teacher", "cache_dir", type=click.Path(path_type=Path),
               help="Cache the target's signals here (memory-mapped) and reuse them in later runs.")
+@target_dtype_option("bf16", "The teacher's signals come out in it (an eagle3 student's loss keeps only its draft "
+                             "vocabulary's logits) and the student's loss is computed in fp32 either way.")
 def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: int | None, minutes: float | None,
             from_dir: Path | None, init_dir: Path | None, resume: bool, force: bool, seed: int, lr: float | None,
             optimizer: str | None, batch: int, seq_len: int, hidden: int | None, layers: int | None, ffn: int | None,
             heads: int | None, kv_heads: int | None, draft_vocab: int | None, taps: tuple[int, ...] | None,
             ttt_steps: int | None, block_size: int, anchors: int, gamma: float | None, markov_rank: int | None,
             mask_token_id: int | None, labels: str, tv_weight: float, checkpoint_minutes: float, dtype: str,
-            legacy_bf16: bool | None,
-            compile_teacher: bool, cache_dir: Path | None) -> None:
+            legacy_bf16: bool | None, compile_teacher: bool, cache_dir: Path | None, target_dtype: str) -> None:
     """Train a drafter against a target (or shrink a --from drafter, or fine-tune an --init one) and write it
     to --out.
 
@@ -174,7 +178,8 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
                 check_not_quantized(d, flag)
         try:
             report = distill_from_dirs(target_dir, config, data_path, out, from_dir=from_dir, init_dir=init_dir,
-                                       resume=resume, force=force, cache_dir=cache_dir, progress=True)
+                                       resume=resume, force=force, cache_dir=cache_dir, progress=True,
+                                       target_dtype=target_dtype)
         except KeyboardInterrupt:
             assert claim.partial is not None
             raise interrupted(claim.partial, distill_saved(claim.partial)) from None

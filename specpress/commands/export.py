@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from specpress.commands import export_hf, export_trt
+from specpress.commands.options import target_dtype
 
 
 @click.group()
@@ -35,9 +36,12 @@ def export() -> None:
                    "faster there), or DequantizeLinear + MatMul for all (TensorRT).")
 @click.option("--accuracy-level", type=click.IntRange(0, 4), default=0, show_default=True,
               help="MatMulNBits activations: 0 = fp32 (drafts what torch drafts), 4 = int8 (faster CPU kernels).")
+@target_dtype("auto", "The target provides the shared embeddings/head, written in --dtype from the values it holds "
+                      "(auto: as stored, never rounded first; a real checkpoint is stored in bf16), and verifies the "
+                      "validation rounds.")
 @click.option("--force", is_flag=True, help="Replace an existing --out.")
 def onnx(drafter_dir: Path, target_dir: Path, out: Path, attention: str, opset: int | None, dtype: str,
-         quant_format: str, accuracy_level: int, force: bool) -> None:
+         quant_format: str, accuracy_level: int, target_dtype: str, force: bool) -> None:
     """Export a drafter to ONNX graphs + manifest.json, validated against torch.
 
     One graph per computation the runtime calls (the drafting step with past K/V in and present K/V
@@ -45,6 +49,11 @@ def onnx(drafter_dir: Path, target_dir: Path, out: Path, attention: str, opset: 
     onnxruntime against the torch drafter on random inputs, then on real drafting rounds (the family's
     default policy, greedy, prompts the target writes itself) in which the onnxruntime backend must draft
     what the torch drafter drafts, near ties aside; over tolerance nothing is written.
+
+    Weights go to external data beside each graph (`<graph>.onnx.data`, and the target's shared tensors
+    in target_shared.bin), streamed as the graph is built: a drafter of any size exports (one ONNX file
+    cannot exceed 2 GB), and memory holds the target in --target-dtype, the drafter and one validation
+    session's mapped weights (`specpress plan export onnx ...` says how much before you start).
 
     \b
     Example:
@@ -59,7 +68,7 @@ def onnx(drafter_dir: Path, target_dir: Path, out: Path, attention: str, opset: 
     with claim_output(out, force=force, inputs={"--drafter": drafter_dir, "--target": target_dir}):
         rep = export_from_dirs(drafter_dir, target_dir, out, options,
                                progress=lambda s: click.echo(f"  {s}", err=True),
-                               warn=lambda s: click.echo(s, err=True))
+                               warn=lambda s: click.echo(s, err=True), target_dtype=target_dtype, bar=True)
     own = sum(rep.graphs.values())
     click.echo(f"exported {len(rep.graphs)} graph(s) -> {rep.out}  ({rep.seconds:.1f} s, attention {attention}, "
                f"{dtype})")
@@ -95,6 +104,10 @@ def target(target_dir: Path, out: Path, dtype: str, force: bool) -> None:
     any drafter's taps. It is checked on random inputs, then by greedy decoding through onnxruntime
     against the torch target; over tolerance nothing is written. `bench --target-backend onnxruntime`
     runs the whole loop in onnxruntime with it (exported on demand when not given).
+
+    The target is loaded once, in --dtype itself (the validation's reference: fp32 is the lossless one),
+    its weights stream into target.onnx.data as the graph is built, and the torch target is released
+    before onnxruntime maps them, so the peak is about one target in --dtype.
 
     \b
     Example:

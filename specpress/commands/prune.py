@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from specpress.commands.options import target_dtype as target_dtype_option
+
 
 class KeepCount(click.ParamType):
     """A count to keep (an integer >= 1); a share 0 < R < 1 is read too, as the deprecated spelling."""
@@ -77,18 +79,24 @@ class KeepCount(click.ParamType):
 @click.option("--calib-batches", type=click.IntRange(min=1), default=2, show_default=True,
               help="Calibration batches for activation / kl importance.")
 @click.option("--vocab-tokens", type=click.IntRange(min=1),  # default: PruneConfig's (it imports torch)
-              help="Tokens --vocab counts (target predictions or data tokens) to rank the vocabulary.  "
-                   "[default: 262144]")
+              help="Tokens --vocab counts (target predictions or data tokens) to rank the vocabulary: one target "
+                   "forward per --batch x --seq-len of them (256 at the defaults; ~10 s on the zoo target, about an "
+                   "hour for a 1B target on 2 CPU cores).  [default: 262144]")
+@click.option("--vocab-minutes", type=click.FloatRange(min=0, min_open=True),
+              help="Time budget of that counting: it stops at whichever of --vocab-tokens or this comes first, and "
+                   "the step records how many tokens it counted (`specpress plan` estimates the forwards' time).  "
+                   "[default: 10]")
 @click.option("--kl-group", type=click.IntRange(min=1), default=8, show_default=True,
               help="FFN channels scored together by kl.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@target_dtype_option("bf16", "With --target: its signals rank the vocabulary and score the units.")
 @click.option("--force", is_flag=True, help="Replace an existing --out.")
 def prune(drafter_dir: Path, out: Path, ffn: int | float | None, kv_heads: int | None, layers: int | None,
           vocab: int | None, heads: float | None, head_rank: int | None, head_init: str, share_head: bool,
           importance: str, vocab_source: str, target_dir: Path | None, data_path: Path | None,
           continuation_tokens: int | None, recover_steps: int, recover_lr: float, batch: int, seq_len: int,
-          calib_batches: int, vocab_tokens: int | None, kl_group: int,
-          seed: int, force: bool) -> None:
+          calib_batches: int, vocab_tokens: int | None, vocab_minutes: float | None, kl_group: int,
+          seed: int, target_dtype: str, force: bool) -> None:
     """Remove FFN channels, KV groups, layers or draft-vocabulary tokens, or shrink the draft head: a smaller drafter.
 
     Every size option says what stays, as the pruned drafter's config will (distill's student options
@@ -100,9 +108,11 @@ def prune(drafter_dir: Path, out: Path, ffn: int | float | None, kv_heads: int |
     against the target, as `specpress distill` does.
 
     --vocab (EAGLE-3) rebuilds lm_head, d2t and t2d for the tokens the target predicts most often on
-    --data, counted over --vocab-tokens predictions. Rank on enough of them: on the zoo target a
-    quarter of the vocabulary ranked on 2,048 predictions kept 94.5 % of tau, ranked on 262,144 (the
-    default, ~10 s of target forwards) 102.7 % (recorded in BENCHMARKS.md at b5bd58d, 2026-11-29).
+    --data, counted over --vocab-tokens predictions or --vocab-minutes of target forwards, whichever
+    ends first. Rank on enough of them: on the zoo target a quarter of the vocabulary ranked on 2,048
+    predictions kept 94.5 % of tau, ranked on 262,144 (the default, ~10 s of target forwards) 102.7 %
+    (recorded in BENCHMARKS.md at b5bd58d, 2026-11-29). A large target reaches the time budget first: the
+    summary says how many it counted; give more minutes (or a GPU) to rank on more.
 
     Rank on data that looks like your traffic: a vocabulary ranked on one kind of text covers another
     worse, and tau falls with it (`bench` reports eval_coverage beside the calibration coverage recorded
@@ -146,7 +156,8 @@ def prune(drafter_dir: Path, out: Path, ffn: int | float | None, kv_heads: int |
                          head_init=head_init, share_head=share_head, importance=importance,
                          vocab_source=vocab_source, kl_group=kl_group, batch=batch, seq_len=seq_len,
                          calib_batches=calib_batches, seed=seed, recover_steps=recover_steps, recover_lr=recover_lr,
-                         **({} if vocab_tokens is None else {"vocab_tokens": vocab_tokens}))
+                         **({} if vocab_tokens is None else {"vocab_tokens": vocab_tokens}),
+                         **({} if vocab_minutes is None else {"vocab_minutes": vocab_minutes}))
     out = out.expanduser()
     if data_path is not None and target_dir is None:
         raise UsageError("--data needs --target DIR: its tokenizer encodes the data")
@@ -165,7 +176,7 @@ def prune(drafter_dir: Path, out: Path, ffn: int | float | None, kv_heads: int |
             check_seq_len(target_dir, seq_len, batch, training=recover_steps > 0)
         if data_path is not None:
             check_data(data_path)  # a device, a FIFO or more text than memory: refused before loading
-        target = load_target(target_dir) if target_dir is not None else None
+        target = load_target(target_dir, dtype=target_dtype) if target_dir is not None else None
         stream, extra = None, {}
         if data_path is not None:
             assert target is not None and target_dir is not None

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from specpress.commands.options import target_dtype as target_dtype_option
 from specpress.models.quantized.names import METHOD_WORDS, SCHEME_WORDS, schemes_help
 
 
@@ -88,22 +89,26 @@ def allocation_line(a: dict) -> str:
               type=click.Choice(["auto", "bfloat16", "float16", "float32", "bf16", "fp16", "fp32"]),
               help="Deprecated spelling of --dtype.")
 @click.option("--force", is_flag=True, help="Replace an existing --out.")
-@click.option("--calib-batches", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Calibration batches (gptq).")
+@click.option("--calib-batches", type=click.IntRange(min=1),
+              help="Calibration batches of --batch x --seq-len windows. GPTQ needs about twice as many input rows as "
+                   "the widest Linear it quantizes has inputs, or its codes fit the calibration windows: its "
+                   "default takes that many (36 for a Llama-3.2-1B EAGLE-3 drafter, 62 at 8B; each is a calibration "
+                   "pass over the target), other methods 8.  [default: 8, or what GPTQ needs]")
 @click.option("--batch", type=click.IntRange(min=1), default=4, show_default=True, help="Windows per batch.")
 @click.option("--seq-len", type=click.IntRange(min=4), default=128, show_default=True, help="Tokens per window.")
 @click.option("--eval-batches", type=click.IntRange(min=1), default=4, show_default=True,
               help="Batches for the before/after agreement.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@target_dtype_option("bf16", "With --target: calibration and the before/after agreement run on its signals.")
 def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, group_size: int | None,
              symmetric: bool | None, activations: str | None, act_calibration: str | None, kv_cache: str | None,
              calib_inputs: str,
              include: str | None, exclude: str | None, target_dir: Path | None,
              data_path: Path | None, budget_text: str | None, candidates: str, sensitivity: str | None,
              dequantize_out: bool, dtype: str, legacy_float_dtype: str | None, force: bool,
-             calib_batches: int,
+             calib_batches: int | None,
              batch: int, seq_len: int,
-             eval_batches: int, seed: int) -> None:
+             eval_batches: int, seed: int, target_dtype: str) -> None:
     """Quantize a drafter's Linear weights and report bytes and agreement before / after.
 
     Every Linear of the drafter is quantized except the draft lm_head (unless --include lm_head) and
@@ -206,7 +211,8 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
                                  dequantize_out=dequantize_out, force=force, calib_batches=calib_batches,
                                  batch=batch, seq_len=seq_len, seed=seed, eval_batches=eval_batches,
                                  float_dtype=dtype, calib_inputs=calib_inputs, budget=budget,
-                                 candidates=cands or (), sensitivity=sensitivity)
+                                 candidates=cands or (), sensitivity=sensitivity, target_dtype=target_dtype,
+                                 progress=True)
     s = rep.step
     what = ("mixed: one scheme per Linear" if s["scheme"] == "mixed" else
             f"{config_from_dict(s['config']).storage_label()}, method {s['method']}")

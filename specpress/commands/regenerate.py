@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from specpress.commands.options import target_dtype as target_dtype_option
+
 
 @click.command()
 @click.option("--target", "target_dir", required=True, type=click.Path(path_type=Path),
@@ -29,9 +31,10 @@ import click
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--resume", is_flag=True, help="Continue <out>.partial left by an interrupted run.")
 @click.option("--force", is_flag=True, help="Replace an existing --out (kept until the new file is complete).")
+@target_dtype_option("bf16", "What the target is served in; a --resume must use the dtype the run began with.")
 def regenerate(target_dir: Path, data_path: Path, out: Path, sequences: int, prompt_tokens: int, new_tokens: int,
                batch: int, temperature: float, top_k: int, top_p: float, seed: int, resume: bool,
-               force: bool) -> None:
+               force: bool, target_dtype: str) -> None:
     """Continue prompts from --data with the target itself: distillation data that says what the
     target emits (DFlash and EAGLE-3 train on target-regenerated responses).
 
@@ -76,7 +79,7 @@ def regenerate(target_dir: Path, data_path: Path, out: Path, sequences: int, pro
         check_seq_len(target_dir, prompt_tokens + new_tokens, batch, training=False,
                       what=f"--prompt-tokens {prompt_tokens} + --new-tokens {new_tokens}")
         check_data(data_path)  # a device, a FIFO or more text than memory: refused before loading
-        target = load_target(target_dir)
+        target = load_target(target_dir, dtype=target_dtype)
         tok = load_tokenizer(target_dir)
         stream = data_stream(data_path, tok, target.config.eos_ids, target.config.vocab_size, target_dir)
         console = Console(stderr=True)

@@ -13,7 +13,7 @@ from torch import Tensor
 from specpress.compress.config import DistillConfig
 from specpress.compress.data import WindowSampler
 from specpress.compress.losses import LossContext, LossOut, get_loss
-from specpress.compress.teacher import needed_taps, target_signals
+from specpress.compress.teacher import draft_vocab, needed_taps, target_signals
 from specpress.compress.training import step_generator
 from specpress.models.drafter import Drafter
 from specpress.models.target import TargetModel
@@ -22,7 +22,8 @@ from specpress.models.target import TargetModel
 def batch_loss(target: TargetModel, drafter: Drafter, ids: Tensor, config: DistillConfig, *, step: int = 0,
                teacher: Drafter | None = None, train: bool = False) -> LossOut:
     """The family loss on windows ids [B, T] (random draws from (config.seed, step)); grads not cleared."""
-    batch = target_signals(target, ids.to(target.lm_head.weight.device), needed_taps(drafter, teacher))
+    batch = target_signals(target, ids.to(target.lm_head.weight.device), needed_taps(drafter, teacher),
+                           draft_vocab(drafter))
     ctx = LossContext(drafter, batch, config, step_generator(config.seed, step), teacher, train)
     return get_loss(drafter.family)(ctx)
 

@@ -46,7 +46,7 @@ from specpress.compress.data import WindowSampler
 from specpress.compress.losses import LossContext, LossOut, get_loss, positions_scored
 from specpress.compress.progress import TrainProgress
 from specpress.compress.students import init_student, student_config
-from specpress.compress.teacher import Teacher, needed_taps
+from specpress.compress.teacher import Teacher, draft_vocab, needed_taps
 from specpress.compress.training import (START_OVER, STATE_FILE, all_reduce_mean, data_fingerprint, from_rank0,
                                          load_state, lr_at, lr_at_progress, module_fingerprint, partial_dir, Periodic,
                                          save_state, step_generator, world_info)
@@ -136,6 +136,7 @@ class _Trainer:
         self.dfp = data_fingerprint(data.stream)
         self.key = {"config": config.resume_key(), "student": student.config.to_dict(),
                     "target": target_fingerprint(target.config, target), "data": self.dfp,
+                    "target_dtype": str(target.lm_head.weight.dtype).removeprefix("torch."),
                     "init": module_fingerprint(init) if init is not None else None,
                     "teacher_drafter": module_fingerprint(teacher_drafter) if teacher_drafter is not None else None,
                     "world_size": self.world}
@@ -170,7 +171,7 @@ class _Trainer:
                                {"target": self.key["target"], "data": self.dfp, "seed": config.seed,
                                 "batch": config.batch, "seq_len": config.seq_len, "bf16": config.bf16,
                                 "compile": config.compile},
-                               compile=config.compile)
+                               compile=config.compile, vocab=draft_vocab(student))
 
     def forward_backward(self, s: int, *, update: bool) -> LossOut:
         """Step `s`'s loss on this rank's rows [lo, lo + rows) of the global batch, backpropagated; with
@@ -328,16 +329,18 @@ def split_stream(stream: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarr
 def distill_from_dirs(target_dir: str | Path, config: DistillConfig, data_path: str | Path, out: str | Path, *,
                       from_dir: str | Path | None = None, init_dir: str | Path | None = None,
                       resume: bool = False, force: bool = False,
-                      cache_dir: str | Path | None = None, progress: bool = False) -> DistillReport:
-    """The CLI's path: load the target and its tokenizer, tokenize the data (documents joined by the
-    target's EOS; the last 5% held out for the final agreement), load --from / --init drafters, distill."""
+                      cache_dir: str | Path | None = None, progress: bool = False,
+                      target_dtype: str = "bf16") -> DistillReport:
+    """The CLI's path: load the target (once, in `target_dtype`) and its tokenizer, tokenize the data
+    (documents joined by the target's EOS; the last 5% held out for the final agreement), load --from /
+    --init drafters, distill."""
     from specpress.compress.data import data_stream
     from specpress.models.drafter_io import load_drafter
     from specpress.models.target import load_target
     from specpress.models.tokenizer import load_tokenizer
 
     check_new(out, force)  # before any loading or tokenizing
-    target = load_target(target_dir)
+    target = load_target(target_dir, dtype=target_dtype)
     stream = data_stream(data_path, load_tokenizer(target_dir), target.config.eos_ids, target.config.vocab_size,
                          target_dir)
     if len(stream) < config.seq_len + 1:

@@ -23,6 +23,7 @@ vocabulary, EAGLE-3's: restricted to it and renormalized, as it is trained).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
@@ -34,7 +35,7 @@ from torch import Tensor, nn
 from specpress.compress.data import WindowSampler
 from specpress.compress.losses import TeacherBatch
 from specpress.compress.progress import count_bar
-from specpress.compress.teacher import target_signals
+from specpress.compress.teacher import draft_vocab, head_signals, target_signals
 from specpress.errors import RequestError, UsageError
 from specpress.models.drafter import Drafter, families_phrase, get_family
 from specpress.models.forced import input_features, spaced_anchors
@@ -112,10 +113,13 @@ def calibration_windows(calib: np.ndarray | Tensor, batch: int, seq_len: int, se
     return [sampler.batch_at(i) for i in range(batches)], stream
 
 
-def calibration_signals(target: TargetModel, windows: Sequence[Tensor], taps: Sequence[int]) -> list[TeacherBatch]:
-    """The target's logits / hidden / taps on each window batch [B, T] (computed once, reused by every pass)."""
+def calibration_signals(target: TargetModel, windows: Sequence[Tensor], taps: Sequence[int],
+                        drafter: Drafter | None = None) -> list[TeacherBatch]:
+    """The target's logits / hidden / taps on each window batch [B, T] (computed once, reused by every pass);
+    for a drafter with a reduced draft vocabulary, only its columns (and the full-vocabulary argmax)."""
     dev = target.lm_head.weight.device
-    return [target_signals(target, w.to(dev), tuple(taps)) for w in windows]
+    vocab = draft_vocab(drafter)
+    return [target_signals(target, w.to(dev), tuple(taps), vocab) for w in windows]
 
 
 def draft_steps(d: Drafter, steps: int | None) -> int:
@@ -140,11 +144,13 @@ def make_probes(d: Drafter, signals: Sequence[TeacherBatch], steps: int | None =
 
 
 def _probe(d: Drafter, s: TeacherBatch, k: int) -> Probe:
-    ids, z = s.ids, s.logits.float()
+    ids = s.ids
     b, t = ids.shape
     kind = get_family(d.family).loss
+    reduced = get_family(d.family).draft_vocab == "reduced"
+    z = s.columns(draft_vocab_ids(d)) if reduced else s.logits  # the columns the loss reads, in the target's dtype
     if kind == "lm":
-        return Probe(ids, None, F.log_softmax(z, -1), z.argmax(-1))
+        return Probe(ids, None, F.log_softmax(z.float(), -1), z.argmax(-1))
     if kind == "block":
         bk = d.config.block_size
         if t - bk < 1:
@@ -153,17 +159,16 @@ def _probe(d: Drafter, s: TeacherBatch, k: int) -> Probe:
         anchors = spaced_anchors(b, t, bk, ids.device)
         src = anchors[0, :, None] + torch.arange(bk - 1, device=ids.device)  # slot k drafts a+k ~ z_{a+k-1}
         ref = z[:, src]  # [B, N, Bk-1, V]
-        return Probe(ids, d.fuse_taps(s.taps), F.log_softmax(ref, -1), ref.argmax(-1), anchors=anchors)
+        return Probe(ids, d.fuse_taps(s.taps), F.log_softmax(ref.float(), -1), ref.argmax(-1), anchors=anchors)
     n = t - k - 1
     if n < 1:
         raise RequestError(f"calibration windows of {t} tokens are too short for {k} draft steps; "
                            f"use --seq-len >= {k + 2}")
     first = input_features(d, s.hidden, s.taps)
     ref = torch.stack([z[:, 1 + i:1 + i + n] for i in range(k)], dim=2)  # [B, n, K, V]: step i drafts x_{j+2+i}
-    ref_ids = ref.argmax(-1)
-    if get_family(d.family).draft_vocab == "reduced":
-        ref = ref[..., draft_vocab_ids(d)]
-    return Probe(ids, first[:, :n], F.log_softmax(ref, -1), ref_ids, k, span=n)
+    top = s.ref_ids()  # the target's argmax over its whole vocabulary
+    ref_ids = torch.stack([top[:, 1 + i:1 + i + n] for i in range(k)], dim=2)
+    return Probe(ids, first[:, :n], F.log_softmax(ref.float(), -1), ref_ids, k, span=n)
 
 
 def drafter_logits(d: Drafter, probe: Probe, copies: int = 1) -> Tensor:
@@ -367,7 +372,8 @@ def lowest(score: Tensor, k: int, tiebreak: Tensor | None = None) -> list[int]:
 
 
 def vocab_count_stream(source: str, target: TargetModel | None, calib: np.ndarray | Tensor, batch: int,
-                       seq_len: int, seed: int, n_tokens: int, *, progress: bool = False) -> np.ndarray:
+                       seq_len: int, seed: int, n_tokens: int, *, progress: bool = False,
+                       minutes: float | None = None) -> np.ndarray:
     """The tokens whose frequency picks a draft vocabulary: "target" = the target's greedy next-token
     predictions (what a drafter must propose to be accepted at T=0), "data" = the data's own tokens.
 
@@ -376,7 +382,9 @@ def vocab_count_stream(source: str, target: TargetModel | None, calib: np.ndarra
     [N, T]. A frequency ranking needs far more tokens than importance scoring: a 4096-token vocabulary cut to
     1024 covered 92.6 % of the zoo target's held-out greedy output when counted on 2k predictions, 97.9 %
     on 131k (recorded in BENCHMARKS.md at b5bd58d). On CPU an fp32 target predicts under bf16 autocast (a
-    near-tie may rank differently; the counts barely move). progress: a transient bar on stderr over the target's forwards.
+    near-tie may rank differently; the counts barely move). progress: a transient bar on stderr over the
+    target's forwards. minutes: a time budget for the target's forwards: counting stops after the first
+    forward that ends past it (at least one runs), so the count is what the time allowed.
     """
     if isinstance(calib, Tensor) and calib.dim() == 2:
         windows = list(calib.long().cpu().split(batch))
@@ -391,10 +399,13 @@ def vocab_count_stream(source: str, target: TargetModel | None, calib: np.ndarra
     dev = target.lm_head.weight.device
     cpu_fp32 = dev.type == "cpu" and target.lm_head.weight.dtype == torch.float32
     parts: list[Tensor] = []
+    t0 = time.monotonic()
     with count_bar(progress, "draft vocabulary: target predictions", len(windows)) as advance, torch.inference_mode(), \
             torch.autocast("cpu", dtype=torch.bfloat16, enabled=cpu_fp32):
-        for w in windows:
-            parts.append(target(w.to(dev)).logits.argmax(-1).flatten().cpu())  # type: ignore[union-attr]
+        for w in windows:  # the argmax a block of positions at a time: the [B, T, V] logits are never made
+            parts.append(head_signals(target.lm_head, target(w.to(dev), logits="none").hidden, None)[1].flatten().cpu())
             advance()
+            if minutes is not None and time.monotonic() - t0 > 60 * minutes:
+                break
     return torch.cat(parts).numpy()
 

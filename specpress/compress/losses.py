@@ -33,7 +33,7 @@ is reported as KL(p || q) itself.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -54,12 +54,32 @@ if TYPE_CHECKING:
 
 @dataclass
 class TeacherBatch:
-    """The target's signals on one batch of windows (computed under no_grad)."""
+    """The target's signals on one batch of windows (computed under no_grad). The logits are in the target's
+    dtype (bf16 under the default --target-dtype): a loss converts what it reads to fp32. For a drafter with a
+    reduced draft vocabulary they may hold only those columns (`vocab`: their target ids, ascending) with the
+    full-vocabulary argmax beside them (`top1`): the [B, T, V] logits are then never made (teacher.py)."""
 
     ids: Tensor  # [B, T] token windows
-    logits: Tensor  # [B, T, V] target logits (z_j predicts ids[:, j+1])
+    logits: Tensor  # [B, T, V] target logits (z_j predicts ids[:, j+1]); [B, T, len(vocab)] with `vocab`
     hidden: Tensor  # [B, T, H] target final normed hidden
     taps: dict[int, Tensor]  # HF hidden_states index -> [B, T, H]
+    top1: Tensor | None = None  # [B, T] the target's argmax over its whole vocabulary (given with `vocab`)
+    vocab: Tensor | None = None  # [Vk] ascending target ids of the columns `logits` holds (None: all of them)
+
+    def ref_ids(self) -> Tensor:
+        """[B, T] the target's argmax over its whole vocabulary."""
+        return self.top1 if self.top1 is not None else top1(self.logits)
+
+    def columns(self, ids: Tensor) -> Tensor:
+        """[B, T, len(ids)] the logits of target ids `ids` (in the target's dtype); with a restricted batch,
+        `ids` must be among its `vocab` (a pruned draft vocabulary is a subset of the one it was cut from)."""
+        if self.vocab is None:
+            return self.logits[..., ids]
+        pos = torch.searchsorted(self.vocab, ids).clamp(max=self.vocab.numel() - 1)
+        if not torch.equal(self.vocab[pos], ids):
+            raise RequestError("the teacher's logits were kept for another draft vocabulary than this drafter's; "
+                             "compute them for its vocabulary (target_signals(..., vocab=...))")
+        return self.logits[..., pos]
 
 
 @dataclass
@@ -91,6 +111,31 @@ class LossOut:
 def soft_ce(logits: Tensor, probs: Tensor) -> Tensor:
     """-sum_v p log q per position: logits / probs [..., V] -> [...]."""
     return -(probs * F.log_softmax(logits.float(), dim=-1)).sum(-1)
+
+
+class _SoftCE(torch.autograd.Function):
+    """-sum_v softmax(target)_v log softmax(logits)_v per position, computed in fp32, keeping for backward
+    only its two inputs (the student's logits in their dtype, and the teacher's, which the batch holds
+    anyway); the gradient softmax(logits) - softmax(target) is recomputed there. Autograd through soft_ce
+    keeps the fp32 softmax and log-softmax of every unrolled step instead: ~20 bytes a logit, 2.3 GB for an
+    EAGLE-3 drafter's 3 steps over [8, 124, 32000] (plan's measured figure), against 2 here."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: Tensor, target_logits: Tensor) -> Tensor:
+        ctx.save_for_backward(logits, target_logits)
+        p = F.softmax(target_logits.float(), dim=-1)
+        return -(p * F.log_softmax(logits.float(), dim=-1)).sum(-1)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        logits, target_logits = ctx.saved_tensors
+        d = F.softmax(logits.float(), dim=-1) - F.softmax(target_logits.float(), dim=-1)  # (sum_v p_v = 1)
+        return (d * grad.float()[..., None]).to(logits.dtype), None
+
+
+def soft_ce_logits(logits: Tensor, target_logits: Tensor) -> Tensor:
+    """soft_ce(logits, softmax(target_logits)) with a fraction of its memory ([..., V] -> [...]): _SoftCE."""
+    return _SoftCE.apply(logits, target_logits.detach())
 
 
 def kl(teacher_logits: Tensor, student_logits: Tensor) -> Tensor:
@@ -157,23 +202,25 @@ def chain_loss(ctx: LossContext) -> LossOut:
                                         steps=k, span=n).steps
     reduced = fam.draft_vocab == "reduced"
     vocab = _draft_vocab(s) if reduced else None
+    draft_z = b.columns(vocab) if vocab is not None else None  # [B, T, Vd]: the draft vocabulary's columns only
+    refs = b.ref_ids()  # [B, T] the target's argmax over its whole vocabulary
     feature_loss = fam.distill.feature_regression
-    total = b.logits.new_zeros(())
+    total = b.hidden.new_zeros((), dtype=torch.float32)
     hits, counts = torch.zeros(k), torch.zeros(k)
     parts: dict[str, float] = {}
     for i, (logits, g) in enumerate(outs):
-        z = b.logits[:, 1 + i:1 + i + n].float()  # target distribution of the token this step drafts
-        ref = top1(z)
+        ref = refs[:, 1 + i:1 + i + n]  # the target's top-1 of the token this step drafts
         w = cfg.step_decay ** i if fam.distill.step_weights == "decay" else 1.0 / k
-        if vocab is not None:
-            p = F.softmax(z[..., vocab], dim=-1)  # restricted to the draft vocab, renormalized
+        if draft_z is not None:
+            assert vocab is not None
+            # the draft vocabulary's logits, taken before any softmax: restricted, renormalized, fp32
             inside = s.t2d[ref]  # type: ignore[index]
-            step_loss = (soft_ce(logits, p) * inside).mean()
+            step_loss = (soft_ce_logits(logits, draft_z[:, 1 + i:1 + i + n]) * inside).mean()
             pred = vocab[top1(logits)]
         elif feature_loss:
             assert g is not None
             feat = F.smooth_l1_loss(g.float(), b.hidden[:, 1 + i:1 + i + n].float())
-            ce = soft_ce(logits, F.softmax(z, dim=-1)).mean()
+            ce = soft_ce_logits(logits, b.logits[:, 1 + i:1 + i + n]).mean()  # the drafted token's distribution
             step_loss = cfg.feature_weight * feat + cfg.ce_weight * ce
             parts[f"feature{i}"] = float(feat.detach())
             pred = top1(logits)
@@ -181,7 +228,7 @@ def chain_loss(ctx: LossContext) -> LossOut:
             if cfg.labels == "data":
                 step_loss = F.cross_entropy(logits.float().flatten(0, 1), b.ids[:, 2 + i:2 + i + n].flatten())
             else:
-                step_loss = soft_ce(logits, F.softmax(z, dim=-1)).mean()
+                step_loss = soft_ce_logits(logits, b.logits[:, 1 + i:1 + i + n]).mean()
             pred = top1(logits)
         if t_outs is not None:
             tl = t_outs[i][0]
@@ -243,18 +290,17 @@ def dflash_loss(ctx: LossContext) -> LossOut:
     src = (anchors[..., None] + torch.arange(bk - 1, device=anchors.device))  # [B, N, Bk-1] = a+k-1
     # rows by indexing, not gather with a vocabulary-wide index: [8, 112] rows of 4096 here, 0.8 vs 2.1 ms on CPU
     rows = torch.arange(bsz, device=src.device)[:, None]
-    z = b.logits[rows, src.flatten(1)].view(bsz, -1, bk - 1, b.logits.shape[-1]).float()
+    z = b.logits[rows, src.flatten(1)].view(bsz, -1, bk - 1, b.logits.shape[-1])  # in the target's dtype
     # a Markov head sees the true token before each position (teacher forcing): ids[a+k-1]
     prev = b.ids.gather(1, src.flatten(1)).view_as(src)
     q = s.with_markov(logits, prev)
-    p_target = F.softmax(z, dim=-1) if cfg.labels == "target" or cfg.tv_weight else None
     if cfg.labels == "data":
         lab = b.ids.gather(1, (src + 1).flatten(1)).view_as(src)
         per = F.cross_entropy(q.float().flatten(0, 2), lab.flatten(), reduction="none").view_as(src)
     else:
-        per = soft_ce(q, p_target)
+        per = soft_ce_logits(q, z)
     if cfg.tv_weight:  # DSpark's loss: CE mixed with the L1 distance of the distributions (2 x total variation)
-        tv = (F.softmax(q.float(), dim=-1) - p_target).abs().sum(-1)
+        tv = (F.softmax(q.float(), dim=-1) - F.softmax(z.float(), dim=-1)).abs().sum(-1)
         per = (1 - cfg.tv_weight) * per + cfg.tv_weight * tv
     gamma = cfg.gamma if cfg.gamma is not None else dflash_gamma(bk)
     w = torch.exp(-torch.arange(bk - 1, dtype=torch.float32, device=q.device) / gamma)  # k = 1.. -> e^{-(k-1)/g}
@@ -309,4 +355,5 @@ def positions_scored(config: "DistillConfig", drafter: Drafter) -> int:
 
 
 __all__ = ["TeacherBatch", "LossContext", "LossOut", "chain_loss", "dflash_loss", "lm_loss", "dflash_gamma",
+           "soft_ce_logits",
            "dflash_anchors", "get_loss", "LOSSES", "soft_ce", "kl", "positions_scored"]

@@ -67,16 +67,32 @@ class TrainProgress:
 
 
 @contextmanager
-def count_bar(enabled: bool, label: str, total: int) -> Iterator[Callable[[], None]]:
-    """Yield `advance()` for a transient progress bar over `total` items (a no-op when disabled)."""
+def count_bar(enabled: bool, label: str, total: int, every_s: float = 60.0) -> Iterator[Callable[[], None]]:
+    """Yield `advance()` for a transient progress bar over `total` items, with the time left (a no-op when
+    disabled). When stderr is not a terminal (a log file), a plain line every `every_s` seconds says the
+    same, with the estimated time left."""
     if not enabled:
         yield lambda: None
         return
+    import time
+
     from rich.console import Console
     from rich.progress import Progress
 
-    from specpress.ticker import bar_columns
+    from specpress.ticker import LogTicker, bar_columns
 
-    with Progress(*bar_columns(eta=True), console=Console(stderr=True), transient=True) as bar:
+    console = Console(stderr=True)
+    ticker = LogTicker(console, label, total, every_s)
+    done = [0]
+    t0 = time.monotonic()
+
+    with Progress(*bar_columns(eta=True), console=console, transient=True) as bar:
         task = bar.add_task(label, total=total)
-        yield lambda: bar.advance(task)
+
+        def advance() -> None:
+            bar.advance(task)
+            done[0] += 1
+            left = (time.monotonic() - t0) / done[0] * (total - done[0])
+            ticker.tick(done[0], f"(about {int(left) // 60}:{int(left) % 60:02d} left)")
+
+        yield advance

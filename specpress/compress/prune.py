@@ -56,6 +56,7 @@ SHAPE_FIELDS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads
 
 
 VOCAB_TOKENS = 262144  # tokens the vocab stage counts by default (256 forwards of 8 x 128 windows)
+VOCAB_MINUTES = 10.0  # ... unless its target forwards take longer: ~10 s on the zoo target, ~1 h at 1B on 2 cores
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,8 @@ class PruneConfig:
     importance: magnitude | activation | kl. kl_group: FFN channels scored together by
     kl. Calibration: calib_batches windows batches of [batch, seq_len] drawn with `seed` from the data;
     vocab_tokens: how many tokens of such windows the vocab stage counts (all of them when given windows);
+    vocab_minutes: its time budget when it counts the target's predictions: counting stops at whichever
+    comes first (None: no time limit); the step records how many it counted;
     draft_steps: chained steps it runs (eagle, eagle3, mtp; default 1, every module for mtp).
     head_rank: the rank of a low-rank draft head, initialised by head_init (svd | activation); share_head: the
     target's head rows instead of the drafter's own (eagle3).
@@ -85,6 +88,7 @@ class PruneConfig:
     importance: str = "magnitude"
     vocab_source: str = "target"
     vocab_tokens: int = VOCAB_TOKENS
+    vocab_minutes: float | None = VOCAB_MINUTES
     kl_group: int = 8
     batch: int = 8
     seq_len: int = 128
@@ -116,6 +120,9 @@ class PruneConfig:
             raise ConfigError(f"--importance {self.importance!r} is not known; choose one of {', '.join(METHODS)}")
         if self.vocab_source not in VOCAB_SOURCES:
             raise ConfigError(f"--vocab-source {self.vocab_source!r} is not known; choose {' or '.join(VOCAB_SOURCES)}")
+        if self.vocab_minutes is not None and (isinstance(self.vocab_minutes, bool) or not isinstance(
+                self.vocab_minutes, (int, float)) or self.vocab_minutes <= 0):
+            raise ConfigError(f"--vocab-minutes must be a positive number of minutes, found {self.vocab_minutes!r}")
         if not (isinstance(self.recover_lr, (int, float)) and self.recover_lr > 0):
             raise ConfigError(f"--recover-lr must be a positive number, found {self.recover_lr!r}")
         if not isinstance(self.share_head, bool):
@@ -174,7 +181,7 @@ def prune(drafter: Drafter, config: PruneConfig, *, target: TargetModel | None =
         drafter.attach_target(target)
     windows, stream = calibration_windows(calib, config.batch, config.seq_len, config.seed, config.calib_batches) \
         if calib is not None else ([], None)
-    signals = calibration_signals(target, windows, drafter.taps) if target is not None and windows else []
+    signals = calibration_signals(target, windows, drafter.taps, drafter) if target is not None and windows else []
     probes = make_probes(drafter, signals, config.draft_steps) if signals else None
     was = drafter.training
     drafter.eval()
@@ -189,7 +196,8 @@ def prune(drafter: Drafter, config: PruneConfig, *, target: TargetModel | None =
         if "vocab" in counts:
             assert calib is not None
             toks = vocab_count_stream(config.vocab_source, target, calib, config.batch, config.seq_len,
-                                      config.seed, config.vocab_tokens, progress=progress)
+                                      config.seed, config.vocab_tokens, progress=progress,
+                                      minutes=config.vocab_minutes)
             model, record["vocab"] = _stage_vocab(model, counts["vocab"], toks, config.vocab_source)
         if config.head_rank is not None:
             cov = head_input_covariance(model, probes) if config.head_init == "activation" and probes else None

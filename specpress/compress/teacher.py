@@ -1,6 +1,10 @@
 """Teacher signals: the target's logits, final hidden and taps on a batch, on the fly or from a disk cache.
 
-On the fly (default) the target runs on each batch under no_grad; nothing outlives the step. With a
+On the fly (default) the target runs on each batch under no_grad; nothing outlives the step. The logits
+stay in the target's dtype (the losses read them in fp32 a slice at a time), and for a drafter with a
+reduced draft vocabulary (EAGLE-3) only its columns are kept, with the full-vocabulary argmax: the head
+runs HEAD_BLOCK_BYTES of logits at a time, so the [B, T, V] logits never exist (at Llama-3's 128k
+vocabulary, B 8, T 2048: 4.2 GB in bf16, 8.4 GB in fp32, against 1 GB for 32k draft columns). With a
 cache directory (`--cache-teacher DIR`) each step's final hidden and taps are written once as one
 float32 .npy file [1 + taps, B, T, H] under DIR/<key>/ and memory-mapped when a later run (same
 target weights, data, seed, batch, window length, taps) needs them; logits are recomputed through the
@@ -33,15 +37,55 @@ from specpress.errors import CheckpointError
 from specpress.models.drafter import Drafter
 from specpress.models.target import TargetModel
 
+HEAD_BLOCK_BYTES = 1 << 27  # logits computed at a time when only draft-vocabulary columns are kept
+
 
 @torch.no_grad()
-def target_signals(target: TargetModel | Callable[..., Any], ids: Tensor, taps: tuple[int, ...]) -> TeacherBatch:
-    """The target's logits, final hidden and taps on windows ids [B, T] (no graph kept), as float32 even
-    when the forward ran under bf16 autocast, so cached and on-the-fly signals hand the student the same
-    values in the same dtype. `target` may be a compiled wrapper of the target."""
-    out = target(ids, taps=taps)
-    assert out.logits is not None
-    return TeacherBatch(ids, out.logits.float(), out.hidden.float(), {k: v.float() for k, v in out.taps.items()})
+def target_signals(target: TargetModel | Callable[..., Any], ids: Tensor, taps: tuple[int, ...],
+                   vocab: Tensor | None = None, head: Any = None) -> TeacherBatch:
+    """The target's logits, final hidden and taps on windows ids [B, T] (no graph kept). Hidden and taps as
+    float32 even when the forward ran under bf16 autocast (cached and on-the-fly signals hand the student the
+    same values in the same dtype); logits in the dtype the forward made them in. With `vocab` (ascending
+    target ids of a reduced draft vocabulary) only those columns and the full-vocabulary argmax are kept
+    (head_signals). `target` may be a compiled wrapper of the target; `head`: its lm_head (default:
+    target.lm_head)."""
+    if vocab is None:
+        out = target(ids, taps=taps)
+        assert out.logits is not None
+        return TeacherBatch(ids, out.logits, out.hidden.float(), {k: v.float() for k, v in out.taps.items()})
+    out = target(ids, taps=taps, logits="none")
+    logits, top = head_signals(head if head is not None else target.lm_head, out.hidden, vocab)
+    assert logits is not None
+    return TeacherBatch(ids, logits, out.hidden.float(), {k: v.float() for k, v in out.taps.items()}, top, vocab)
+
+
+@torch.no_grad()
+def head_signals(head: Any, hidden: Tensor, vocab: Tensor | None) -> tuple[Tensor | None, Tensor]:
+    """(logits of the `vocab` columns [B, T, Vk] (None without `vocab`), the argmax over every column [B, T])
+    of `head` over hidden [B, T, H], a block of positions at a time (HEAD_BLOCK_BYTES of full logits at most)."""
+    b, t, _ = hidden.shape
+    flat = hidden.reshape(b * t, -1)
+    v = head.weight.shape[0]
+    rows = max(1, HEAD_BLOCK_BYTES // (v * 2))
+    cols, tops = [], []
+    for r in range(0, b * t, rows):
+        z = head(flat[r:r + rows].to(head.weight.dtype))  # [rows, V]
+        tops.append(z.max(dim=-1).indices)  # the first index among ties, as argmax
+        if vocab is not None:
+            cols.append(z[:, vocab.to(z.device)])
+    return (torch.cat(cols).view(b, t, -1) if vocab is not None else None), torch.cat(tops).view(b, t)
+
+
+def draft_vocab(*drafters: Drafter | None) -> Tensor | None:
+    """The ascending target ids of the reduced draft vocabulary the first drafter drafts over (None when it
+    drafts the whole vocabulary): the columns of the teacher's logits its loss reads."""
+    from specpress.models.drafter import get_family
+
+    d = next((x for x in drafters if x is not None), None)
+    if d is None or get_family(d.family).draft_vocab != "reduced":
+        return None
+    ids = d.to_target_ids(torch.arange(d.config.draft_vocab_size, device=d.d2t.device))  # type: ignore[operator]
+    return ids.sort().values
 
 
 def needed_taps(*drafters: Drafter | None) -> tuple[int, ...]:
@@ -56,8 +100,8 @@ class Teacher:
     """
 
     def __init__(self, target: TargetModel, taps: tuple[int, ...], cache_dir: str | Path | None = None,
-                 key: Mapping[str, Any] | None = None, compile: bool = False) -> None:
-        self.target, self.taps = target, tuple(taps)
+                 key: Mapping[str, Any] | None = None, compile: bool = False, vocab: Tensor | None = None) -> None:
+        self.target, self.taps, self.vocab = target, tuple(taps), vocab
         self.forward: TargetModel | Callable[..., Any] = torch.compile(target, dynamic=False) if compile else target
         self.dir: Path | None = None
         if cache_dir is not None:
@@ -72,7 +116,7 @@ class Teacher:
 
     def signals(self, step: int, ids: Tensor, rows: tuple[int, int] = (0, 0)) -> TeacherBatch:
         if self.dir is None:
-            return target_signals(self.forward, ids, self.taps)
+            return target_signals(self.forward, ids, self.taps, self.vocab, self.target.lm_head)
         f = self.dir / f"step-{step:08d}-rows-{rows[0]}-{rows[1]}.npy"
         if f.exists():
             try:
@@ -85,11 +129,16 @@ class Teacher:
             self.hits += 1
             stacked = torch.from_numpy(np.array(arr)).to(ids.device, self.target.lm_head.weight.dtype)
             hidden = stacked[0]
+            taps = {t: stacked[1 + i].float() for i, t in enumerate(self.taps)}
+            if self.vocab is not None:
+                logits, top = head_signals(self.target.lm_head, hidden, self.vocab)
+                assert logits is not None
+                return TeacherBatch(ids, logits, hidden.float(), taps, top, self.vocab)
             with torch.no_grad():
-                logits = self.target.lm_head(hidden).float()
-            return TeacherBatch(ids, logits, hidden, {t: stacked[1 + i] for i, t in enumerate(self.taps)})
+                logits = self.target.lm_head(hidden)
+            return TeacherBatch(ids, logits, hidden.float(), taps)
         self.misses += 1
-        batch = target_signals(self.forward, ids, self.taps)
+        batch = target_signals(self.forward, ids, self.taps, self.vocab, self.target.lm_head)
         stacked = torch.stack([batch.hidden] + [batch.taps[t] for t in self.taps]).float().cpu().numpy()
         with atomic_file(f) as tmp, open(tmp, "wb") as fh:
             np.save(fh, stacked)

@@ -8,15 +8,14 @@ The tree-attention node comes from export/ops.py in the form `Ctx.attention` nam
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
-from onnx import TensorProto, helper
+from onnx import TensorProto
 from torch import nn
 
 from specpress.export import ops
-from specpress.export.graph import NP_TYPES, Graph
+from specpress.export.graph import BF16, NP_TYPES, Graph
 
 
 @dataclass
@@ -41,18 +40,24 @@ class Ctx:
         fp16 graphs (TensorRT's) keep plain initializers."""
         t = t.detach().cpu()
         if self.g.ft == TensorProto.FLOAT and t.numel() >= BF16_MIN_NUMEL and _bf16_exact(t):
-            raw = t.to(torch.bfloat16).contiguous().view(torch.int16).numpy().tobytes()
-            w = self.g.init(helper.make_tensor("w", TensorProto.BFLOAT16, list(t.shape), raw, raw=True), f"{hint}_bf16")
-            return self.g.op("Cast", w, to=TensorProto.FLOAT)
-        return self.g.init(t.float().numpy().astype(NP_TYPES[self.g.ft]), hint)
+            return self.g.op("Cast", self.g.init_tensor(t, f"{hint}_bf16", BF16), to=TensorProto.FLOAT)
+        return self.g.init_tensor(t, hint, NP_TYPES[self.g.ft])
 
 
 BF16_MIN_NUMEL = 1024  # smaller weights (norms, biases) stay plain: a Cast node would save a few bytes
+EXACT_BLOCK = 1 << 22  # elements compared at a time: a bounded temporary
 
 
 def _bf16_exact(t: torch.Tensor) -> bool:
-    f = t.float()
-    return bool(torch.equal(f.to(torch.bfloat16).float(), f))
+    """Every value a bf16 number (a bf16 tensor trivially; others checked a block at a time)."""
+    if t.dtype == torch.bfloat16:
+        return True
+    flat = t.reshape(-1)
+    for i in range(0, flat.numel(), EXACT_BLOCK):
+        f = flat[i:i + EXACT_BLOCK].float()
+        if not torch.equal(f.to(torch.bfloat16).float(), f):
+            return False
+    return True
 
 
 def linear(c: Ctx, x: str, mod: nn.Module, hint: str) -> str:
@@ -158,7 +163,3 @@ def decoder_layer(c: Ctx, x: str, layer: nn.Module, cos: str, sin: str, past: tu
     x = c.g.op("Add", x, a)
     return c.g.op("Add", x, mlp(c, rms_norm(c, x, layer.post_attention_layernorm, f"{hint}.post_attention_layernorm"),
                                 layer.mlp, f"{hint}.mlp")), pk, pv
-
-
-def np_of(t: torch.Tensor, dtype: Any) -> np.ndarray:
-    return t.detach().cpu().numpy().astype(dtype)

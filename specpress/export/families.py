@@ -35,7 +35,7 @@ from onnx import TensorProto
 from torch import Tensor, nn
 
 from specpress.errors import RequestError
-from specpress.export.blocks import Ctx, decoder_layer, linear, mlp, np_of, rms_norm, rotary, self_attention
+from specpress.export.blocks import Ctx, decoder_layer, linear, mlp, rms_norm, rotary, self_attention
 from specpress.export.graph import NP_TYPES
 from specpress.manifest import GraphRole
 from specpress.models.heads import LowRankHead
@@ -63,12 +63,12 @@ def present_io(c: Ctx, presents: list[tuple[str, str]], kv_heads: int, head_dim:
 
 
 def shared_embed(c: Ctx, d: nn.Module) -> str:
-    return c.g.shared_init(np_of(d.shared.embed_tokens.weight, NP_TYPES[c.g.ft]), "embed_tokens")
+    return c.g.shared_init(d.shared.embed_tokens.weight, "embed_tokens", NP_TYPES[c.g.ft])
 
 
 def shared_head(c: Ctx, x: str, d: nn.Module) -> str:
     """x [1, T, H] -> logits [1, T, V] through the target's lm_head (stored transposed)."""
-    w = c.g.shared_init(np_of(d.shared.lm_head.weight.t(), NP_TYPES[c.g.ft]), "lm_head_t")
+    w = c.g.shared_init(d.shared.lm_head.weight, "lm_head_t", NP_TYPES[c.g.ft], transpose=True)
     return c.g.op("MatMul", x, w)
 
 

@@ -5,7 +5,8 @@ target's config + weight file sizes and times, the export options and the specpr
 `--target-backend onnxruntime` likewise runs the target's `export target`, made once into
 `$SPECPRESS_CACHE/onnx-target/<key>`. `runner_input` / `target_input` decide it from the backend's `reads`
 (runtime/backends registry); the commands and the sweep call them, never the backend (export/ validates
-through the runtime, so the runtime does not import export/).
+through the runtime, so the runtime does not import export/), and pass the target they have loaded: the
+export runs on that one, never on a second copy (the key then holds the dtype it is loaded in).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from specpress import __version__
 from specpress.artifacts import artifact_kind, claim_cache
@@ -44,34 +45,52 @@ def _hash_options(h: "hashlib._Hash", options: object) -> str:
     return h.hexdigest()[:16]
 
 
-def export_key(drafter_dir: Path, target_dir: Path, options: ExportOptions) -> str:
+def export_key(drafter_dir: Path, target_dir: Path, options: ExportOptions, target_dtype: str = "auto") -> str:
     h = hashlib.sha256()
     for f in sorted(Path(drafter_dir).glob("*.json")) + sorted(Path(drafter_dir).glob("*.safetensors")):
         h.update(f.name.encode())
         h.update(f.read_bytes())
     _hash_target(h, target_dir)
+    h.update(f"target dtype {target_dtype}".encode())
     return _hash_options(h, options)
 
 
+def dtype_word(target: Any) -> str:
+    """fp32 / bf16 / fp16: the dtype a loaded TargetModel holds its weights in."""
+    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[str(target.lm_head.weight.dtype)[6:]]
+
+
 def exported_dir_for(drafter_dir: str | Path, target_dir: str | Path, options: ExportOptions = ExportOptions(),
-                     progress: Callable[[str], None] = lambda s: None) -> tuple[Path, bool]:
-    """(the export directory of this drafter, whether it was exported now rather than reused)."""
+                     progress: Callable[[str], None] = lambda s: None, *, target: Any = None,
+                     target_dtype: str = "auto") -> tuple[Path, bool]:
+    """(the export directory of this drafter, whether it was exported now rather than reused). `target`: the
+    TargetModel the caller holds (the export then uses it, in its dtype), else the target is loaded in
+    `target_dtype`."""
     drafter_dir, target_dir = Path(drafter_dir).expanduser(), Path(target_dir).expanduser()
-    out = cache_root() / "onnx" / export_key(drafter_dir, target_dir, options)
+    dt = dtype_word(target) if target is not None else target_dtype
+    out = cache_root() / "onnx" / export_key(drafter_dir, target_dir, options, dt)
     forced = dataclasses.replace(options, force=True)
     return _reuse_or_export(out, str(drafter_dir), lambda o: open_export(o, cache_fix(o)),
-                            lambda o: export_from_dirs(drafter_dir, target_dir, o, forced, progress), progress)
+                            lambda o: export_from_dirs(drafter_dir, target_dir, o, forced, progress, target_dtype=dt,
+                                                       target=target), progress)
 
 
 def exported_target_for(target_dir: str | Path, options: TargetExportOptions = TargetExportOptions(),
-                        progress: Callable[[str], None] = lambda s: None) -> tuple[Path, bool]:
+                        progress: Callable[[str], None] = lambda s: None, *, target: Any = None) -> tuple[Path, bool]:
     """(the `export target` directory of this target, whether it was exported now rather than reused), in
-    `$SPECPRESS_CACHE/onnx-target/<key>` (key: the target's file names, sizes and times, options, version)."""
+    `$SPECPRESS_CACHE/onnx-target/<key>` (key: the target's file names, sizes and times, options, version).
+    `target`: the TargetModel the caller holds, exported when its dtype is the export's (else the target is
+    loaded in the export's dtype)."""
+    from specpress.export.target import export_target
+
     target_dir = Path(target_dir).expanduser()
     h = hashlib.sha256()
     _hash_target(h, target_dir)
     out = cache_root() / "onnx-target" / _hash_options(h, options)
     forced = dataclasses.replace(options, force=True)
+    if target is not None and dtype_word(target) == options.dtype:
+        return _reuse_or_export(out, f"target {target_dir}", lambda o: open_target_export(o, cache_fix(o)),
+                                lambda o: export_target(target, o, forced, progress), progress)
     return _reuse_or_export(out, f"target {target_dir}", lambda o: open_target_export(o, cache_fix(o)),
                             lambda o: export_target_from_dir(target_dir, o, forced, progress), progress)
 
@@ -82,21 +101,28 @@ def cache_fix(entry: Path) -> str:
 
 
 def runner_input(backend: str, drafter_dir: str | Path, target_dir: str | Path,
-                 progress: Callable[[str], None] = lambda s: None) -> Path:
+                 progress: Callable[[str], None] = lambda s: None, *, target: Any = None) -> Path:
     """What `--backend` reads for `--drafter drafter_dir`: a drafter artifact given to a backend that reads an
-    ONNX export is exported first (once, cached); any other directory as it is (the backend checks it)."""
+    ONNX export is exported first (once, cached), on `target` when the caller holds it loaded (never a second
+    copy); any other directory as it is (the backend checks it)."""
     from specpress.runtime.backends import get_backend, is_drafter_artifact
 
     path = Path(drafter_dir).expanduser()
     if get_backend(backend).reads == "onnx" and is_drafter_artifact(path):
-        return exported_dir_for(path, target_dir, progress=progress)[0]
+        out, made = exported_dir_for(path, target_dir, progress=progress, target=target)
+        if made:
+            from specpress.machine import release_memory
+
+            release_memory()  # the export's torch drafter and validation sessions, before the runtime's sessions
+        return out
     return path
 
 
 def target_input(backend: str, target_dir: str | Path, dtype: str,
-                 progress: Callable[[str], None] = lambda s: None) -> Path:
+                 progress: Callable[[str], None] = lambda s: None, *, target: Any = None) -> Path:
     """What `--target-backend` reads for the target: the directory itself, or for a backend that reads ONNX
-    the target's `export target` in `dtype` (once, cached; fp32 or fp16)."""
+    the target's `export target` in `dtype` (once, cached; fp32 or fp16), made from `target` when the caller
+    holds it loaded in that dtype."""
     from specpress.runtime.backends import get_backend
 
     if get_backend(backend).reads != "onnx":
@@ -104,7 +130,7 @@ def target_input(backend: str, target_dir: str | Path, dtype: str,
     if dtype == "bf16":
         raise UsageError(f"--target-backend {backend} runs an fp32 or fp16 export (onnxruntime's CPU kernels have no "
                          f"bf16); pass --dtype fp32 or fp16")
-    return exported_target_for(target_dir, TargetExportOptions(dtype=dtype), progress=progress)[0]
+    return exported_target_for(target_dir, TargetExportOptions(dtype=dtype), progress=progress, target=target)[0]
 
 
 def _stderr(message: str) -> None:

@@ -5,9 +5,11 @@
 The drafter must be attached to its target (load_drafter(path, target=...)), and the target is passed
 too: the target's embeddings and head are written once, beside the graphs (`target_shared.bin`,
 referenced by each graph as external data) and counted apart from the drafter's own bytes; the target
-verifies the real drafting rounds of the validation. The directory appears atomically, and only when
-every graph passed both checks: random inputs (export/validate.py), then real drafting rounds through the
-onnxruntime backend against the torch drafter (export/rounds.py).
+verifies the real drafting rounds of the validation. Each graph's own weights stream into its external
+data file (`<graph>.onnx.data`) as the graph is built (export/graph.py), so a drafter of any size exports
+(protobuf caps one serialized graph at 2 GB) and no second copy of its weights is held. The directory
+appears atomically, and only when every graph passed both checks: random inputs (export/validate.py), then
+real drafting rounds through the onnxruntime backend against the torch drafter (export/rounds.py).
 """
 
 from __future__ import annotations
@@ -22,15 +24,15 @@ from typing import Any, Callable
 import numpy as np
 import onnx
 from onnx import TensorProto
-from onnx.external_data_helper import set_external_data
 
 from specpress import __version__
 from specpress.artifacts import atomic_dir
+from specpress.compress.progress import count_bar
 from specpress.errors import RequestError, UsageError
 from specpress.export import ops
 from specpress.export.blocks import Ctx
 from specpress.export.families import build_graphs, cache_dims
-from specpress.export.graph import Graph
+from specpress.export.graph import ExternalData, Graph
 from specpress.export.rounds import RoundsReport, validate_rounds
 from specpress.export.validate import TOLERANCE, case, check, compare, reference_copy
 from specpress.manifest import (
@@ -104,11 +106,15 @@ def require_onnxruntime() -> Any:
     return onnxruntime
 
 
-def session_options(ort: Any) -> Any:
+def session_options(ort: Any, *, prepack: bool = True) -> Any:
     """Sessions that compute what the graph says: onnxruntime would otherwise fuse Q/DQ int4 + MatMul
-    into MatMulNBits with int8 activations (accuracy level 4), an error the torch drafter never makes."""
+    into MatMulNBits with int8 activations (accuracy level 4), an error the torch drafter never makes.
+    prepack=False: no packed copy of each MatMul weight (what a validation session, run a few times, uses:
+    the weights are then held once, as the mapped external data)."""
     opts = ort.SessionOptions()
     opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
+    if not prepack:
+        opts.add_session_config_entry("session.disable_prepacking", "1")
     opts.log_severity_level = 3
     return opts
 
@@ -130,25 +136,16 @@ def drafter_info(d: Any) -> DrafterInfo:
                        markov=bool(block and d.markov_head is not None))
 
 
-def _write_shared(graphs: dict[str, Graph], path: Path) -> int:
-    """Write the shared initializers once and point every graph's copy at the file; returns its bytes."""
-    offsets: dict[str, tuple[int, int]] = {}
-    with open(path, "wb") as f:
-        for g in graphs.values():
-            for t in g.inits:
-                if t.name in g.shared and t.name not in offsets:
-                    pad = (-f.tell()) % 64
-                    f.write(b"\0" * pad)
-                    offsets[t.name] = (f.tell(), len(t.raw_data))
-                    f.write(t.raw_data)
-    for g in graphs.values():
-        for t in g.inits:
-            if t.name in g.shared:
-                off, length = offsets[t.name]
-                set_external_data(t, location=path.name, offset=off, length=length)
-                t.ClearField("raw_data")
-                t.data_location = TensorProto.EXTERNAL
-    return path.stat().st_size if offsets else 0
+def close_data(files: list[ExternalData]) -> dict[str, int]:
+    """Close the external data files; remove those nothing was written to. {file name: bytes} of the rest."""
+    kept = {}
+    for d in files:
+        d.close()
+        if d.written:
+            kept[d.path.name] = d.path.stat().st_size
+        else:
+            d.path.unlink()
+    return kept
 
 
 def tensor_specs(vis: Any) -> tuple[TensorSpec, ...]:
@@ -161,8 +158,10 @@ def tensor_specs(vis: Any) -> tuple[TensorSpec, ...]:
 
 
 def export_onnx(drafter: Any, out: str | Path, options: ExportOptions = ExportOptions(),
-                progress: Callable[[str], None] = lambda s: None, *, target: Any = None) -> ExportReport:
-    """Export `drafter` (attached to `target`, a TargetModel) to `out`; see the module docstring."""
+                progress: Callable[[str], None] = lambda s: None, *, target: Any = None,
+                bar: bool = False) -> ExportReport:
+    """Export `drafter` (attached to `target`, a TargetModel) to `out`; see the module docstring. bar: a
+    progress bar (stderr) over the graphs' validation."""
     if target is None:
         raise RequestError("export_onnx validates the export on real drafting rounds, which the target verifies: "
                            "pass target=<the TargetModel the drafter is attached to>")
@@ -172,36 +171,47 @@ def export_onnx(drafter: Any, out: str | Path, options: ExportOptions = ExportOp
     opset = o.resolved_opset
     quant_notes: list[str] = []
 
-    def new(name: str) -> Ctx:
-        return Ctx(Graph(name, opset, o.dtype), o.attention, o.quant_format, o.accuracy_level,
-                   quant_notes=quant_notes, kv_cache=getattr(drafter, "kv_cache_format", "none"))
-
     progress(f"building graphs ({drafter.family}, attention {o.attention}, opset {opset}, {o.dtype})")
-    ctxs, roles = build_graphs(drafter, new)
-    graphs = {name: c.g for name, c in ctxs.items()}
-    quant = _quantization(drafter, o, quant_notes)
-    tol = max([TOLERANCE[o.dtype], *quant['tolerances'].values()]) if quant else TOLERANCE[o.dtype]
     ref = reference_copy(drafter, o.dtype)
     errors: dict[str, dict[str, dict[str, float]]] = {}
     sizes: dict[str, int] = {}
     with atomic_dir(out, force=o.force) as tmp:
-        shared_bytes = _write_shared(graphs, tmp / SHARED_FILE)
-        if not shared_bytes:
-            (tmp / SHARED_FILE).unlink()
+        shared = ExternalData(tmp / SHARED_FILE)
+        data: list[ExternalData] = []
+
+        def new(name: str) -> Ctx:
+            data.append(ExternalData(tmp / f"{name}.onnx.data"))
+            g = Graph(name, opset, o.dtype, data=data[-1], shared_data=shared)
+            return Ctx(g, o.attention, o.quant_format, o.accuracy_level, quant_notes=quant_notes,
+                       kv_cache=getattr(drafter, "kv_cache_format", "none"))
+
+        ctxs, roles = build_graphs(drafter, new)
+        kept = close_data([shared, *data])
+        shared_bytes = kept.pop(SHARED_FILE, 0)
+        quant = _quantization(drafter, o, quant_notes)
+        tol = max([TOLERANCE[o.dtype], *quant['tolerances'].values()]) if quant else TOLERANCE[o.dtype]
         specs = []
-        for name, g in graphs.items():
-            path = tmp / f"{name}.onnx"
-            model = g.model()
-            onnx.save(model, str(path))
-            onnx.checker.check_model(str(path))
-            sizes[name] = path.stat().st_size
-            specs.append(GraphSpec(name, path.name, tensor_specs(model.graph.input), tensor_specs(model.graph.output),
-                                   sizes[name], roles[name], bool(g.shared)))
-            progress(f"validating {name} ({sizes[name]:,} bytes)")
-            sess = ort.InferenceSession(str(path), session_options(ort), providers=["CPUExecutionProvider"])
-            feeds, want = case(ref, name, o.attention)
-            errors[name] = compare(lambda f: dict(zip([x.name for x in sess.get_outputs()], sess.run(None, f))),
-                                   feeds, want)
+        with count_bar(bar, "validating graphs", len(ctxs)) as advance:
+            for name, c in ctxs.items():
+                path = tmp / f"{name}.onnx"
+                model = c.g.model()
+                onnx.save(model, str(path))
+                onnx.checker.check_model(str(path))
+                data_file = f"{name}.onnx.data" if f"{name}.onnx.data" in kept else None
+                sizes[name] = path.stat().st_size + kept.get(data_file or "", 0)
+                specs.append(GraphSpec(name, path.name, tensor_specs(model.graph.input),
+                                       tensor_specs(model.graph.output), sizes[name], roles[name], bool(c.g.shared),
+                                       data_file))
+                del model
+                progress(f"validating {name} ({sizes[name]:,} bytes)")
+                sess = ort.InferenceSession(str(path), session_options(ort, prepack=False),
+                                            providers=["CPUExecutionProvider"])
+                feeds, want = case(ref, name, o.attention)
+                errors[name] = compare(lambda f, s=sess: dict(zip([x.name for x in s.get_outputs()], s.run(None, f))),
+                                       feeds, want)
+                del sess
+                advance()
+        del ctxs
         check(errors, tol)
         manifest = ExportManifest(
             family=drafter.family, opset=opset, attention=o.attention, dtype=o.dtype, quantization=quant,
@@ -239,19 +249,23 @@ def _quantization(drafter: Any, o: ExportOptions, notes: list[str]) -> dict[str,
             "linears": list(notes), "tolerances": dict(sorted(tolerances.items()))}
 
 
-def export_from_dirs(drafter_dir: str | Path, target_dir: str | Path, out: str | Path,
+def export_from_dirs(drafter_dir: str | Path, target_dir: str | Path | None, out: str | Path,
                      options: ExportOptions = ExportOptions(),
                      progress: Callable[[str], None] = lambda s: None,
-                     warn: Callable[[str], None] | None = None) -> ExportReport:
-    """Load the drafter artifact attached to its target (fp32) and export it (see export_onnx). A drafter
-    built for another target of the same shape loads with a warning (`warn`, default stderr), as `run` says."""
+                     warn: Callable[[str], None] | None = None, *, target_dtype: str = "auto",
+                     target: Any = None, bar: bool = False) -> ExportReport:
+    """Load the drafter artifact attached to its target and export it (see export_onnx). The target is
+    `target` when given (a loaded TargetModel: `run` / `bench` export with the one they hold), else loaded
+    from `target_dir` in `target_dtype`. A drafter built for another target of the same shape loads with a
+    warning (`warn`, default stderr), as `run` says."""
     from specpress.models.target import load_target
     from specpress.models.drafter_io import load_drafter_for
 
     require_onnxruntime()
-    progress(f"loading target {target_dir}")
-    target = load_target(target_dir, device="cpu")
+    if target is None:
+        progress(f"loading target {target_dir} ({target_dtype})")
+        target = load_target(target_dir, dtype=target_dtype, device="cpu")  # type: ignore[arg-type]
     progress(f"loading drafter {drafter_dir}")
     drafter = load_drafter_for(target, drafter_dir, warn=warn or (lambda m: print(m, file=sys.stderr)),
                                device="cpu").eval()
-    return export_onnx(drafter, out, options, progress, target=target)
+    return export_onnx(drafter, out, options, progress, target=target, bar=bar)

@@ -202,7 +202,7 @@ def validate_rounds(ref: Any, target: Any, export_dir: str | Path, *, policy: st
     docstring. Errors are reported, not raised."""
     name = str(policy or get_family(ref.family).default_policy)
     pol = parse_policy(policy or name)
-    runner = load_runner(export_dir, target, "cpu", warn=lambda s: None)
+    runner = load_runner(export_dir, target, "cpu", warn=lambda s: None, prepack=False)
     log = _Log()
     runner.calls = {n: _Recorded(n, c, ref, log) for n, c in runner.calls.items()}
     prompts = round_prompts(target) if prompts is None else prompts

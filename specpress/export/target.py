@@ -13,7 +13,10 @@ ONNX's 2 GB protobuf limit).
 Validation, before anything is written: onnxruntime against the torch target on random inputs (a random
 past cache, a random tree mask), every output; then greedy decoding of a few prompts through `OnnxTarget`
 against the torch target, token for token, a differing token allowed only at a near tie of the torch
-logits. The directory appears atomically, and only when both pass.
+logits. The directory appears atomically, and only when both pass. Every torch output the checks need
+(random-input outputs, greedy tokens and the logits along them) is computed before onnxruntime opens the
+graph, so a target given as a loader (`export_target_from_dir`) is released first: the peak is one target
+in the export's dtype, not two.
 """
 
 from __future__ import annotations
@@ -32,10 +35,11 @@ from specpress.artifacts import atomic_dir
 from specpress.errors import UsageError
 from specpress.export.blocks import Ctx
 from specpress.export.families import causal_lm
-from specpress.export.graph import Graph
+from specpress.export.graph import ExternalData, Graph
 from specpress.export.onnx import DTYPES, require_onnxruntime, session_options, tensor_specs
 from specpress.export.rounds import NEAR_TIE_REL, round_prompts
 from specpress.export.validate import TOLERANCE, ExportValidationError, check, compare, random_tree_mask
+from specpress.machine import release_memory
 from specpress.manifest import TargetExportManifest, file_records
 from specpress.models.drafter import target_fingerprint
 
@@ -65,10 +69,11 @@ class TargetExportReport:
     seconds: float
 
 
-def target_graph(target: Any, dtype: str) -> Graph:
-    """The forward of `target` (a TargetModel) as one graph in the standard attention form."""
+def target_graph(target: Any, dtype: str, data: ExternalData | None = None) -> Graph:
+    """The forward of `target` (a TargetModel) as one graph in the standard attention form (weights streamed
+    into `data` when given)."""
     cfg = target.config
-    c = Ctx(Graph("target", OPSET, dtype), "standard")
+    c = Ctx(Graph("target", OPSET, dtype, data=data), "standard")
     g = c.g
     hidden, logits, presents, layer_inputs = causal_lm(c, target)
     g.output("logits", logits, g.ft, [1, "tokens", cfg.vocab_size])
@@ -106,66 +111,103 @@ def random_case(target: Any, seed: int = 0, past: int = 5, new: int = 6) -> tupl
     return feeds, want
 
 
-def decode_agreement(target: Any, onnx_target: Any, tolerance: float) -> dict[str, Any]:
-    """Greedy decoding of DECODE_PROMPTS prompts through `onnx_target` (an OnnxTarget) and the torch target.
-    A prompt whose tokens differ is a near tie when, at the first differing token, the torch logits of the
-    two choices are within max(NEAR_TIE_REL, `tolerance`) of the row's largest |logit|; otherwise it differs."""
+@dataclass
+class _Decoded:
+    """Torch's greedy decoding of one prompt, and its logits rows [tokens, V] along it (row i scored token i)."""
+
+    prompt: list[int]
+    tokens: list[int]
+    rows: Tensor
+
+
+def torch_decodes(target: Any, n: int = DECODE_PROMPTS, tokens: int = DECODE_TOKENS) -> list[_Decoded]:
+    """Greedy decoding of `n` prompts by the torch target, with the logits that chose each token (one
+    teacher-forced forward over prompt + tokens), all that decode_agreement needs of the torch target."""
     from specpress.runtime.backends.torch.runner import TorchTarget
     from specpress.runtime.plain import decode_plain
 
+    out = []
+    for p in round_prompts(target, n):
+        a = decode_plain(TorchTarget(target), p, tokens, eos_ids=()).tokens
+        with torch.inference_mode():
+            logits = target(torch.tensor([p + a])).logits[0].float()
+        out.append(_Decoded(p, a, logits[len(p) - 1:len(p) - 1 + len(a)].clone()))
+    return out
+
+
+def decode_agreement(decoded: list[_Decoded], onnx_target: Any, tolerance: float) -> dict[str, Any]:
+    """Greedy decoding of the prompts of `decoded` (torch_decodes) through `onnx_target` (an OnnxTarget). A
+    prompt whose tokens differ is a near tie when, at the first differing token, the torch logits of the two
+    choices are within max(NEAR_TIE_REL, `tolerance`) of the row's largest |logit|; otherwise it differs."""
+    from specpress.runtime.plain import decode_plain
+
     agree = near = differ = 0
-    for p in round_prompts(target, DECODE_PROMPTS):
-        a = decode_plain(TorchTarget(target), p, DECODE_TOKENS, eos_ids=()).tokens
-        b = decode_plain(onnx_target, p, DECODE_TOKENS, eos_ids=()).tokens
+    for d in decoded:
+        a, b = d.tokens, decode_plain(onnx_target, d.prompt, len(d.tokens), eos_ids=()).tokens
         if a == b:
             agree += 1
             continue
         k = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
-        with torch.inference_mode():
-            row = target(torch.tensor([p + a[:k]]), logits="last").logits[0, -1].float()
+        row = d.rows[k]
         gap = float(row[a[k]] - row[b[k]])
         if gap <= max(NEAR_TIE_REL, tolerance) * float(row.abs().max()):
             near += 1
         else:
             differ += 1
-    return {"prompts": DECODE_PROMPTS, "tokens": DECODE_TOKENS, "agree": agree, "near_ties": near, "differ": differ}
+    return {"prompts": len(decoded), "tokens": DECODE_TOKENS, "agree": agree, "near_ties": near, "differ": differ}
 
 
 def export_target(target: Any, out: str | Path, options: TargetExportOptions = TargetExportOptions(),
                   progress: Callable[[str], None] = lambda s: None) -> TargetExportReport:
-    """Export `target` (a TargetModel, fp32) to `out`; see the module docstring."""
+    """Export `target` to `out`; see the module docstring. `target`: a TargetModel (in the export's dtype, or
+    copied to it), or a function returning one, which is then released before onnxruntime runs."""
+    from torch import nn
+
     from specpress.runtime.backends.onnxruntime.runner import load_target_runner
 
     ort = require_onnxruntime()
     t0 = time.perf_counter()
     o = options
-    ref = target if o.dtype == "fp32" else _copy_as(target, torch.float16)
-    progress(f"building the target graph ({target.config.num_hidden_layers} layers, opset {OPSET}, {o.dtype})")
-    model = target_graph(ref, o.dtype).model()
+    want = {"fp32": torch.float32, "fp16": torch.float16}[o.dtype]
+    ref = target if isinstance(target, nn.Module) else target()
+    del target
+    if ref.lm_head.weight.dtype != want:
+        ref = _copy_as(ref, want)
+    cfg = ref.config
+    fingerprint = target_fingerprint(cfg, ref)
     tol = TOLERANCE[o.dtype]
     with atomic_dir(out, force=o.force) as tmp:
         path = tmp / GRAPH_FILE
-        onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=DATA_FILE,
-                  size_threshold=1024)
+        progress(f"building the target graph ({cfg.num_hidden_layers} layers, opset {OPSET}, {o.dtype}), "
+                 f"weights streamed to {DATA_FILE}")
+        data = ExternalData(tmp / DATA_FILE)
+        model = target_graph(ref, o.dtype, data).model()
+        data.close()
+        onnx.save(model, str(path))
         onnx.checker.check_model(str(path))
         size = path.stat().st_size + (tmp / DATA_FILE).stat().st_size
+        progress(f"torch reference outputs (random inputs; greedy decoding of {DECODE_PROMPTS} prompts x "
+                 f"{DECODE_TOKENS} tokens)")
+        feeds, want_out = random_case(ref)
+        decoded = torch_decodes(ref)
+        del ref
+        release_memory()  # a target this function loaded is released here: onnxruntime maps the weights next
         progress(f"validating on random inputs ({size:,} bytes)")
-        sess = ort.InferenceSession(str(path), session_options(ort), providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(str(path), session_options(ort, prepack=False),
+                                    providers=["CPUExecutionProvider"])
         names = [x.name for x in sess.get_outputs()]
-        feeds, want = random_case(ref)
-        errors = compare(lambda f: dict(zip(names, sess.run(None, f))), feeds, want)
+        errors = compare(lambda f: dict(zip(names, sess.run(None, f))), feeds, want_out)
         check({"target": errors}, tol)
         del sess
-        cfg = target.config
         manifest = TargetExportManifest(
             opset=OPSET, dtype=o.dtype, file=GRAPH_FILE, data_file=DATA_FILE, bytes=size,
             inputs=tensor_specs(model.graph.input), outputs=tensor_specs(model.graph.output),
             layers=cfg.num_hidden_layers, kv_heads=int(cfg.num_key_value_heads), head_dim=int(cfg.head_dim),
-            config=cfg.to_hf(), target=target_fingerprint(cfg, target), validation=errors, validation_decode={},
+            config=cfg.to_hf(), target=fingerprint, validation=errors, validation_decode={},
             specpress_version=__version__, files=file_records(tmp, [GRAPH_FILE, DATA_FILE]))
         manifest.save(tmp)
         progress(f"validating greedy decoding through onnxruntime ({DECODE_PROMPTS} prompts x {DECODE_TOKENS} tokens)")
-        decode = decode_agreement(ref, load_target_runner(tmp), tol)
+        decode = decode_agreement(decoded, load_target_runner(tmp, prepack=False), tol)
         if decode["differ"]:
             raise ExportValidationError(
                 f"greedy decoding through onnxruntime differs from the torch target beyond a near tie in "
@@ -184,9 +226,14 @@ def _copy_as(target: Any, dtype: torch.dtype) -> Any:
 def export_target_from_dir(target_dir: str | Path, out: str | Path,
                            options: TargetExportOptions = TargetExportOptions(),
                            progress: Callable[[str], None] = lambda s: None) -> TargetExportReport:
-    """Load the target directory (HF format) in fp32 and export it (see export_target)."""
+    """Load the target directory (HF format) in the export's dtype and export it (see export_target), the
+    torch target released before onnxruntime opens the graph."""
     from specpress.models.target import load_target
 
     require_onnxruntime()
-    progress(f"loading target {target_dir}")
-    return export_target(load_target(target_dir, device="cpu"), out, options, progress)
+
+    def load() -> Any:
+        progress(f"loading target {target_dir} ({options.dtype})")
+        return load_target(target_dir, dtype=options.dtype, device="cpu")
+
+    return export_target(load, out, options, progress)

@@ -15,7 +15,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from specpress.errors import CheckpointError
 from specpress.export.families import export_family, graph_role
@@ -32,16 +33,58 @@ class ExportValidationError(CheckpointError):
 
 
 def reference_copy(drafter: Any, dtype: str) -> Any:
-    """The drafter (and its borrowed target modules) in the export's float type (itself when it is)."""
+    """The drafter in the export's float type (itself when it is), computing with its borrowed target
+    modules in that type too: they are wrapped (CastEmbedding, CastHead), never copied, so a bf16 target
+    behind an fp32 export costs no fp32 copy of its embeddings or head."""
     want = {"fp32": torch.float32, "fp16": torch.float16}[dtype]
-    if drafter.compute_param().dtype == want:
-        return drafter
-    d = copy.deepcopy(drafter).to(want)
+    d = drafter if drafter.compute_param().dtype == want else converted_copy(drafter, want)
     if drafter._shared is not None and get_family(drafter.family).draft_vocab != "own":  # it borrows them
         s = drafter.shared
-        d._shared = SharedModules(copy.deepcopy(s.embed_tokens).to(want), copy.deepcopy(s.lm_head).to(want),
-                                  s.target_config)
+        if s.embed_tokens.weight.dtype != want or s.lm_head.weight.dtype != want:
+            d = copy.copy(d) if d is drafter else d  # a shallow twin: the caller's drafter keeps its modules
+            d._shared = SharedModules(CastEmbedding(s.embed_tokens.weight, want), CastHead(s.lm_head.weight, want),
+                                      s.target_config)
     return d
+
+
+def converted_copy(module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """copy.deepcopy(module).to(dtype) without the full-precision copy in between: each floating tensor is
+    converted straight into the copy (deepcopy's memo)."""
+    memo: dict[int, Any] = {}
+    for t in list(module.parameters()) + list(module.buffers()):
+        if t.is_floating_point() and id(t) not in memo:
+            c = t.detach().to(dtype)
+            memo[id(t)] = nn.Parameter(c, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else c
+    return copy.deepcopy(module, memo)
+
+
+class CastEmbedding(nn.Module):
+    """The target's embedding table, looked up and cast to `dtype` (the rows asked for, not the table)."""
+
+    def __init__(self, weight: Tensor, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.source, self.dtype = weight, dtype
+
+    @property
+    def weight(self) -> Tensor:  # what Drafter.embed / head read: the compute dtype (a 0-element stand-in)
+        return torch.empty(0, dtype=self.dtype)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return F.embedding(ids, self.source).to(self.dtype)
+
+
+class CastHead(CastEmbedding):
+    """The target's head [V, H] applied in `dtype`, HEAD_ROWS rows of it cast at a time (never whole)."""
+
+    def forward(self, x: Tensor) -> Tensor:  # x [..., H] -> [..., V]
+        w = self.source
+        out = x.new_empty((*x.shape[:-1], w.shape[0]), dtype=self.dtype)
+        for r in range(0, w.shape[0], HEAD_ROWS):
+            out[..., r:r + HEAD_ROWS] = x.to(self.dtype) @ w[r:r + HEAD_ROWS].to(self.dtype).t()
+        return out
+
+
+HEAD_ROWS = 16384
 
 
 def random_tree_mask(gen: torch.Generator, queries: int, past: int, new: int, full: bool) -> Tensor:

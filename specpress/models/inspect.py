@@ -89,8 +89,7 @@ def inspect_artifact(path: str | Path) -> dict[str, Any]:
     own = {k: v for k, v in index.items() if k not in shared}
     if own:
         nbytes, source_kind = sum(v.nbytes for v in own.values()), "weights"
-        floats = Counter(v.dtype for v in own.values() if v.dtype.startswith(("F", "BF")))
-        dtype = _ST_DTYPES.get(floats.most_common(1)[0][0], "?") if floats else str(_config_dtype(cfg))
+        dtype = _float_dtype(block or {}, own) or str(_config_dtype(cfg)).removeprefix("torch.")
     else:
         dt = _config_dtype(cfg)
         nbytes, source_kind, dtype = _implied_bytes(model, dt), "dtype", str(dt).removeprefix("torch.")
@@ -120,6 +119,21 @@ def inspect_artifact(path: str | Path) -> dict[str, Any]:
         "provenance": list((block or {}).get("steps") or []),
         **({"quantization": quant} if quant else {}),
     }
+
+
+def _float_dtype(block: dict[str, Any], own: dict[str, Any]) -> str | None:
+    """The dtype the artifact keeps its float weights in: a quantized one's recorded float_dtype (its scales
+    and codes are other dtypes, often more tensors), else the float dtype holding the most bytes."""
+    from specpress.models.quantized.restore import active_quantize_step
+
+    step = active_quantize_step(block.get("steps"))
+    if step is not None and step.get("float_dtype"):
+        return str(step["float_dtype"])
+    floats: Counter[str] = Counter()
+    for v in own.values():
+        if v.dtype.startswith(("F", "BF")) and not v.dtype.startswith("F8"):
+            floats[v.dtype] += v.nbytes
+    return _ST_DTYPES.get(floats.most_common(1)[0][0], "?") if floats else None
 
 
 MIN_BITS, MAX_BITS = 1, 64  # bits per parameter any stored scheme takes (nf4 ~4.1 ... fp64 64)

@@ -330,17 +330,19 @@ class TargetModel(nn.Module):
 
 def load_target(path: str | Path, *, dtype: torch.dtype | str = torch.float32,
                 device: torch.device | str | None = None) -> TargetModel:
-    """Load a local HF-format directory of a supported architecture, checking every tensor."""
+    """Load a local HF-format directory of a supported architecture, checking every tensor.
+
+    The weights are read once, in `dtype` ("auto": the float dtype they are stored in): memory-mapped from
+    safetensors when they are stored in it, else converted tensor by tensor as they are read (models/io.py),
+    so the target is never held twice.
+    """
     from specpress.device import parse_dtype, pick_device
-    from specpress.models.io import check_finite, load_into, read_config, read_weights
+    from specpress.models.io import check_finite, load_into, read_config, read_weights, stored_float_dtype
 
     path = Path(path).expanduser()
     cfg = TargetConfig.from_hf(read_config(path), source=str(path / "config.json"))
-    weights = read_weights(path)
+    weights = read_weights(path, stored_float_dtype(path) if dtype == "auto" else parse_dtype(dtype))
     check_finite(weights, path)
-    stored = _stored_digest(weights, cfg)
-    dt = parse_dtype(dtype)
-    weights = {k: (v.to(dt) if v.is_floating_point() else v) for k, v in weights.items()}
     if cfg.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
     with torch.device("meta"):
@@ -350,18 +352,30 @@ def load_target(path: str | Path, *, dtype: torch.dtype | str = torch.float32,
         model.lm_head.weight = model.model.embed_tokens.weight
     elif "lm_head.weight" not in weights:
         raise CheckpointError(f"{path}: missing tensor 'lm_head.weight' (tie_word_embeddings is false)")
+    del weights
     assert cfg.rope is not None and cfg.head_dim is not None
     model.rotary = Rotary(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
-    model.stored_weights_sha256 = stored  # the drafter fingerprint of the weights as stored (drafter.py)
+    model.stored_weights_sha256 = _stored_digest(path, cfg)  # the drafter fingerprint of the weights as stored
     return model.to(pick_device(None if device is None else str(device))).eval()
 
 
-def _stored_digest(weights: dict[str, Tensor], cfg: TargetConfig) -> str | None:
-    from specpress.models.drafter import head_digest
+def _stored_digest(path: Path, cfg: TargetConfig) -> str | None:
+    """drafter.head_digest of the final norm and head as stored (not as loaded: fp16 re-rounded to bf16
+    differs from the stored weights rounded to bf16), read from the files in row blocks."""
+    import hashlib
 
-    head = weights.get("model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight")
-    norm = weights.get("model.norm.weight")
-    return head_digest(norm, head) if head is not None and norm is not None else None
+    from specpress.models.io import stored_rows, tensor_index
+
+    names = set(tensor_index(path))
+    head = "model.embed_tokens.weight" if cfg.tie_word_embeddings or "lm_head.weight" not in names \
+        else "lm_head.weight"
+    if "model.norm.weight" not in names or head not in names:
+        return None
+    h = hashlib.sha256()  # head_digest's bytes, fed in blocks
+    for name in ("model.norm.weight", head):
+        for block in stored_rows(path, name, rows=1024):
+            h.update(block.to(torch.bfloat16).float().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def target_state_dict(model: TargetModel) -> dict[str, Tensor]:

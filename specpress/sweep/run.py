@@ -84,9 +84,11 @@ def apply_step(ctx: SweepContext, drafter: Any, step: Step) -> Any:
     calibration = None
     if cfg.needs_data():
         from specpress.compress.data import WindowSampler
-        from specpress.compress.quantize.calibrate import calibration_loop
+        from specpress.compress.quantize.calibrate import calibration_loop, default_calib_batches
 
         c = step.calibration()
+        if "calib_batches" not in dict(step.options):  # the method's default, as `specpress quantize`
+            c["calib_batches"] = default_calib_batches(drafter, cfg, c["batch"], c["seq_len"])
         sampler = WindowSampler(ctx.stream(ctx.recipe.calibration), c["seq_len"], c["batch"], ctx.recipe.seed)
         calibration = calibration_loop(step.calib_inputs(), ctx.target, drafter, sampler, c["calib_batches"])
     quantize(drafter, cfg, calibration, float_dtype=ctx.stored_dtype())
@@ -194,8 +196,8 @@ def measure_point(ctx: SweepContext, point: Point, runs: list[RunSpec], *, log: 
             if backend not in runners:
                 from specpress.export.ondemand import runner_input  # an ONNX export made once, cached
 
-                runners[backend] = load_runner(backend, runner_input(backend, art, ctx.target_dir), ctx.target,
-                                               target.device)
+                runners[backend] = load_runner(backend, runner_input(backend, art, ctx.target_dir, target=ctx.target),
+                                               ctx.target, target.device)
             res = bench_speculative(
                 target, runners[backend], ctx.prompts, ctx.recipe.max_new_tokens, parse_policy(policy),
                 params=SamplingParams(temperature), seed=ctx.recipe.seed, drafter_bytes=int(info["bytes"]),

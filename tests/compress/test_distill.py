@@ -3,6 +3,7 @@ checkpoint/resume, the teacher cache, --from shrinking, the CLI end to end, and 
 
 from __future__ import annotations
 
+import copy
 
 import numpy as np
 import pytest
@@ -510,3 +511,52 @@ def test_eagle3_taps_choose_the_fused_target_layers(target):
     res = CliRunner().invoke(cli, ["distill", "--target", "x", "--family", "eagle3", "--data", "y", "--out", "z",
                                    "--steps", "1", "--taps", "2,a"])
     assert res.exit_code == 2 and "comma-separated list of integers" in res.output
+
+
+# ------------------------------------------------------------------------------------ teacher signals at scale
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_draft_vocab_teacher_signals_give_the_full_logits_loss(target, dtype, monkeypatch):
+    """An EAGLE-3 student's teacher keeps only its draft vocabulary's logits and the full-vocabulary argmax,
+    a block of positions at a time: the loss and the agreement counts are those of the full logits."""
+    from specpress.compress import teacher as T
+    from specpress.compress.losses import LossContext, chain_loss
+    from specpress.compress.training import step_generator
+
+    t = copy.deepcopy(target).to(dtype)
+    c = cfg("eagle3", ttt_steps=3)
+    student = init_student(c, t, STREAM)
+    ids = sampler(c).batch_at(0)
+    vocab = T.draft_vocab(student)
+    monkeypatch.setattr(T, "HEAD_BLOCK_BYTES", 7 * V * 2)  # several blocks of 7 positions
+    full = T.target_signals(t, ids, student.taps)
+    part = T.target_signals(t, ids, student.taps, vocab)
+    assert full.logits.dtype == dtype and part.logits.shape[-1] == vocab.numel() < V
+    assert torch.equal(part.ref_ids(), full.ref_ids())
+    assert torch.equal(part.columns(vocab), full.columns(vocab))
+    a, b = (chain_loss(LossContext(student, s, c, step_generator(0, 0), None, False)) for s in (full, part))
+    assert torch.equal(a.hits, b.hits) and torch.equal(a.counts, b.counts)
+    torch.testing.assert_close(a.loss, b.loss)
+    with pytest.raises(RequestError, match="another draft vocabulary"):
+        part.columns(torch.tensor([int(i) for i in range(V) if i not in set(vocab.tolist())][:3]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_soft_cross_entropy_matches_autograd(dtype):
+    """soft_ce_logits keeps only its inputs for backward; its loss and gradient are those of autograd
+    through soft_ce(logits, softmax(target))."""
+    from specpress.compress.losses import soft_ce, soft_ce_logits
+
+    g = torch.Generator().manual_seed(0)
+    z = (torch.randn(3, 5, 40, generator=g) * 3).to(dtype)
+    t = (torch.randn(3, 5, 40, generator=g) * 3).to(dtype)
+    w = torch.rand(3, 5, generator=g)
+    a, b = z.clone().requires_grad_(), z.clone().requires_grad_()
+    la = (soft_ce(a, torch.softmax(t.float(), -1)) * w).sum()
+    lb = (soft_ce_logits(b, t) * w).sum()
+    la.backward()
+    lb.backward()
+    torch.testing.assert_close(lb, la)
+    torch.testing.assert_close(b.grad.float(), a.grad.float(), atol=1e-6 if dtype == torch.float32 else 1e-2,
+                               rtol=1e-5 if dtype == torch.float32 else 1e-2)

@@ -220,6 +220,17 @@ def test_vocab_from_target_predictions_over_vocab_tokens(target, n_batches):
     assert rec["counted_tokens"] == n_batches * SMALL["batch"] * SMALL["seq_len"]
 
 
+def test_vocab_ranking_stops_at_its_time_budget(target):
+    """--vocab-minutes ends the counting after the forward that crosses it (one here), and the step records
+    what was counted; the token budget alone would have taken 11 forwards."""
+    d = make("eagle3", target)
+    n_tok = 11 * SMALL["batch"] * SMALL["seq_len"]
+    p = prune(d, PruneConfig(vocab=8, **SMALL, vocab_tokens=n_tok, vocab_minutes=1e-9), target=target, calib=STREAM)
+    assert p.provenance[-1]["importance"]["vocab"]["counted_tokens"] == SMALL["batch"] * SMALL["seq_len"]
+    with pytest.raises(ConfigError, match="--vocab-minutes"):
+        PruneConfig(vocab=8, vocab_minutes=0)
+
+
 def _windows(n: int) -> list[torch.Tensor]:
     """The calibration windows prune draws from STREAM with SMALL (WindowSampler steps 0..n-1, seed 0)."""
     s = WindowSampler(STREAM.numpy().astype(np.int64), SMALL["seq_len"], SMALL["batch"], 0)

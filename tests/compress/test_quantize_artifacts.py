@@ -154,6 +154,29 @@ def test_kept_floats_are_rounded_to_the_stored_dtype(target, tmp_path):
     assert stored["midlayer.input_layernorm.weight"] == "BF16" and stored["fc.scales"] == "F32"
 
 
+def test_inspect_names_the_stored_float_dtype_of_a_quantized_drafter(target, tmp_path):
+    """A quantized drafter keeps its floats in bf16 beside fp32 scales (more tensors): inspect says bfloat16,
+    the quantize step's float_dtype (it said float32, counting tensors)."""
+    from specpress.compress.quantize.pipeline import quantize_from_dirs
+
+    src = save_drafter(make("eagle3", target), tmp_path / "fp32")
+    quantize_from_dirs(src, config_for("int4", group_size=8), tmp_path / "q")
+    stored = {k: v.dtype for k, v in tensor_index(tmp_path / "q").items()}
+    floats = [v for v in stored.values() if v in ("F32", "BF16")]
+    assert floats.count("F32") > floats.count("BF16")  # the case the old count got wrong
+    assert inspect_artifact(tmp_path / "q")["dtype"] == "bfloat16"
+
+
+def test_gptq_calibrates_on_twice_the_widest_linears_inputs():
+    from specpress.compress.quantize.calibrate import CALIB_BATCHES, default_calib_batches
+
+    d = build_drafter(Eagle3Config(vocab_size=V, hidden_size=64, intermediate_size=2048, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=64, draft_vocab_size=24))
+    n = default_calib_batches(d, config_for("int4", "gptq", group_size=64), 4, 128)
+    assert n * 4 * 128 >= 2 * 2048 and (n - 1) * 4 * 128 < 1.1 * 2 * 2048 + 4 * 128  # down_proj's 2048 inputs
+    assert default_calib_batches(d, config_for("int4", "rtn", group_size=64), 4, 128) == CALIB_BATCHES
+
+
 def test_tampered_quantized_tensor_is_named(target, tmp_path):
     from safetensors.torch import load_file, save_file
 

@@ -41,7 +41,8 @@ def test_export_onnx_command_writes_a_validated_directory(dirs):
     assert {g.name for g in m.graphs} == {"fuse", "step"}
     assert m.drafter.draft_vocab_size == 24 and len(m.drafter.token_map) == 24
     assert m.shared_bytes == (out / m.shared_file).stat().st_size > 0
-    assert m.drafter_bytes == sum((out / g.file).stat().st_size for g in m.graphs)
+    assert m.drafter_bytes == sum((out / f).stat().st_size for g in m.graphs for f in (g.file, g.data_file) if f)
+    assert all(g.data_file == f"{g.name}.onnx.data" for g in m.graphs)  # the weights stream beside each graph
     assert m.graph("step").uses_shared and not m.graph("fuse").uses_shared
     step = m.graph("step")
     assert {"hidden", "ids", "positions", "committed", "tree_mask", "past_key.0"} <= set(step.input_names())

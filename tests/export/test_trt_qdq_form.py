@@ -17,7 +17,7 @@ from specpress.export.onnx import ExportOptions, export_onnx
 
 
 def _dequantize_nodes(path):
-    graph = onnx.load(str(path), load_external_data=False).graph
+    graph = onnx.load(str(path)).graph  # the weights from the external data beside the graph
     nodes = [n for n in graph.node if n.op_type == "DequantizeLinear"]
     used = {i for n in nodes for i in n.input}
     inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer if i.name in used}

@@ -179,3 +179,17 @@ def test_compile_target_compiles_the_target_for_both_sides(tmp_path, with_drafte
         torch._dynamo.reset()
     assert d["config"]["compile_target"] is True and d["config"]["compile"] is False
     assert d["config"]["warmup_prompts"] == 3 and d["lossless_mismatches"] == 0
+
+
+def test_report_says_when_no_draft_token_was_accepted():
+    from rich.console import Console
+
+    from specpress.commands.decode import report
+
+    console = Console(record=True, width=300)
+    result = {"outputs": [[1, 2]], "tau": 1.0, "ar": [], "tokens_per_s": 1.0, "baseline_tokens_per_s": 1.0,
+              "speedup": 1.0, "draft_ms": 1.0, "verify_ms": 1.0, "other_ms": 1.0, "overhead_fraction": 0.1,
+              "lossless_mismatches": 0}
+    report(console, result, 1, "tree:[[0],[0,0]]")
+    text = console.export_text()
+    assert "tree:[[0],[0,0]]: tau 1.00, AR[k] - (no draft token was accepted);" in text  # rich markup ate "[k]"

@@ -24,7 +24,9 @@ chained step, and the hidden states it feeds back to itself — not only the tea
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -43,13 +45,34 @@ class _Batch:
     taps: dict[int, Tensor]
 
 
+CALIB_BATCHES = 8  # calibration batches a method gets at least (GPTQ more for wide Linears: default_calib_batches)
+ROWS_PER_INPUT = 2  # GPTQ's rows per input channel below which its codes can overfit (gptq.py's note)
+
+
+def default_calib_batches(drafter: Any, config: Any, batch: int, seq_len: int) -> int:
+    """The default calibration batches of `config` on `drafter`: CALIB_BATCHES, or for GPTQ enough windows
+    that the widest Linear it quantizes sees ROWS_PER_INPUT x its inputs in rows (each calibration window
+    gives about seq_len rows), 10 % to spare: GPTQ's Hessian of a K-input Linear is estimated from XᵀX, and
+    fewer rows than that fit the codes to the calibration windows. At Llama-3.2-1B's EAGLE-3 drafter (FFN
+    8,192 wide) that is 36 batches of 4 x 128 instead of 8; at Llama-3.1-8B's (14,336) 62."""
+    from specpress.compress.quantize.api import select_modules
+    from specpress.models.quantized.integer import GPTQConfig
+
+    if not isinstance(config, GPTQConfig):
+        return CALIB_BATCHES
+    names, _ = select_modules(drafter, config)
+    widest = max((drafter.get_submodule(n).in_features for n in names), default=0)
+    return max(CALIB_BATCHES, math.ceil(1.1 * ROWS_PER_INPUT * widest / (batch * seq_len)))
+
+
 class DrafterCalibration:
     """A forward loop over `batches` windows of `sampler` (target signals computed once, kept in memory:
-    (1 + taps)·B·T·H floats per batch)."""
+    (1 + taps)·B·T·H floats per batch). `progress`: methods that run the loop many times (GPTQ, once per
+    group of Linears) show a bar over those passes."""
 
     def __init__(self, target: TargetModel, drafter: Drafter, sampler: WindowSampler, batches: int = 8,
-                 first_step: int = 0) -> None:
-        self.family = drafter.family
+                 first_step: int = 0, progress: bool = False) -> None:
+        self.family, self.progress = drafter.family, progress
         self.taps = tuple(drafter.taps)
         self.windows = batches * sampler.batch
         self.tokens = self.windows * sampler.seq_len
@@ -81,10 +104,10 @@ class RoundsCalibration:
     target-verified) with the model given as the drafter, under `policy`."""
 
     def __init__(self, target: TargetModel, drafter: Drafter, sampler: WindowSampler, batches: int = 8,
-                 policy: str | None = None, first_step: int = 0) -> None:
+                 policy: str | None = None, first_step: int = 0, progress: bool = False) -> None:
         from specpress.runtime.policy import parse_policy
 
-        self.target = target
+        self.target, self.progress = target, progress
         self.policy_text = policy or get_family(drafter.family).default_policy
         self.policy = parse_policy(self.policy_text)
         half = max(1, sampler.seq_len // 2)
@@ -104,11 +127,11 @@ class RoundsCalibration:
 
 
 def calibration_loop(inputs: str, target: TargetModel, drafter: Drafter, sampler: WindowSampler,
-                     batches: int) -> "DrafterCalibration | RoundsCalibration":
+                     batches: int, progress: bool = False) -> "DrafterCalibration | RoundsCalibration":
     """The forward loop --calib-inputs names: `rounds[:POLICY]` or `first-step`."""
     kind, _, policy = inputs.partition(":")
     if kind == "rounds":
-        return RoundsCalibration(target, drafter, sampler, batches, policy or None)
+        return RoundsCalibration(target, drafter, sampler, batches, policy or None, progress=progress)
     if kind == "first-step" and not policy:
-        return DrafterCalibration(target, drafter, sampler, batches)
+        return DrafterCalibration(target, drafter, sampler, batches, progress=progress)
     raise ConfigError(f"--calib-inputs {inputs!r}: choose rounds, rounds:POLICY (e.g. rounds:chain:4) or first-step")

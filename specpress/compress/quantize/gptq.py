@@ -15,11 +15,13 @@ flow through the quantized groups before it (one pass of the forward loop per gr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
+
 import torch
 from torch import Tensor, nn
 
+from specpress.compress.progress import count_bar
 from specpress.compress.quantize.handlers import ForwardLoop, register_handler
 from specpress.errors import RequestError
 from specpress.models.quantized import primitives as P
@@ -32,7 +34,7 @@ def gptq_codes(w: Tensor, h: Tensor, *, bits: int, group_size: int | None, symme
     """W [N, K], H [K, K] -> (codes [N, K] int16, scales [N, K/G] f32, zeros [N, K/G] f32)."""
     w = w.detach().float().cpu().clone()  # on CPU whatever the model's device (the loop is column by column)
     n, k = w.shape
-    h = h.detach().double().cpu().clone()
+    h = h.detach().to("cpu", torch.float64, copy=True)
     dead = torch.diagonal(h) == 0
     h[dead, dead] = 1.0
     u = _inverse_cholesky(h, damp)
@@ -72,13 +74,17 @@ def _inverse_cholesky(h: Tensor, damp: float) -> Tensor:
     """Upper Cholesky factor of (H + λI)⁻¹ (float32), λ = damp·mean(diag H); λ grows ×10 if H is not
     positive definite, up to 4 times."""
     mean = float(torch.diagonal(h).mean())
-    eye = torch.eye(h.shape[0], dtype=h.dtype)
-    for attempt in range(5):
+    for attempt in range(5):  # at most three K x K float64 matrices at a time (at K = 14,336: 1.6 GB each)
         lam = damp * (10 ** attempt) * mean
-        l, info = torch.linalg.cholesky_ex(h + lam * eye)
+        a = h.clone()
+        a.diagonal().add_(lam)
+        chol, info = torch.linalg.cholesky_ex(a)
+        del a
         if int(info) == 0:
-            hinv = torch.cholesky_inverse(l)
+            hinv = torch.cholesky_inverse(chol)
+            del chol
             u, info = torch.linalg.cholesky_ex(hinv, upper=True)
+            del hinv
             if int(info) == 0:
                 return u.float()
     raise RequestError(f"GPTQ: the calibration Hessian is not positive definite even with damping "
@@ -162,6 +168,11 @@ def quantize_gptq(model: nn.Module, names: list[str], config: GPTQConfig, calibr
                   notes: list[str]) -> None:
     """GPTQ codes for the named Linears, group by group (q/k/v share a Hessian, as do gate/up)."""
     assert calibration is not None
+    if getattr(calibration, "progress", False):
+        from rich.console import Console
+
+        Console(stderr=True).print(f"gptq: a first calibration pass groups the {len(names)} Linears by input "
+                                   f"(then one pass per group)", highlight=False)
     groups, uncalled = call_groups(model, names, calibration)
     if uncalled:
         notes.append(f"gptq: {', '.join(uncalled)} never ran in the calibration forward: rounded to nearest")
@@ -169,17 +180,22 @@ def quantize_gptq(model: nn.Module, names: list[str], config: GPTQConfig, calibr
     if not config.sequential:
         hs = collect_hessians(model, [g[0] for g in groups], calibration)
     thin = []
-    for group in groups:
-        h, rows = collect_hessians(model, [group[0]], calibration)[group[0]] if config.sequential else hs[group[0]]
-        k = model.get_submodule(group[0]).in_features
-        if rows < 2 * k:
-            thin.append(f"{'/'.join(group)} ({rows} rows for {k} inputs)")
-        for name in group:
-            lin = model.get_submodule(name)
-            q, s, z = gptq_codes(lin.weight, h, bits=config.bits, group_size=config.group_size,
-                                 symmetric=config.symmetric, damp=config.damp, block_size=config.block_size)
-            replace_module(model, name, IntLinear.from_codes(lin, q, s, z, bits=config.bits,
-                                                             group_size=config.group_size, symmetric=config.symmetric))
+    label = f"gptq: {len(groups)} groups of Linears" + (", one calibration pass each" if config.sequential else "")
+    with count_bar(getattr(calibration, "progress", False), label, len(groups)) as advance:
+        for group in groups:
+            h, rows = collect_hessians(model, [group[0]], calibration)[group[0]] if config.sequential else hs[group[0]]
+            k = model.get_submodule(group[0]).in_features
+            if rows < 2 * k:
+                thin.append(f"{'/'.join(group)} ({rows} rows for {k} inputs)")
+            for name in group:
+                lin = model.get_submodule(name)
+                q, s, z = gptq_codes(lin.weight, h, bits=config.bits, group_size=config.group_size,
+                                     symmetric=config.symmetric, damp=config.damp, block_size=config.block_size)
+                replace_module(model, name, IntLinear.from_codes(lin, q, s, z, bits=config.bits,
+                                                                 group_size=config.group_size,
+                                                                 symmetric=config.symmetric))
+            del h
+            advance()
     if thin:
         notes.append(f"gptq: few calibration rows for {', '.join(thin)}; with fewer than 2x in_features rows the "
                      f"codes can overfit the calibration windows: give more --calib-batches / --seq-len")

@@ -42,11 +42,13 @@ class QuantizeReport:
 
 def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str | Path, *,
                        target_dir: str | Path | None = None, data_path: str | Path | None = None,
-                       dequantize_out: bool = False, force: bool = False, calib_batches: int = 8, batch: int = 4,
+                       dequantize_out: bool = False, force: bool = False, calib_batches: int | None = None,
+                       batch: int = 4,
                        seq_len: int = 128, seed: int = 0, eval_batches: int = 4,
                        float_dtype: str | torch.dtype | None = "auto", calib_inputs: str = "rounds",
                        budget: Budget | None = None, candidates: tuple[Candidate, ...] = (),
-                       sensitivity: str | None = None) -> QuantizeReport:
+                       sensitivity: str | None = None, target_dtype: str = "bf16",
+                       progress: bool = False) -> QuantizeReport:
     """Load, quantize, measure, write `out` atomically.
 
     float_dtype: what the kept float tensors (norms, biases, unquantized Linears, embeddings) are stored
@@ -54,7 +56,8 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
     They are rounded to it before the after-agreement is measured, so the cost reported is the stored one;
     with `dequantize_out` the dequantised weights are rounded and measured the same way.
     calib_inputs: what a config that needs data calibrates on (calibrate.calibration_loop): real speculative
-    rounds (`rounds[:POLICY]`) or the teacher-forced first step (`first-step`).
+    rounds (`rounds[:POLICY]`) or the teacher-forced first step (`first-step`). calib_batches None: the
+    method's default (calibrate.default_calib_batches: more for GPTQ on wide Linears). progress: bars on stderr.
     budget: allocate a scheme per Linear among `candidates` (budget.py; `config` then only selects the
     Linears), scoring each by `sensitivity` (kl: on `calib_batches` calibration windows, needs the target;
     weight: data-free; None: kl with a target, else weight).
@@ -83,7 +86,7 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
         from specpress.models.target import load_target
         from specpress.models.tokenizer import load_tokenizer
 
-        target = load_target(target_dir)
+        target = load_target(target_dir, dtype=target_dtype)
         stream = data_stream(data_path, load_tokenizer(target_dir), target.config.eos_ids,  # type: ignore[arg-type]
                              target.config.vocab_size, target_dir)
         if len(stream) < seq_len + 1:
@@ -101,17 +104,20 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
         before = agreement(target, drafter, evals, eval_batches, first_step=first_eval)
     calibration = None
     if config.needs_data():
-        from specpress.compress.quantize.calibrate import calibration_loop
+        from specpress.compress.quantize.calibrate import calibration_loop, default_calib_batches
 
         assert target is not None and sampler is not None
-        calibration = calibration_loop(calib_inputs, target, drafter, sampler, calib_batches)
+        calib_batches = calib_batches or default_calib_batches(drafter, config, batch, seq_len)
+        calibration = calibration_loop(calib_inputs, target, drafter, sampler, calib_batches, progress)
     if budget is None:
         quantize(drafter, config, calibration, float_dtype=stored)
     else:
         from specpress.compress.quantize.budget import KLProbe, quantize_to_budget
+        from specpress.compress.quantize.calibrate import CALIB_BATCHES
 
         measure = sensitivity or ("kl" if target is not None else "weight")
-        probe = KLProbe(target, drafter, sampler, calib_batches) if measure == "kl" and target is not None else None
+        probe = (KLProbe(target, drafter, sampler, calib_batches or CALIB_BATCHES)
+                 if measure == "kl" and target is not None else None)
         quantize_to_budget(drafter, config, candidates, budget, float_dtype=stored, measure=measure, probe=probe,
                            progress=True)
         if probe is not None:

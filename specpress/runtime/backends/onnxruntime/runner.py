@@ -48,7 +48,9 @@ def pick_providers(device: torch.device, providers: Sequence[str] | None) -> lis
     return ["CPUExecutionProvider"]
 
 
-def session_options(ort: Any, threads: int | None, fold_dequantize: bool = True) -> Any:
+def session_options(ort: Any, threads: int | None, fold_dequantize: bool = True, prepack: bool = True) -> Any:
+    """prepack=False: no packed copy of each MatMul weight (slower calls; the weights held once, as mapped
+    external data: what export's validation sessions use)."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads or torch.get_num_threads()
     opts.inter_op_num_threads = 1
@@ -61,6 +63,8 @@ def session_options(ort: Any, threads: int | None, fold_dequantize: bool = True)
     opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
     if fold_dequantize:
         opts.add_session_config_entry("session.disable_quant_qdq", "1")
+    if not prepack:
+        opts.add_session_config_entry("session.disable_prepacking", "1")
     return opts
 
 
@@ -78,13 +82,14 @@ def open_session(ort: Any, file: Path, opts: Any, providers: Sequence[str], fix:
 
 def load_runner(path: str | Path, target: Any, device: torch.device | str = "cpu", *,
                 providers: Sequence[str] | None = None, threads: int | None = None, fold_dequantize: bool = True,
-                strict: bool = False, warn: Callable[[str], None] = print, **_: Any) -> ExportedRunner:
+                strict: bool = False, warn: Callable[[str], None] = print, prepack: bool = True,
+                **_: Any) -> ExportedRunner:
     """An ExportedRunner whose graphs run in onnxruntime sessions (see the module docstring)."""
     path = Path(path).expanduser()
     manifest = open_export(path)  # every graph and the shared tensors checked against their sha256
     device = torch.device(device)
     ort = _ort()
-    opts = session_options(ort, threads, fold_dequantize)
+    opts = session_options(ort, threads, fold_dequantize, prepack)
     chosen = pick_providers(device, providers)
     sessions = {}
     for g in manifest.graphs:
@@ -146,14 +151,16 @@ class OnnxTarget:
 
 
 def load_target_runner(path: str | Path, device: torch.device | str = "cpu", *,
-                       providers: Sequence[str] | None = None, threads: int | None = None) -> OnnxTarget:
-    """An OnnxTarget over the `export target` directory at `path`."""
+                       providers: Sequence[str] | None = None, threads: int | None = None,
+                       prepack: bool = True) -> OnnxTarget:
+    """An OnnxTarget over the `export target` directory at `path` (prepack: see session_options)."""
     path = Path(path).expanduser()
     manifest = open_target_export(path)  # the graph and its weights checked against their sha256
     file = member(path, manifest.file, str(path), TARGET_FIX)
     device = torch.device(device)
     ort = _ort()
-    session = open_session(ort, file, session_options(ort, threads), pick_providers(device, providers), TARGET_FIX)
+    session = open_session(ort, file, session_options(ort, threads, prepack=prepack), pick_providers(device, providers),
+                           TARGET_FIX)
     return OnnxTarget(manifest, session, device, session.get_providers()[0])
 
 
