@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from specpress.commands.target_quant import target_quant_options
 from specpress.runtime.backends import BACKENDS, READS
 
 TEMPERATURE = click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
@@ -121,20 +122,24 @@ def DECODING(fn):  # noqa: N802 - used as a decorator like the option constants 
 @DECODING
 @BACKEND
 @TARGET_BACKEND
+@target_quant_options("decode against it (at temperature 0 the float target's greedy continuation is decoded too, "
+                      "to say how many leading tokens the two share)")
 @COMPILE
 @STRICT
 def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens: int, policy: str | None,
         temperature: float, top_k: int, top_p: float, seed: int, dtype: str, backend: str, target_backend: str,
-        compile_drafter: bool, strict: bool) -> None:
+        target_quant: str | None, target_quant_data: str | None, compile_drafter: bool, strict: bool) -> None:
     """Decode one prompt and print the prompt and its continuation (stderr: a tau / speed line).
 
     \b
     Examples:
       specpress run --target ~/.cache/specpress/zoo/small --prompt "def parse_args(" --max-new-tokens 48
       specpress run --target ~/.cache/specpress/zoo/small --drafter ./eagle3 --policy chain:4 --prompt "import os"
+      specpress run --target ~/.cache/specpress/zoo/small --drafter ./eagle3 --target-quant fp8 --prompt "import os"
     """
     import torch
 
+    from specpress.commands.target_quant import check_target_backend, compress_target, parse_spec
     from specpress.models.target import load_target
     from specpress.models.tokenizer import load_tokenizer
     from specpress.runtime.bench import default_policy
@@ -146,16 +151,24 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
     from specpress.runtime.sampling import SamplingParams
 
     check_compile(compile_drafter, drafter_dir, backend)
-    target = load_target(target_dir, dtype=dtype)
+    tq = parse_spec(target_quant, target_quant_data)
+    check_target_backend(tq, target_backend, False)
+    target = float_target = load_target(target_dir, dtype=dtype)
     tok = load_tokenizer(target_dir)
     ids = encode(prompt, tok)
+    if tq is not None:
+        target, _ = compress_target(float_target, target_dir, tq, target_quant_data, seed,
+                                    lambda m: click.echo(m, err=True))
     gen = torch.Generator().manual_seed(seed)
     params = SamplingParams(temperature, top_k, top_p)
     verifier = loop_target(target_backend, target, target_dir, dtype, False, lambda m: click.echo(m, err=True))
+    drift = ""
     if drafter_dir is None:
         g = decode_plain(verifier, ids, max_new_tokens, params, gen)
         click.echo(prompt + tok.decode(g.tokens))
-        click.echo(f"[{len(g.tokens)} tokens, {len(g.tokens) / (g.decode_ms / 1e3):.1f} tok/s, plain decoding]",
+        if tq is not None and params.greedy:
+            drift = greedy_drift(float_target, ids, max_new_tokens, g.tokens)
+        click.echo(f"[{len(g.tokens)} tokens, {len(g.tokens) / (g.decode_ms / 1e3):.1f} tok/s, plain decoding{drift}]",
                    err=True)
         return
     drafter = load_drafter_runner(backend, drafter_dir, target, strict=strict,
@@ -166,8 +179,23 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
         s = speculative_generate(verifier, drafter, ids, max_new_tokens, pol, params, gen)
     click.echo(prompt + tok.decode(s.tokens))
     tau = 1 + sum(r.accepted for r in s.rounds) / max(1, len(s.rounds))
+    if tq is not None and params.greedy:
+        drift = greedy_drift(float_target, ids, max_new_tokens, s.tokens)
     click.echo(f"[{len(s.tokens)} tokens, {len(s.tokens) / (s.total_ms / 1e3):.1f} tok/s, {pol}, tau {tau:.2f} "
-               f"over {len(s.rounds)} rounds; `specpress bench` measures speedup against plain decoding]", err=True)
+               f"over {len(s.rounds)} rounds{drift}; `specpress bench` measures speedup against plain decoding]",
+               err=True)
+
+
+def greedy_drift(float_target, ids, max_new_tokens: int, tokens: list[int]) -> str:
+    """', target int4-g64: the first 37 of 48 tokens equal the float target's greedy continuation'."""
+    from specpress.runtime.compressed_target import greedy_agreement
+    from specpress.runtime.plain import decode_plain
+
+    ref = decode_plain(float_target, ids, max_new_tokens).tokens
+    a = greedy_agreement([ref], [tokens])
+    n = a["first_divergence"][0]
+    return ("; identical to the float target's greedy continuation" if n is None else
+            f"; the first {n} of {len(ref)} tokens equal the float target's greedy continuation")
 
 
 @click.command()
@@ -183,13 +211,19 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
 @COMPARE
 @COMPARE_BACKEND
 @TARGET_BACKEND
+@target_quant_options("bench against it: the lossless check is against its own plain decoding; the same drafter "
+                      "is then benched on the float target too (twice the decoding), and the JSON adds "
+                      "target_quant, float_target, target_paired (paired delta tau vs the float target), "
+                      "target_retention and target_agreement (the two targets' greedy continuations: prefix "
+                      "agreement, exact matches; README)")
 @STRICT
 @click.option("--json", "json_out", type=click.Path(path_type=Path), help="Write the full metrics object here.")
 @click.option("--force", is_flag=True, help="Replace an existing --json file.")
 def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_new_tokens: int, policy: str | None,
           temperature: float, top_k: int, top_p: float, seed: int, dtype: str, backend: str,
           compile_drafter: bool, compile_target: bool, compare_dir: Path | None, compare_backend: str | None,
-          target_backend: str, strict: bool, json_out: Path | None, force: bool) -> None:
+          target_backend: str, target_quant: str | None, target_quant_data: str | None, strict: bool,
+          json_out: Path | None, force: bool) -> None:
     """Decode every prompt of a file and report acceptance (tau, AR[k]), tokens/s and speedup.
 
     With --drafter, each prompt is decoded speculatively AND plainly, interleaved in this process, so
@@ -229,11 +263,14 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
           --dtype bf16 --compile --compile-target --prompts prompts.jsonl --max-new-tokens 64 --json cmp.json
       specpress bench --target ~/.cache/specpress/zoo/medium --drafter onnx/eagle3 --backend onnxruntime \\
           --target-backend onnxruntime --prompts prompts.jsonl --max-new-tokens 64 --json all-ort.json
+      specpress bench --target ~/.cache/specpress/zoo/small --drafter ./eagle3 --prompts prompts.jsonl \\
+          --target-quant nvfp4:activations=static --target-quant-data zoo:train --max-new-tokens 64 --json t.json
     """
     from rich.console import Console
     from rich.progress import Progress
 
     from specpress.artifacts import check_output, write_json
+    from specpress.commands.target_quant import check_target_backend, compress_target, float_reference, parse_spec
     from specpress.machine import LoadMeter, load_warning
     from specpress.runtime.bench import bench_plain, bench_speculative, default_policy, load_bench_inputs
     from specpress.runtime.compile import compile_errors
@@ -248,6 +285,8 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
     if compare_backend is not None and compare_dir is None:
         raise click.UsageError("--compare-backend names the backend of --compare-drafter; pass --compare-drafter too")
     compare_backend = compare_backend or backend
+    tq = parse_spec(target_quant, target_quant_data)
+    check_target_backend(tq, target_backend, compile_target)
     if json_out:  # before decoding: a bad path must not cost the measurement
         check_output(json_out, force=force, kind="file", flag="--json",
                      inputs={"--target": target_dir, "--prompts": prompts_file, "--drafter": drafter_dir,
@@ -258,6 +297,11 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
               "drafter": None if drafter_dir is None else str(drafter_dir), "backend": backend, "policy": None,
               "compile": compile_drafter, "compile_target": compile_target}
     warn = lambda m: console.print(m)  # noqa: E731
+    float_target = tq_summary = None
+    if tq is not None:
+        float_target = target
+        target, tq_summary = compress_target(float_target, target_dir, tq, target_quant_data, seed, warn)
+        config["target_quant"] = tq.text
     drafter = compare = pol = None
     if drafter_dir is not None:
         drafter = load_drafter_runner(backend, drafter_dir, target, strict=strict, warn=warn,
@@ -287,14 +331,20 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
                   on_prompt=lambda i: progress.advance(task))
         if drafter is None:
             result = bench_plain(verifier, prompts, max_new_tokens, warmup_prompts=warmup if compile_target else 0,
-                                 **kw)
+                                 keep_plain=tq is not None, **kw)
         else:
             result = bench_speculative(verifier, drafter, prompts, max_new_tokens, pol,
                                        drafter_bytes=drafter_bytes(backend, drafter_dir), warmup_prompts=warmup,
                                        plain_warmup_prompts=warmup if compile_target else 0, compare=compare,
                                        compare_bytes=0 if compare is None else drafter_bytes(compare_backend,
                                                                                              compare_dir),
-                                       compare_label=config.get("compare"), **kw)
+                                       compare_label=config.get("compare"), keep_plain=tq is not None, **kw)
+    if float_target is not None:  # the same drafter, prompts and seed against the float target
+        result.update(float_reference(result, tq_summary, float_target, prompts, max_new_tokens, pol, console,
+                                      seed=seed, params=SamplingParams(temperature, top_k, top_p),
+                                      drafter=None if drafter is None else lambda: load_drafter_runner(
+                                          backend, drafter_dir, float_target, strict=strict, warn=lambda m: None,
+                                          compile_drafter=compile_drafter, target_dir=target_dir)))
     result["machine"] = meter.stop()
     if warning := load_warning(result["machine"]):
         console.print(warning, style="yellow", highlight=False)
@@ -305,6 +355,11 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
         if warning := coverage_warning(result["eval_coverage"], result["calibration_coverage"]):
             console.print("warning: " + warning, style="yellow", highlight=False)
     report(console, result, len(prompts), pol)
+    if tq is not None:
+        from specpress.commands.target_quant import comparison_lines
+
+        for line in comparison_lines(result):
+            console.print(line, highlight=False)
     if json_out:
         write_json(json_out, result)  # its directory was made by check_output
         console.print(f"wrote {json_out}")
