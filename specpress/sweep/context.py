@@ -197,6 +197,8 @@ class SweepContext:
     base_info: dict[str, Any]  # inspect_artifact of the base drafter
     base_digest: str
     _streams: dict[str, np.ndarray] = field(default_factory=dict)
+    _targets: dict[str, tuple[Any, dict[str, Any]]] = field(default_factory=dict)  # label -> (target, summary)
+    _greedy: dict[str, list[list[int]]] = field(default_factory=dict)  # label -> greedy outputs on the prompts
 
     @property
     def eos_id(self) -> int | None:
@@ -218,6 +220,38 @@ class SweepContext:
 
         base = DTYPES.get(str(self.base_info.get("dtype")), torch.float32)
         return resolve_float_dtype(self.recipe.float_dtype, base)
+
+    def target_for(self, label: str) -> tuple[Any, dict[str, Any] | None]:
+        """(the target a run with this target label verifies with, what compressing it did; None for the
+        float target): compressed copies are built once per process, calibrated on the recipe's
+        `calibration` data when their spec needs data (runtime/compressed_target.py)."""
+        tq = self.recipe.target_spec(label)
+        if tq.is_float:
+            return self.target, None
+        if label not in self._targets:
+            from specpress.runtime.compressed_target import compressed_copy
+
+            stream = self.stream(self.recipe.calibration) if tq.needs_data() else None
+            self._targets[label] = compressed_copy(self.target, tq, stream, seed=self.recipe.seed)
+        return self._targets[label]
+
+    def greedy_outputs(self, label: str) -> list[list[int]]:
+        """The greedy continuations of the sweep's prompts by the target `label` (plain decoding, once)."""
+        if label not in self._greedy:
+            from specpress.runtime.plain import decode_plain
+
+            target = self.target_for(label)[0]
+            self._greedy[label] = [decode_plain(target, p.ids, self.recipe.max_new_tokens).tokens for p in self.prompts]
+        return self._greedy[label]
+
+    def target_drift(self, label: str) -> dict[str, Any] | None:
+        """How far the compressed target's greedy continuations drift from the float target's (None for the
+        float target itself; runtime/compressed_target.py defines it)."""
+        if self.recipe.target_spec(label).is_float:
+            return None
+        from specpress.runtime.compressed_target import greedy_agreement
+
+        return greedy_agreement(self.greedy_outputs("float"), self.greedy_outputs(label))
 
     def agreement_sampler(self) -> Any | None:
         """Windows for acc@k (None when agreement_batches is 0)."""

@@ -12,6 +12,9 @@
     prompts: {heldout: {n: 100, tokens: 64}}   # or a .jsonl file ({"prompt"} / {"input_ids"} per line)
     temperatures: [0]                # default [0]
     backends: [torch]                # default [torch]; any name of runtime/backends' registry
+    target_quant: [fp8, nvfp4:activations=static]   # compressed copies of the target to measure every point
+                                     # against too (`--target-quant` specs; the float target is always measured,
+                                     # first); calibrated specs calibrate on `calibration`
     max_new_tokens: 64
     seed: 0
     dtype: fp32                      # the target's (and drafter's compute) dtype: fp32 | bf16 | fp16
@@ -48,7 +51,7 @@ from specpress.sweep.grid import Point, expand_grid
 RECIPE_VERSION = 1
 TOP_KEYS = ("version", "name", "description", "target", "drafter", "grid", "policies", "prompts", "temperatures",
             "backends", "max_new_tokens", "seed", "dtype", "float_dtype", "calibration", "agreement_batches",
-            "agreement_data", "tolerate_failures", "executor")
+            "agreement_data", "tolerate_failures", "executor", "target_quant")
 REQUIRED = ("target", "drafter", "grid", "prompts")
 DTYPES = ("fp32", "bf16", "fp16")
 ZOO_SPLITS = {"zoo-train": "train", "zoo-val": "val", "zoo:train": "train", "zoo:val": "val"}  # CLI spelling too
@@ -132,6 +135,20 @@ class Recipe:
     source: Path | None = None
     tolerate_failures: bool = False  # a failed point still lets the sweep exit 0 (not in the hash: measures nothing)
     executor: Any = None  # executors.ExecutorSpec; how points run, kept out of to_dict and so of the hash
+    target_quant: tuple[Any, ...] = ()  # TargetQuant specs besides the float target (compress/quantize/target.py)
+
+    @property
+    def targets(self) -> tuple[Any, ...]:
+        """Every target the points are measured against: the float one first, then `target_quant`."""
+        from specpress.compress.quantize.target import parse_target_quant
+
+        return (parse_target_quant("none"), *self.target_quant)
+
+    def target_spec(self, label: str) -> Any:
+        for tq in self.targets:
+            if tq.label == label:
+                return tq
+        raise ConfigError(f"no target {label!r}; targets: {', '.join(t.label for t in self.targets)}")
 
     def point(self, pid: str) -> Point:
         for p in self.points:
@@ -147,7 +164,8 @@ class Recipe:
                 "prompts": self.prompts.to_json(), "temperatures": list(self.temperatures),
                 "backends": list(self.backends), "max_new_tokens": self.max_new_tokens, "seed": self.seed,
                 "dtype": self.dtype, "float_dtype": self.float_dtype, "calibration": self.calibration.to_json(),
-                "agreement_batches": self.agreement_batches, "agreement_data": self.agreement_data.to_json()}
+                "agreement_batches": self.agreement_batches, "agreement_data": self.agreement_data.to_json(),
+                **({"target_quant": [t.text for t in self.target_quant]} if self.target_quant else {})}
 
     def hash(self) -> str:
         d = self.to_dict()
@@ -299,6 +317,24 @@ def _backends(v: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _target_quant(v: Any) -> tuple[Any, ...]:
+    """The compressed targets besides the float one (always measured): `none` may be listed, and is dropped."""
+    from specpress.compress.quantize.target import parse_target_quant
+
+    out: dict[str, Any] = {}
+    for i, spec in enumerate(_list(v, "target_quant", "[fp8, int4, 'nvfp4:activations=static']")):
+        if isinstance(spec, bool) or not isinstance(spec, (str, int)):
+            raise ConfigError(f"target_quant[{i}] must be a --target-quant spec string, found {_found(spec)}")
+        try:
+            tq = parse_target_quant(str(spec))
+        except ConfigError as exc:
+            raise ConfigError(f"target_quant[{i}]: {exc}") from None
+        if tq.label in out or (tq.is_float and "float" in out):
+            raise ConfigError(f"target_quant lists {tq.label!r} twice ({out.get(tq.label, tq).text!r} and {tq.text!r})")
+        out["float" if tq.is_float else tq.label] = tq
+    return tuple(tq for tq in out.values() if not tq.is_float)
+
+
 def parse_recipe(obj: Any, base_dir: Path, source: Path | None = None) -> Recipe:
     """Validate a recipe object (what yaml.safe_load returned); relative paths resolve against base_dir."""
     where = str(source) if source else "recipe"
@@ -328,7 +364,8 @@ def parse_recipe(obj: Any, base_dir: Path, source: Path | None = None) -> Recipe
             skipped=skipped, name=str(d.get("name") or (source.stem if source else "")),
             description=str(d.get("description") or ""), source=source,
             tolerate_failures=_flag(d.get("tolerate_failures", False), "tolerate_failures"),
-            executor=parse_executor(d["executor"]) if "executor" in d else None)
+            executor=parse_executor(d["executor"]) if "executor" in d else None,
+            target_quant=_target_quant(d["target_quant"]) if "target_quant" in d else ())
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
 

@@ -10,8 +10,7 @@ import torch
 from drafters_common import SHAPE, randomize
 
 from specpress.compress.data import WindowSampler
-from specpress.compress.quantize.target import (ReferenceLinear, TargetCalibration, parse_target_quant,
-                                                quantize_target)
+from specpress.compress.quantize.target import ReferenceLinear, TargetCalibration, parse_target_quant, quantize_target
 from specpress.errors import ConfigError, UsageError
 from specpress.models.kv import Fp8KVCache, KVCache
 from specpress.models.target import TargetConfig, TargetModel
