@@ -38,7 +38,9 @@ COMPILE_TARGET = click.option("--compile-target", is_flag=True,
 COMPARE = click.option("--compare-drafter", "compare_dir", type=click.Path(path_type=Path), default=None,
                        help="A second drafter decoding every prompt in the same interleave (plain, --drafter, "
                             "this; reversed on odd prompts): the JSON's `compare` holds its metrics and both "
-                            "drafters' median forward and round ms per round, with the ratio this / --drafter.")
+                            "drafters' median forward and round ms per round, with the ratio this / --drafter, "
+                            "and `paired`: the mean per-prompt tau of this minus --drafter's, with its 95 % "
+                            "bootstrap CI.")
 COMPARE_BACKEND = click.option("--compare-backend", type=click.Choice(list(BACKENDS)), default=None,
                                help="Backend of --compare-drafter  [default: --backend]; e.g. --backend torch "
                                     "--compare-backend onnxruntime times one drafter on both.")

@@ -46,6 +46,10 @@ def inspect_cmd(path: Path, as_json: bool) -> None:
             ("dtype", info.get("dtype")), ("bits/param", f"{info.get('bits_per_param', 0):.2f}")]
     if info.get("shared_bytes"):
         rows.append(("shared with target", f"{info['shared_bytes']:,} bytes (not counted above)"))
+    tp = info.get("target_precision")
+    if tp:
+        rows.append(("target precision", f"{tp['label']}" + ("" if tp["spec"] == "none" else f" (--target-quant "
+                     f"{tp['spec']})") + f": aligned with it by step {tp['step']} ({tp['by']})"))
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         click.echo(f"{k:<{width}}  {v}")
@@ -85,6 +89,8 @@ def describe_step(step: dict[str, Any]) -> str:
         for key, label in (("target", "target"), ("init", "fine-tuned from"), ("from", "shrunk from")):
             if data.get(key):
                 parts.append(f"{label} {data[key]}")
+        if data.get("target_quant"):
+            parts.append(f"target compressed as {data['target_quant']['label']}")
         return "; ".join(parts)
     if kind == "prune":
         before, after = step.get("shape_before") or {}, step.get("shape_after") or {}
@@ -98,6 +104,8 @@ def describe_step(step: dict[str, Any]) -> str:
         agr = step.get("agreement") or {}
         if agr.get("before") and agr.get("after"):
             parts.append(f"acc@k {_acc(agr['before'])} -> {_acc(agr['after'])}")
+        if step.get("target_quant"):
+            parts.append(f"calibrated against the target compressed as {step['target_quant']['label']}")
         return "; ".join(parts)
     scalars = [f"{k} {v}" for k, v in step.items() if k not in ("step", "name") and isinstance(v, (str, int, float))]
     return f"{kind}: {', '.join(scalars)}" if scalars else kind

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from specpress.commands.target_quant import target_quant_options
 from specpress.models.quantized.names import METHOD_WORDS, SCHEME_WORDS, schemes_help
 
 
@@ -64,13 +65,18 @@ def _fmt(n: int) -> str:
 @click.option("--eval-batches", type=click.IntRange(min=1), default=4, show_default=True,
               help="Batches for the before/after agreement.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@target_quant_options("calibrate and measure the drafter against it (with --target / --data): the GPTQ / AWQ / "
+                      "SmoothQuant statistics, static input scales and the before / after agreement then come from "
+                      "the compressed target's hidden states, which re-calibrates a drafter for a deployment "
+                      "beside that target (no training; distill --init --target-quant re-aligns the weights); "
+                      "the step records the spec", data_default="--data (the calibration windows)")
 def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, group_size: int | None,
              symmetric: bool | None, activations: str | None, act_calibration: str | None, kv_cache: str | None,
              calib_inputs: str,
              include: str | None, exclude: str | None, target_dir: Path | None,
              data_path: Path | None, dequantize_out: bool, float_dtype: str, force: bool, calib_batches: int,
              batch: int, seq_len: int,
-             eval_batches: int, seed: int) -> None:
+             eval_batches: int, seed: int, target_quant: str | None, target_quant_data: str | None) -> None:
     """Quantize a drafter's Linear weights and report bytes and agreement before / after.
 
     Every Linear of the drafter is quantized except the draft lm_head (unless --include lm_head) and
@@ -120,12 +126,14 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
     """
     from specpress.artifacts import claim_output
     from specpress.commands.guards import check_seq_len
+    from specpress.commands.target_quant import parse_spec
     from specpress.compress.quantize.pipeline import quantize_from_dirs
     from specpress.models.quantized.scheme import config_for, config_from_dict
 
     config = config_for(scheme, method, group_size=group_size, symmetric=symmetric, include=_names(include),
                         exclude=_names(exclude), activations=activations, act_calibration=act_calibration,
                         kv_cache=kv_cache)
+    tq = parse_spec(target_quant, target_quant_data, data_default="--data")
     with claim_output(out, force=force, inputs={"--drafter": drafter_dir, "--target": target_dir,
                                                 "--data": data_path}):
         if target_dir is not None:
@@ -133,7 +141,8 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
         rep = quantize_from_dirs(drafter_dir, config, out, target_dir=target_dir, data_path=data_path,
                                  dequantize_out=dequantize_out, force=force, calib_batches=calib_batches,
                                  batch=batch, seq_len=seq_len, seed=seed, eval_batches=eval_batches,
-                                 float_dtype=float_dtype, calib_inputs=calib_inputs)
+                                 float_dtype=float_dtype, calib_inputs=calib_inputs, target_quant=tq,
+                                 target_quant_data=target_quant_data)
     s = rep.step
     what = f"{config_from_dict(s['config']).storage_label()}, method {s['method']}"
     click.echo(f"{rep.family} drafter quantized ({what}): {len(s['quantized'])} Linears -> {rep.out}"
@@ -159,6 +168,9 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
         click.echo(f"  kept    {sk['module']}: {sk['reason']}")
     for note in s["notes"]:
         click.echo(f"  note    {note}")
+    if s.get("target_quant"):
+        click.echo(f"  target  calibrated and measured against the target compressed as {s['target_quant']['label']} "
+                   f"(--target-quant {s['target_quant']['spec']})")
     if rep.before is not None and rep.after is not None:
         where = "held-out" if rep.heldout else "fresh windows (no held-out split: data too small)"
         click.echo(f"  acc@k before {' '.join(f'{a:.3f}' for a in rep.before)}")

@@ -8,6 +8,7 @@ size its dtype implies; tensors shared with the target that a checkpoint carries
 apart as `shared_bytes`. A quantized artifact (an active `quantize` provenance step) also gets
 `quantization`: bytes, params and bits/param per quantized module (params = its Linear's weight + bias,
 counted on the full-precision model, so `bits_per_param` is the effective bits per weight).
+`target_precision` says which target the drafter was last aligned with (`target_precision`).
 """
 
 from __future__ import annotations
@@ -99,8 +100,28 @@ def inspect_artifact(path: str | Path) -> dict[str, Any]:
         "format_version": (block or {}).get("format_version"),
         "target": (block or {}).get("target"),
         "provenance": list((block or {}).get("steps") or []),
+        "target_precision": target_precision((block or {}).get("steps")),
         **({"quantization": quant} if quant else {}),
     }
+
+
+def target_precision(steps: Any) -> dict[str, Any] | None:
+    """The target precision a drafter was last aligned with: the last provenance step that ran the target on
+    data for it (a distill, which trains on its signals; a quantize that calibrated on or was measured against
+    it), as {"label", "spec", "step" (1-based), "by" (its kind)}; "float" / "none" when that step ran the float
+    target (every step written before --target-quant existed did). None when no step ran a target."""
+    for i, step in reversed(list(enumerate(steps or (), 1))):
+        if not isinstance(step, dict):
+            continue
+        kind = step.get("step")
+        if kind == "distill":
+            tq = (step.get("data") or {}).get("target_quant")
+        elif kind == "quantize" and (step.get("calibration") or step.get("agreement")):
+            tq = step.get("target_quant")
+        else:
+            continue
+        return {"label": tq["label"] if tq else "float", "spec": tq["spec"] if tq else "none", "step": i, "by": kind}
+    return None
 
 
 def _quantization(block: dict[str, Any], index: dict[str, Any], model: nn.Module) -> dict[str, Any] | None:

@@ -50,6 +50,13 @@ def compressed_copy(target: Any, tq: TargetQuant, stream: np.ndarray | None = No
                     batches: int = CALIB_BATCHES) -> tuple[Any, dict[str, Any]]:
     """(a compressed copy of `target`, what was done); the float target is left as it is. `stream`: the
     calibration token stream a spec that needs data is calibrated on ([batches, 4, 128] windows)."""
+    q = copy.deepcopy(target)
+    return q.eval(), compress_in_place(q, tq, stream, seed=seed, batches=batches)
+
+
+def compress_in_place(target: Any, tq: TargetQuant, stream: np.ndarray | None = None, *, seed: int = 0,
+                      batches: int = CALIB_BATCHES) -> dict[str, Any]:
+    """compressed_copy without the copy (a command that needs no float target: distill, quantize)."""
     from specpress.compress.data import WindowSampler
     from specpress.compress.quantize.target import needs_data_message
     from specpress.errors import UsageError
@@ -60,9 +67,7 @@ def compressed_copy(target: Any, tq: TargetQuant, stream: np.ndarray | None = No
             raise UsageError(needs_data_message(tq))
         seq = min(CALIB_SEQ_LEN, target.config.max_position_embeddings - 1, len(stream) - 1)
         calibration = TargetCalibration(WindowSampler(stream, seq, CALIB_BATCH, seed), batches)
-    q = copy.deepcopy(target)
-    summary = quantize_target(q, tq, calibration)
-    return q.eval(), summary
+    return quantize_target(target, tq, calibration)
 
 
 def calibration_stream(data: str | Path, target_dir: str | Path, target: Any) -> np.ndarray:

@@ -37,7 +37,8 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
                        target_dir: str | Path | None = None, data_path: str | Path | None = None,
                        dequantize_out: bool = False, force: bool = False, calib_batches: int = 8, batch: int = 4,
                        seq_len: int = 128, seed: int = 0, eval_batches: int = 4,
-                       float_dtype: str | torch.dtype | None = "auto", calib_inputs: str = "rounds") -> QuantizeReport:
+                       float_dtype: str | torch.dtype | None = "auto", calib_inputs: str = "rounds",
+                       target_quant: Any = None, target_quant_data: str | Path | None = None) -> QuantizeReport:
     """Load, quantize, measure, write `out` atomically.
 
     float_dtype: what the kept float tensors (norms, biases, unquantized Linears, embeddings) are stored
@@ -46,6 +47,9 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
     with `dequantize_out` the dequantised weights are rounded and measured the same way.
     calib_inputs: what a config that needs data calibrates on (calibrate.calibration_loop): real speculative
     rounds (`rounds[:POLICY]`) or the teacher-forced first step (`first-step`).
+    target_quant (a TargetQuant, with a target): calibrate and measure against the target compressed so (the
+    re-calibration of a drafter to a compressed target), itself calibrated, when the spec needs data, on
+    target_quant_data or else on the calibration windows; the step records it.
     """
     from specpress.artifacts import check_new
     from specpress.compress.data import WindowSampler, data_stream
@@ -57,6 +61,9 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
     if (target_dir is None) != (data_path is None):
         raise UsageError("--target and --data go together: the drafter runs on the target's hidden states over "
                          "the data (calibration and the before/after agreement)")
+    if target_quant is not None and target_dir is None:
+        raise UsageError("--target-quant compresses the target the drafter is calibrated and measured on: pass "
+                         "--target DIR and --data PATH")
     if config.needs_data() and target_dir is None:
         what = f"--method {config.method}" if config.needs_calibration else "--activations static"
         raise UsageError(f"{what} calibrates on the activations entering each Linear: pass --target DIR and --data "
@@ -64,7 +71,7 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
     check_new(out, force)
     source = inspect_artifact(drafter_dir)
     stored = resolve_float_dtype(float_dtype, DTYPES.get(str(source["dtype"]), torch.float32))
-    target = sampler = None
+    target = sampler = compressed = None
     first_eval, heldout = 0, False
     if target_dir is not None:
         from specpress.compress.distill import FRESH_WINDOWS, split_stream
@@ -81,6 +88,14 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
         sampler = WindowSampler(train, seq_len, batch, seed)
         evals = WindowSampler(held, seq_len, batch, seed + 1) if held is not None else sampler
         heldout, first_eval = held is not None, 0 if held is not None else FRESH_WINDOWS
+        if target_quant is not None:
+            from specpress.runtime.compressed_target import calibration_stream, compress_in_place
+
+            calib = calibration_stream(target_quant_data, target_dir, target) if target_quant_data else train
+            summary = compress_in_place(target, target_quant, calib if target_quant.needs_data() else None, seed=seed)
+            compressed = {"spec": target_quant.text, "label": target_quant.label,
+                          **({"calibration": {"data": str(target_quant_data or data_path), **summary["calibration"]}}
+                             if summary.get("calibration") else {})}
     drafter = load_drafter(drafter_dir, target)
     before = after = None
     if target is not None:
@@ -96,6 +111,8 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
     quantize(drafter, config, calibration, float_dtype=stored)
     extra: dict[str, Any] = {"source": str(drafter_dir), "source_bytes": source["bytes"],
                              "source_dtype": source["dtype"], "float_dtype": str(stored).removeprefix("torch.")}
+    if compressed is not None:
+        extra["target_quant"] = compressed
     if calibration is not None:
         extra["calibration"] = {"data": str(data_path), "windows": calibration.windows, "tokens": calibration.tokens,
                                 "seq_len": seq_len, "seed": seed, "inputs": calib_inputs}

@@ -214,7 +214,13 @@ def export_hf(drafter: str | Path, out: str | Path, fmt: str, *, verifier: str |
         notes += enc.notes(qcfg, {rename(n): linears[n] for n in quantized})
         notes += fused_notes(set(quantized), linears)
     cfg_out["torch_dtype"] = dtype
-    cfg_out["specpress"] = {**block, "exported_as": fmt}
+    from specpress.models.inspect import target_precision
+
+    precision = target_precision(block.get("steps"))  # which target it was aligned with (float or compressed)
+    if precision and precision["label"] != "float":
+        notes.append(f"aligned with the target compressed as {precision['label']} (--target-quant {precision['spec']}, "
+                     f"recorded as specpress.target_precision): serve it beside a target quantized that way")
+    cfg_out["specpress"] = {**block, "exported_as": fmt, **({"target_precision": precision} if precision else {})}
     out = Path(out).expanduser()
     with atomic_dir(out, force=force) as tmp:
         write_json(tmp / "config.json", cfg_out)
