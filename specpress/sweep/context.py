@@ -226,14 +226,16 @@ class SweepContext:
         float target): compressed copies are built once per process, calibrated on the recipe's
         `calibration` data when their spec needs data (runtime/compressed_target.py)."""
         tq = self.recipe.target_spec(label)
-        if tq.is_float:
-            return self.target, None
-        if label not in self._targets:
+        return (self.target, None) if tq.is_float else self.compressed(tq)
+
+    def compressed(self, tq: Any) -> tuple[Any, dict[str, Any]]:
+        """(the target compressed per `tq`, the summary), built once per process (by label)."""
+        if tq.label not in self._targets:
             from specpress.runtime.compressed_target import compressed_copy
 
             stream = self.stream(self.recipe.calibration) if tq.needs_data() else None
-            self._targets[label] = compressed_copy(self.target, tq, stream, seed=self.recipe.seed)
-        return self._targets[label]
+            self._targets[tq.label] = compressed_copy(self.target, tq, stream, seed=self.recipe.seed)
+        return self._targets[tq.label]
 
     def greedy_outputs(self, label: str) -> list[list[int]]:
         """The greedy continuations of the sweep's prompts by the target `label` (plain decoding, once)."""

@@ -78,12 +78,15 @@ def apply_step(ctx: SweepContext, drafter: Any, step: Step) -> Any:
 
         c = step.calibration()
         sampler = WindowSampler(ctx.stream(ctx.recipe.calibration), c["seq_len"], c["batch"], ctx.recipe.seed)
-        calibration = calibration_loop(step.calib_inputs(), ctx.target, drafter, sampler, c["calib_batches"])
+        tq = step.target_quant()  # calibrate against a compressed target (re-calibration for that deployment)
+        target = ctx.target if tq is None else ctx.compressed(tq)[0]
+        calibration = calibration_loop(step.calib_inputs(), target, drafter, sampler, c["calib_batches"])
     quantize(drafter, cfg, calibration, float_dtype=ctx.stored_dtype())
     if calibration is not None:
         update_step(drafter, calibration={"data": source, "windows": calibration.windows,
                                           "tokens": calibration.tokens, "seed": ctx.recipe.seed,
-                                          "inputs": step.calib_inputs()})
+                                          "inputs": step.calib_inputs()},
+                    **({"target_quant": {"spec": tq.text, "label": tq.label}} if tq is not None else {}))
     return drafter
 
 

@@ -142,3 +142,30 @@ def test_bundled_target_quant_recipe_loads():
 
     r = load_recipe(Path(__file__).resolve().parents[2] / "bench" / "target_quant.yaml")
     assert [t.label for t in r.targets] == ["float", "int8", "fp8-dyn", "int4-g64", "nvfp4-static"]
+
+
+def test_a_quantize_point_can_calibrate_on_a_compressed_target(tmp_path):
+    """grid quantize `target_quant`: GPTQ re-calibrated on the compressed target, its own point, measured on
+    every target like any other. (The lm drafter sees only tokens: its calibration inputs change where the
+    compressed target's greedy tokens do, as int4 g8's do here.)"""
+    write_setup(tmp_path)
+    recipe = {**AXIS, "target_quant": ["int4:group=8"], "grid": [{"quantize": {
+        "scheme": "int4", "group_size": 8, "method": "gptq", "calib_batches": 1, "seq_len": 32,
+        "target_quant": ["none", "int4:group=8"]}}]}
+    r = parse_recipe(recipe, tmp_path)
+    assert [p.id for p in r.points] == ["base", "int4-g8-gptq-cb1-sl32", "int4-g8-gptq-cb1-sl32-on-int4-g8"]
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
+    res = sweep(tmp_path / "r.yaml", "--out", tmp_path / "o")
+    assert res.exit_code == 0, (res.output, res.exception)
+    recs = {(r["point"], r["target_quant"]): r for r in read_results(tmp_path / "o")}
+    assert len(recs) == 6 and all(r["lossless_mismatches"] == 0 for r in recs.values())
+    step = recs["int4-g8-gptq-cb1-sl32-on-int4-g8", "int4-g8"]["provenance"][-1]
+    assert step["target_quant"] == {"spec": "int4:group=8", "label": "int4-g8"}
+    assert "target_quant" not in recs["int4-g8-gptq-cb1-sl32", "int4-g8"]["provenance"][-1]
+    from specpress.models.io import read_weights
+
+    a, b = (read_weights(tmp_path / "o" / "points" / p / "drafter") for p in ("int4-g8-gptq-cb1-sl32",
+                                                                                "int4-g8-gptq-cb1-sl32-on-int4-g8"))
+    assert any(not __import__("torch").equal(a[k], b[k]) for k in a if k.endswith("qweight"))
+    with pytest.raises(ConfigError, match="does not calibrate"):
+        parse_recipe({**AXIS, "grid": [{"quantize": {"scheme": "int8", "target_quant": "fp8"}}]}, tmp_path)
