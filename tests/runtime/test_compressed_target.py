@@ -168,6 +168,14 @@ def test_bench_with_a_float_spec_changes_nothing(saved):
     assert q["target_paired"]["delta_tau"] == 0 and q["target_retention"] == 1.0
 
 
+def test_bench_compare_drafter_is_paired_per_prompt(saved):
+    q, _ = bench(saved, "--drafter", saved / "drafter", "--policy", "chain:3", "--compare-drafter", saved / "drafter",
+                 "--target-quant", "fp8")
+    c = q["compare"]
+    assert c["tau"] == q["tau"] and c["paired"]["delta_tau"] == 0 and c["paired"]["n"] == 6
+    assert c["lossless_mismatches"] == 0  # against the compressed target, like --drafter's
+
+
 def test_bench_plain_and_calibrated_target(saved):
     q, out = bench(saved, "--target-quant", "fp8:activations=static", "--target-quant-data", saved / "ids.jsonl")
     assert q["target_quant"]["calibration"]["windows"] == 32 and q["target_quant"]["input_amax"]
