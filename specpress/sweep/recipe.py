@@ -145,10 +145,9 @@ class Recipe:
         return (parse_target_quant("none"), *self.target_quant)
 
     def target_spec(self, label: str) -> Any:
-        for tq in self.targets:
-            if tq.label == label:
-                return tq
-        raise ConfigError(f"no target {label!r}; targets: {', '.join(t.label for t in self.targets)}")
+        from specpress.compress.quantize.target import find_target
+
+        return find_target(self.targets, label)
 
     def point(self, pid: str) -> Point:
         for p in self.points:
@@ -317,26 +316,10 @@ def _backends(v: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _target_quant(v: Any) -> tuple[Any, ...]:
-    """The compressed targets besides the float one (always measured): `none` may be listed, and is dropped."""
-    from specpress.compress.quantize.target import parse_target_quant
-
-    out: dict[str, Any] = {}
-    for i, spec in enumerate(_list(v, "target_quant", "[fp8, int4, 'nvfp4:activations=static']")):
-        if isinstance(spec, bool) or not isinstance(spec, (str, int)):
-            raise ConfigError(f"target_quant[{i}] must be a --target-quant spec string, found {_found(spec)}")
-        try:
-            tq = parse_target_quant(str(spec))
-        except ConfigError as exc:
-            raise ConfigError(f"target_quant[{i}]: {exc}") from None
-        if tq.label in out or (tq.is_float and "float" in out):
-            raise ConfigError(f"target_quant lists {tq.label!r} twice ({out.get(tq.label, tq).text!r} and {tq.text!r})")
-        out["float" if tq.is_float else tq.label] = tq
-    return tuple(tq for tq in out.values() if not tq.is_float)
-
-
 def parse_recipe(obj: Any, base_dir: Path, source: Path | None = None) -> Recipe:
     """Validate a recipe object (what yaml.safe_load returned); relative paths resolve against base_dir."""
+    from specpress.compress.quantize.target import parse_target_list
+
     where = str(source) if source else "recipe"
     try:
         d = _keys(obj, "the recipe (top level)", TOP_KEYS, REQUIRED)
@@ -365,7 +348,8 @@ def parse_recipe(obj: Any, base_dir: Path, source: Path | None = None) -> Recipe
             description=str(d.get("description") or ""), source=source,
             tolerate_failures=_flag(d.get("tolerate_failures", False), "tolerate_failures"),
             executor=parse_executor(d["executor"]) if "executor" in d else None,
-            target_quant=_target_quant(d["target_quant"]) if "target_quant" in d else ())
+            target_quant=() if "target_quant" not in d else parse_target_list(
+                _list(d["target_quant"], "target_quant", "[fp8, int4, 'nvfp4:activations=static']"), "target_quant"))
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
 

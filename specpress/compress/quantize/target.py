@@ -162,6 +162,31 @@ def spec_words(message: str) -> str:
     return message
 
 
+def parse_target_list(values: list[Any], where: str) -> tuple[TargetQuant, ...]:
+    """A recipe's list of specs -> the compressed targets (`none` may be listed: the float target is always
+    measured, so it is dropped); a duplicate label or a non-string is an error naming `where[i]`."""
+    out: dict[str, TargetQuant] = {}
+    for i, spec in enumerate(values):
+        if isinstance(spec, bool) or not isinstance(spec, (str, int)):
+            raise ConfigError(f"{where}[{i}] must be a --target-quant spec string, found {spec!r} "
+                              f"({type(spec).__name__})")
+        try:
+            tq = parse_target_quant(str(spec))
+        except ConfigError as exc:
+            raise ConfigError(f"{where}[{i}]: {exc}") from None
+        if tq.label in out:
+            raise ConfigError(f"{where} lists {tq.label!r} twice ({out[tq.label].text!r} and {tq.text!r})")
+        out[tq.label] = tq
+    return tuple(tq for tq in out.values() if not tq.is_float)
+
+
+def find_target(targets: tuple[TargetQuant, ...], label: str) -> TargetQuant:
+    for tq in targets:
+        if tq.label == label:
+            return tq
+    raise ConfigError(f"no target {label!r}; targets: {', '.join(t.label for t in targets)}")
+
+
 # ----------------------------------------------------------------------------------------------
 # Calibration: the target run over windows of data
 # ----------------------------------------------------------------------------------------------
