@@ -61,7 +61,8 @@ class Sweep:
                  f"{len(self.runs())} run(s) each, {len(self.ctx.prompts)} prompts x "
                  f"{self.recipe.max_new_tokens} new tokens; base drafter {base_dir} "
                  f"({self.ctx.base_info['family']}, {self.ctx.base_info['params']:,} params)"
-                 + (f"; targets {', '.join(t.label for t in self.recipe.targets)}" if self.recipe.target_quant else ""))
+                 + ("" if not self.recipe.target_quant else
+                    f"; targets {', '.join(t.label for t in self.recipe.targets)}"))
 
     def _check_policies(self) -> None:
         from specpress.runtime.drafting import check_policy
