@@ -238,13 +238,39 @@ class SweepContext:
         return self._targets[tq.label]
 
     def greedy_outputs(self, label: str) -> list[list[int]]:
-        """The greedy continuations of the sweep's prompts by the target `label` (plain decoding, once)."""
+        """The greedy continuations of the sweep's prompts by the target `label`: those a greedy bench of it
+        already decoded (`note_greedy`, kept under OUT/cache/), else decoded now (plain decoding, once)."""
         if label not in self._greedy:
-            from specpress.runtime.plain import decode_plain
+            cached = self._greedy_file(label)
+            if cached.is_file():
+                self._greedy[label] = json.loads(cached.read_text())["outputs"]
+            else:
+                from specpress.runtime.plain import decode_plain
 
-            target = self.target_for(label)[0]
-            self._greedy[label] = [decode_plain(target, p.ids, self.recipe.max_new_tokens).tokens for p in self.prompts]
+                target = self.target_for(label)[0]
+                self.note_greedy(label, [decode_plain(target, p.ids, self.recipe.max_new_tokens).tokens
+                                         for p in self.prompts])
         return self._greedy[label]
+
+    def has_greedy(self, label: str) -> bool:
+        return label in self._greedy or self._greedy_file(label).is_file()
+
+    def note_greedy(self, label: str, outputs: list[list[int]]) -> None:
+        """Keep the plain greedy continuations a bench of target `label` decoded (in memory and on disk)."""
+        from specpress.artifacts import write_json
+
+        self._greedy[label] = [list(o) for o in outputs]
+        write_json(self._greedy_file(label), {"target": label, "outputs": self._greedy[label]})
+
+    def _greedy_file(self, label: str) -> Path:
+        """OUT/cache/greedy-<key>.json, keyed by what the continuations depend on."""
+        from specpress.sweep.run import target_tag
+
+        tq, r = self.recipe.target_spec(label), self.recipe
+        key = _sha({"prompts": [list(p.ids) for p in self.prompts], "max_new_tokens": r.max_new_tokens,
+                    "target": target_tag(self.target_dir), "spec": tq.text, "dtype": r.dtype, "seed": r.seed,
+                    "calibration": r.calibration.to_json() if tq.needs_data() else None})
+        return self.out / "cache" / f"greedy-{key}.json"
 
     def target_drift(self, label: str) -> dict[str, Any] | None:
         """How far the compressed target's greedy continuations drift from the float target's (None for the

@@ -168,7 +168,6 @@ def _measure_on_target(ctx: SweepContext, point: Point, runs: list[Any], label: 
     t1 = time.monotonic()
     try:
         target, summary = ctx.target_for(label)
-        drift = ctx.target_drift(label)
         target_s = time.monotonic() - t1
         quiet = not point.is_base or log is None or label != FLOAT_TARGET  # warn once, for the base
         drafter = load_drafter_for(target, art, warn=(lambda m: None) if quiet else log)
@@ -186,7 +185,7 @@ def _measure_on_target(ctx: SweepContext, point: Point, runs: list[Any], label: 
     tq = ctx.recipe.target_spec(label)
     mine = {**shared, "agreement": acc,
             "agreement_windows": None if sampler is None else ctx.recipe.agreement_batches * sampler.batch,
-            "agreement_s": agreement_s, "target_quant_spec": tq.text, "target_agreement": drift, "target_s": target_s,
+            "agreement_s": agreement_s, "target_quant_spec": tq.text, "target_s": target_s,
             "target_quant_summary": None if summary is None else {
                 k: summary.get(k) for k in ("quantized", "linear_bytes_before", "linear_bytes_after",
                                             "weight_sqnr_db_min", "kv_cache", "calibration")}}
@@ -204,12 +203,15 @@ def _measure_on_target(ctx: SweepContext, point: Point, runs: list[Any], label: 
 
                     path = exported_dir_for(art, ctx.target_dir)[0]
                 runners[backend] = load_runner(backend, path, target, TorchTarget(target).device)
+            keep = float(temperature) == 0 and not ctx.has_greedy(label)  # its plain greedy decodes: the drift's
             res = bench_speculative(
                 target, runners[backend], ctx.prompts, ctx.recipe.max_new_tokens, parse_policy(policy),
                 params=SamplingParams(temperature), seed=ctx.recipe.seed, drafter_bytes=int(info["bytes"]),
                 config={"point": point.id, "drafter": str(art), "target": str(ctx.target_dir), "backend": backend,
                         "target_quant": tq.text},
-                on_prompt=(lambda i, r=run: on_prompt(r, i)) if on_prompt else None)
+                on_prompt=(lambda i, r=run: on_prompt(r, i)) if on_prompt else None, keep_plain=keep)
+            if keep:
+                ctx.note_greedy(label, res.pop("plain_outputs"))
         except Exception as exc:
             records.append({**rec, "status": "failed", **error_summary(exc), "wall_s": time.monotonic() - t3})
             continue
@@ -225,7 +227,11 @@ def _measure_on_target(ctx: SweepContext, point: Point, runs: list[Any], label: 
             "bench_s": time.monotonic() - t3})
         rec["wall_s"] = shared["build_s"] + target_s + agreement_s + rec["bench_s"]
         records.append(rec)
-    return records
+    try:  # the target's greedy drift from the float target (from the plain decodes above where there were any)
+        drift = ctx.target_drift(label)
+    except Exception as exc:
+        return [{**r, "status": "failed", **error_summary(exc)} for r in records]
+    return [{**r, "target_agreement": drift} for r in records]
 
 
 def _rel(path: Path, out: Path) -> str:
