@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 
 from specpress.commands.target_quant import target_quant_options
-from specpress.runtime.backends import BACKENDS, READS
+from specpress.errors import UsageError
+from specpress.runtime.backends import READS, backends, names
 
 TEMPERATURE = click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
                            help="0 = greedy; >0 samples from the target's (processed) distribution.")
@@ -41,16 +43,15 @@ COMPARE = click.option("--compare-drafter", "compare_dir", type=click.Path(path_
                             "drafters' median forward and round ms per round, with the ratio this / --drafter, "
                             "and `paired`: the mean per-prompt tau of this minus --drafter's, with its 95 % "
                             "bootstrap CI.")
-COMPARE_BACKEND = click.option("--compare-backend", type=click.Choice(list(BACKENDS)), default=None,
+COMPARE_BACKEND = click.option("--compare-backend", type=click.Choice(names()), default=None,
                                help="Backend of --compare-drafter  [default: --backend]; e.g. --backend torch "
                                     "--compare-backend onnxruntime times one drafter on both.")
 COMPILE_WARMUP_PROMPTS = 3
-BACKEND = click.option("--backend", type=click.Choice(list(BACKENDS)), default="torch", show_default=True,
+BACKEND = click.option("--backend", type=click.Choice(names()), default="torch", show_default=True,
                        help="Where the drafter runs (the target: --target-backend); --drafter is then "
-                            + "; ".join(f"for {b.name}: {READS[b.reads]}" for b in BACKENDS.values()) + ".")
-
-
-TARGET_BACKEND = click.option("--target-backend", type=click.Choice(["torch", "onnxruntime"]), default="torch",
+                            + "; ".join(f"for {b.name}: {READS[b.reads]}" for b in backends().values())
+                            + " (a drafter artifact is exported to ONNX on demand, once, into the cache).")
+TARGET_BACKEND = click.option("--target-backend", type=click.Choice(names(runs_target=True)), default="torch",
                               show_default=True,
                               help="Where the target runs (plain decoding and verification): torch, or onnxruntime "
                                    "over its `specpress export target` graph, exported once into the cache. With "
@@ -58,56 +59,48 @@ TARGET_BACKEND = click.option("--target-backend", type=click.Choice(["torch", "o
 
 
 def loop_target(target_backend: str, target, target_dir: Path, dtype: str, compile_target: bool, warn):
-    """The target the loop calls: the torch TargetModel, or an OnnxTarget over its (cached) export."""
-    if target_backend == "torch":
-        return target
-    if compile_target:
-        raise click.UsageError("--compile-target compiles the torch target; drop it with --target-backend onnxruntime")
-    if dtype == "bf16":
-        raise click.UsageError("--target-backend onnxruntime runs an fp32 or fp16 export (onnxruntime's CPU kernels "
-                               "have no bf16); pass --dtype fp32 or fp16")
-    from specpress.export.ondemand import exported_target_for
-    from specpress.export.target import TargetExportOptions
-    from specpress.runtime.backends.onnxruntime import load_target_runner
+    """The target the loop calls: the torch target, or the --target-backend's runner over what it reads
+    (an ONNX export made on demand)."""
+    from specpress.export.ondemand import target_input
+    from specpress.runtime.backends import load_target_runner
 
-    path, _ = exported_target_for(target_dir, TargetExportOptions(dtype=dtype), progress=warn)
-    return load_target_runner(path, "cpu")
+    if compile_target and target_backend != "torch":
+        raise UsageError(f"--compile-target compiles the torch target; drop it with --target-backend {target_backend}")
+    return load_target_runner(target_backend, target_input(target_backend, target_dir, dtype, progress=warn), target)
+
+
+def check_drafter_dir(backend: str, drafter_dir: Path | None, flag: str = "--drafter") -> None:
+    """Before any loading: an export given to a backend that runs drafter artifacts is refused, naming the
+    backend that runs it (a drafter artifact given to an export backend is exported on demand)."""
+    from specpress.errors import RequestError
+    from specpress.runtime.backends import check_reads, get_backend
+
+    backend_ = get_backend(backend)
+    if drafter_dir is not None and backend_.reads == "drafter":
+        try:
+            check_reads(backend_, Path(drafter_dir))
+        except RequestError as exc:
+            raise RequestError(str(exc).replace("--drafter ", f"{flag} ", 1)) from None
 
 
 def check_compile(compile_drafter: bool, drafter_dir: Path | None, backend: str = "torch") -> None:
     if compile_drafter and drafter_dir is None:
-        raise click.UsageError("--compile compiles the drafter; pass --drafter too (plain decoding stays eager)")
+        raise UsageError("--compile compiles the drafter; pass --drafter too (plain decoding stays eager)")
     if compile_drafter and backend != "torch":
-        raise click.UsageError(f"--compile compiles a torch drafter's forward; the {backend} backend runs its own "
+        raise UsageError(f"--compile compiles a torch drafter's forward; the {backend} backend runs its own "
                                "graph: drop --compile or use --backend torch")
 
 
 def load_drafter_runner(backend: str, drafter_dir: Path, target, *, strict: bool, warn, compile_drafter: bool,
-                        target_dir: Path | None = None):
+                        target_dir: Path):
     """The --drafter directory as the --backend registry entry runs it, on the target's device. A drafter
     artifact given to a backend that reads ONNX is exported first (once, cached; specpress.export.ondemand)."""
-    from specpress.runtime.backends import is_drafter_artifact, load_runner
-    from specpress.runtime.backends.torch import TorchTarget
+    from specpress.export.ondemand import runner_input
+    from specpress.runtime.backends import load_runner
 
-    if BACKENDS[backend].reads == "onnx" and target_dir is not None and is_drafter_artifact(Path(drafter_dir)):
-        from specpress.export.ondemand import exported_dir_for
-
-        drafter_dir, _ = exported_dir_for(drafter_dir, target_dir, progress=warn)
     opts = {"compile": True} if compile_drafter else {}
-    return load_runner(backend, drafter_dir, target, TorchTarget(target).device, strict=strict, warn=warn, **opts)
-
-
-def drafter_bytes(backend: str, drafter_dir: Path) -> int:
-    """Bytes of the drafter as stored: the artifact's own count, or the files of an exported directory."""
-    if BACKENDS[backend].reads == "drafter":
-        from specpress.models.inspect import inspect_artifact
-
-        return int(inspect_artifact(drafter_dir)["bytes"])
-    if BACKENDS[backend].reads == "onnx" and (Path(drafter_dir) / "manifest.json").is_file():
-        from specpress.manifest import load_manifest
-
-        return load_manifest(drafter_dir).drafter_bytes  # the graphs; the target's shared tensors excluded
-    return sum(p.stat().st_size for p in Path(drafter_dir).expanduser().rglob("*") if p.is_file())
+    return load_runner(backend, runner_input(backend, drafter_dir, target_dir, progress=warn), target,
+                       target.lm_head.weight.device, strict=strict, warn=warn, **opts)
 
 
 def DECODING(fn):  # noqa: N802 - used as a decorator like the option constants above
@@ -141,7 +134,9 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
     """
     import torch
 
-    from specpress.commands.target_quant import check_target_backend, compress_target, parse_spec
+    from specpress.commands.target_quant import check_target_backend, compress_target, greedy_drift, parse_spec
+    from specpress.limits import prompt_line_limit
+    from specpress.machine import check_decode
     from specpress.models.target import load_target
     from specpress.models.tokenizer import load_tokenizer
     from specpress.runtime.bench import default_policy
@@ -149,15 +144,17 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
     from specpress.runtime.loop import speculative_generate
     from specpress.runtime.plain import decode_plain
     from specpress.runtime.policy import parse_policy
-    from specpress.runtime.prompts import encode
+    from specpress.runtime.prompts import encode, max_context
     from specpress.runtime.sampling import SamplingParams
 
     check_compile(compile_drafter, drafter_dir, backend)
+    check_drafter_dir(backend, drafter_dir)
     tq = parse_spec(target_quant, target_quant_data)
     check_target_backend(tq, target_backend, False)
-    target = float_target = load_target(target_dir, dtype=dtype)
     tok = load_tokenizer(target_dir)
-    ids = encode(prompt, tok)
+    ids = encode(prompt, tok, prompt_line_limit(max_context(target_dir)))
+    check_decode(target_dir, len(ids), max_new_tokens, dtype, "--prompt")  # before the target's weights load
+    target = float_target = load_target(target_dir, dtype=dtype)
     if tq is not None:
         target, _ = compress_target(float_target, target_dir, tq, target_quant_data, seed,
                                     lambda m: click.echo(m, err=True))
@@ -188,18 +185,6 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
                err=True)
 
 
-def greedy_drift(float_target, ids, max_new_tokens: int, tokens: list[int]) -> str:
-    """', target int4-g64: the first 37 of 48 tokens equal the float target's greedy continuation'."""
-    from specpress.runtime.compressed_target import greedy_agreement
-    from specpress.runtime.plain import decode_plain
-
-    ref = decode_plain(float_target, ids, max_new_tokens).tokens
-    a = greedy_agreement([ref], [tokens])
-    n = a["first_divergence"][0]
-    return ("; identical to the float target's greedy continuation" if n is None else
-            f"; the first {n} of {len(ref)} tokens equal the float target's greedy continuation")
-
-
 @click.command()
 @TARGET
 @DRAFTER
@@ -219,7 +204,10 @@ def greedy_drift(float_target, ids, max_new_tokens: int, tokens: list[int]) -> s
                       "target_retention and target_agreement (the two targets' greedy continuations: prefix "
                       "agreement, exact matches; README)")
 @STRICT
-@click.option("--json", "json_out", type=click.Path(path_type=Path), help="Write the full metrics object here.")
+@click.option("--json", "json_out", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
+              type=click.Path(path_type=Path, allow_dash=True),
+              help="Write the full metrics object (outputs and per-prompt rows included) to FILE; bare --json (or -) "
+                   "prints it on stdout. Without it, stdout gets the object without outputs and per_prompt.")
 @click.option("--force", is_flag=True, help="Replace an existing --json file.")
 def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_new_tokens: int, policy: str | None,
           temperature: float, top_k: int, top_p: float, seed: int, dtype: str, backend: str,
@@ -268,33 +256,59 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
       specpress bench --target ~/.cache/specpress/zoo/small --drafter ./eagle3 --prompts prompts.jsonl \\
           --target-quant nvfp4:activations=static --target-quant-data zoo:train --max-new-tokens 64 --json t.json
     """
+    from contextlib import ExitStack
+
+    from specpress.artifacts import claim_output
+    from specpress.commands.target_quant import check_target_backend, parse_spec
+
+    check_compile(compile_drafter, drafter_dir, backend)
+    if compare_dir is not None and drafter_dir is None:
+        raise UsageError("--compare-drafter compares against --drafter; pass --drafter too")
+    if compare_backend is not None and compare_dir is None:
+        raise UsageError("--compare-backend names the backend of --compare-drafter; pass --compare-drafter too")
+    compare_backend = compare_backend or backend
+    check_drafter_dir(backend, drafter_dir)
+    check_drafter_dir(compare_backend, compare_dir, "--compare-drafter")
+    tq = parse_spec(target_quant, target_quant_data)
+    check_target_backend(tq, target_backend, compile_target)
+    to_file = json_out is not None and json_out != Path("-")
+    with ExitStack() as stack:
+        if to_file:  # before decoding: a bad path must not cost the measurement; held until it is written
+            stack.enter_context(claim_output(json_out, force=force, kind="file", flag="--json",
+                                             inputs={"--target": target_dir, "--prompts": prompts_file,
+                                                     "--drafter": drafter_dir, "--compare-drafter": compare_dir}))
+        _bench(target_dir, drafter_dir, prompts_file, max_new_tokens, policy, temperature, top_k, top_p, seed, dtype,
+               backend, compile_drafter, compile_target, compare_dir, compare_backend, target_backend, strict,
+               json_out, to_file, tq, target_quant_data)
+
+
+def _bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_new_tokens: int, policy: str | None,
+           temperature: float, top_k: int, top_p: float, seed: int, dtype: str, backend: str,
+           compile_drafter: bool, compile_target: bool, compare_dir: Path | None, compare_backend: str,
+           target_backend: str, strict: bool, json_out: Path | None, to_file: bool, tq: Any,
+           target_quant_data: str | None) -> None:
+    """bench after its options are checked and its --json file claimed."""
     from rich.console import Console
     from rich.progress import Progress
 
-    from specpress.artifacts import check_output, write_json
-    from specpress.commands.target_quant import check_target_backend, compress_target, float_reference, parse_spec
+    from specpress.artifacts import write_json
+    from specpress.commands.target_quant import compress_target, float_reference
     from specpress.machine import LoadMeter, load_warning
-    from specpress.runtime.bench import bench_plain, bench_speculative, default_policy, load_bench_inputs
+    from specpress.runtime.backends import drafter_bytes
+    from specpress.runtime.bench import (
+        bench_plain,
+        bench_speculative,
+        default_policy,
+        load_bench_inputs,
+    )
     from specpress.runtime.compile import compile_errors
     from specpress.runtime.compile import compile_target as compile_target_fn
     from specpress.runtime.policy import parse_policy
     from specpress.runtime.sampling import SamplingParams
     from specpress.ticker import bar_columns
 
-    check_compile(compile_drafter, drafter_dir, backend)
-    if compare_dir is not None and drafter_dir is None:
-        raise click.UsageError("--compare-drafter compares against --drafter; pass --drafter too")
-    if compare_backend is not None and compare_dir is None:
-        raise click.UsageError("--compare-backend names the backend of --compare-drafter; pass --compare-drafter too")
-    compare_backend = compare_backend or backend
-    tq = parse_spec(target_quant, target_quant_data)
-    check_target_backend(tq, target_backend, compile_target)
-    if json_out:  # before decoding: a bad path must not cost the measurement
-        check_output(json_out, force=force, kind="file", flag="--json",
-                     inputs={"--target": target_dir, "--prompts": prompts_file, "--drafter": drafter_dir,
-                             "--compare-drafter": compare_dir})
     console = Console(stderr=True)
-    target, prompts = load_bench_inputs(target_dir, prompts_file, dtype)
+    target, prompts = load_bench_inputs(target_dir, prompts_file, dtype, max_new_tokens)
     config = {"target": str(target_dir), "prompts_file": str(prompts_file), "dtype": dtype,
               "drafter": None if drafter_dir is None else str(drafter_dir), "backend": backend, "policy": None,
               "compile": compile_drafter, "compile_target": compile_target}
@@ -351,7 +365,11 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
     if warning := load_warning(result["machine"]):
         console.print(warning, style="yellow", highlight=False)
     if drafter is not None:
-        from specpress.runtime.coverage import calibration_coverage, coverage_warning, drafter_provenance
+        from specpress.runtime.coverage import (
+            calibration_coverage,
+            coverage_warning,
+            drafter_provenance,
+        )
 
         result["calibration_coverage"] = calibration_coverage(drafter_provenance(drafter_dir))
         if warning := coverage_warning(result["eval_coverage"], result["calibration_coverage"]):
@@ -362,9 +380,11 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
 
         for line in comparison_lines(result):
             console.print(line, highlight=False)
-    if json_out:
-        write_json(json_out, result)  # its directory was made by check_output
+    if to_file:
+        write_json(json_out, result)  # claimed (and its directory made) before the work
         console.print(f"wrote {json_out}")
+    elif json_out is not None:
+        click.echo(json.dumps(result, indent=2))
     else:
         click.echo(json.dumps({k: v for k, v in result.items() if k not in ("outputs", "per_prompt")}, indent=2))
 

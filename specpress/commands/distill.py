@@ -78,9 +78,10 @@ FAMILIES_HELP = "eagle, eagle3, mtp, dflash, lm"
               help="dflash: weight w of the L1 distance between the drafter's and the target's distributions "
                    "per block position, (1 - w)·CE + w·L1 (DSpark trains with 0.9).")
 @click.option("--checkpoint-minutes", type=click.FloatRange(min=0), default=2.0, show_default=True)
-@click.option("--bf16/--fp32", default=True, show_default=True,
-              help="Run the target's and the student's forwards under bfloat16 autocast (about 2x faster on "
-                   "CPUs with AMX / AVX512-BF16); losses, optimizer and weights stay fp32.")
+@click.option("--dtype", type=click.Choice(["bf16", "fp32"]), default="bf16", show_default=True,
+              help="Dtype of the target's and the student's forwards: bf16 runs them under bfloat16 autocast (about "
+                   "2x faster on CPUs with AMX / AVX512-BF16); losses, optimizer and weights stay fp32 either way.")
+@click.option("--bf16/--fp32", "legacy_bf16", default=None, hidden=True, help="Deprecated spelling of --dtype.")
 @click.option("--compile", "compile_teacher", is_flag=True,
               help="Run the target's teacher forward through torch.compile (Inductor, fixed shapes): on the zoo "
                    "target's CPU 42-45 -> 28-31 ms a step, after 15-25 s of compiling (counted by --minutes).")
@@ -96,7 +97,8 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
             optimizer: str | None, batch: int, seq_len: int, hidden: int | None, layers: int | None, ffn: int | None,
             heads: int | None, kv_heads: int | None, draft_vocab: int | None, taps: tuple[int, ...] | None,
             ttt_steps: int | None, block_size: int, anchors: int, gamma: float | None, markov_rank: int | None,
-            mask_token_id: int | None, labels: str, tv_weight: float, checkpoint_minutes: float, bf16: bool,
+            mask_token_id: int | None, labels: str, tv_weight: float, checkpoint_minutes: float, dtype: str,
+            legacy_bf16: bool | None,
             compile_teacher: bool, cache_dir: Path | None, target_quant: str | None,
             target_quant_data: str | None) -> None:
     """Train a drafter against a target (or shrink a --from drafter, or fine-tune an --init one) and write it
@@ -123,7 +125,7 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
     regenerate`) with --markov-rank 128 --lr 3e-3 --optimizer muon --gamma 1 (tau 3.27); DSpark's
     --tv-weight 0.9 did worse than CE alone (the Markov head is stored as markov_head.markov_w{1,2}.weight,
     its rank as dflash_config.markov_rank). --compile gave 10 % more steps in one 10-minute run. On
-    GPUs without bf16 (pre-Ampere) pass --fp32.
+    GPUs without bf16 (pre-Ampere) pass --dtype fp32.
 
     Multi-GPU: `torchrun --nproc_per_node N -m specpress.cli distill ...` shards the batches by rank
     (gradients all-reduced; rank 0 writes).
@@ -148,15 +150,21 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
       specpress distill --target ~/.cache/specpress/zoo/small --family eagle3 --data zoo:train \\
           --init drafters/eagle3 --target-quant nvfp4:activations=static --steps 300 --out drafters/eagle3-nvfp4t
     """
-    from specpress.artifacts import claim_output
+    from contextlib import ExitStack
+
+    from specpress.artifacts import claim_cache, claim_output
     from specpress.commands.guards import check_not_quantized, check_seq_len, distill_saved, interrupted
     from specpress.commands.target_quant import parse_spec
     from specpress.compress.config import DistillConfig
+    from specpress.compress.data import check_data
     from specpress.compress.distill import distill_from_dirs
-    from specpress.errors import UsageError
+    from specpress.errors import UsageError, deprecated
 
     if steps is None and minutes is None:
         raise UsageError("give a budget: --steps N and/or --minutes M")
+    if legacy_bf16 is not None:
+        dtype = "bf16" if legacy_bf16 else "fp32"
+        deprecated("--bf16 / --fp32", f"use --dtype {dtype}")
     tq = parse_spec(target_quant, target_quant_data, data_default="--data")
     config = DistillConfig(family=family, steps=steps, minutes=minutes, lr=lr, optimizer=optimizer, batch=batch,
                            seq_len=seq_len, seed=seed, hidden=hidden, layers=layers, ffn=ffn, heads=heads,
@@ -164,13 +172,15 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
                            block_size=block_size, anchors=anchors, gamma=gamma, markov_rank=markov_rank,
                            mask_token_id=mask_token_id, labels=labels, tv_weight=tv_weight,
                            checkpoint_minutes=checkpoint_minutes,
-                           bf16=bf16, compile=compile_teacher)
+                           bf16=dtype == "bf16", compile=compile_teacher)
     inputs = {"--target": target_dir, "--data": data_path, "--from": from_dir, "--init": init_dir,
               "--cache-teacher": cache_dir}
-    with claim_output(out, force=force, inputs=inputs, partial=True, resume=resume) as claim:
-        for note in claim.notes:
-            click.echo(f"note: {note}", err=True)
+    with claim_output(out, force=force, inputs=inputs, partial=True, resume=resume) as claim, ExitStack() as stack:
+        if cache_dir is not None:  # the teacher's cache is written too: claimed like an output
+            for leftover in stack.enter_context(claim_cache(cache_dir)):
+                click.echo(f"note: {leftover}", err=True)
         check_seq_len(target_dir, seq_len, batch)
+        check_data(data_path)  # a device, a FIFO or more text than memory: refused before loading
         for flag, d in (("--init", init_dir), ("--from", from_dir)):
             if d is not None:
                 check_not_quantized(d, flag)

@@ -50,6 +50,10 @@ def parse_spec(spec: str | None, data: str | None, data_default: str | None = No
             raise UsageError("--target-quant-data calibrates a --target-quant; pass --target-quant too")
         return None
     tq = parse_target_quant(spec)
+    if data is not None and tq.needs_data():
+        from specpress.compress.data import check_data
+
+        check_data(data)  # a missing path, a device or more text than memory: refused before the target loads
     if data is not None and not tq.needs_data():
         raise UsageError(f"--target-quant {tq.text!r} needs no calibration data (only method=gptq / awq / smoothquant "
                          f"and static activation scales found from data do): drop --target-quant-data")
@@ -98,6 +102,19 @@ def comparison_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def greedy_drift(float_target: Any, ids: Any, max_new_tokens: int, tokens: list[int]) -> str:
+    """', target int4-g64: the first 37 of 48 tokens equal the float target's greedy continuation'."""
+    from specpress.runtime.backends.torch.runner import TorchTarget
+    from specpress.runtime.compressed_target import greedy_agreement
+    from specpress.runtime.plain import decode_plain
+
+    ref = decode_plain(TorchTarget(float_target), ids, max_new_tokens).tokens
+    a = greedy_agreement([ref], [tokens])
+    n = a["first_divergence"][0]
+    return ("; identical to the float target's greedy continuation" if n is None else
+            f"; the first {n} of {len(ref)} tokens equal the float target's greedy continuation")
+
+
 def check_target_backend(tq: Any, target_backend: str, compile_target: bool) -> None:
     """A compressed target runs on torch, eager."""
     from specpress.errors import UsageError
@@ -120,6 +137,7 @@ def float_reference(result: dict[str, Any], summary: dict[str, Any], float_targe
     the compressed target's result, which loses its plain_outputs."""
     from rich.progress import Progress
 
+    from specpress.runtime.backends.torch.runner import TorchTarget
     from specpress.runtime.bench import bench_plain, bench_speculative
     from specpress.runtime.compressed_target import float_comparison
     from specpress.ticker import bar_columns
@@ -128,9 +146,9 @@ def float_reference(result: dict[str, Any], summary: dict[str, Any], float_targe
         task = progress.add_task("float target (reference)", total=len(prompts))
         kw = dict(params=params, seed=seed, keep_plain=True, on_prompt=lambda i: progress.advance(task))
         if drafter is None:
-            ref = bench_plain(float_target, prompts, max_new_tokens, **kw)
+            ref = bench_plain(TorchTarget(float_target), prompts, max_new_tokens, **kw)
         else:
-            ref = bench_speculative(float_target, drafter(), prompts, max_new_tokens, policy, **kw)
+            ref = bench_speculative(TorchTarget(float_target), drafter(), prompts, max_new_tokens, policy, **kw)
     out = {"target_quant": summary, **float_comparison(result, ref, seed)}
     result.pop("plain_outputs", None)
     return out

@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Self
 import torch
 from torch import Tensor, nn
 
-from specpress.errors import CheckpointError, ConfigError, UsageError
+from specpress.errors import CheckpointError, ConfigError, RequestError
 from specpress.config import config_kwargs
+from specpress.limits import check_dims
 from specpress.models.family import REQUIRED_TRAITS, TRAITS, Family
 from specpress.models.io import load_into
 from specpress.models.kv import Fp8KVCache, KVCache
@@ -70,6 +71,8 @@ class DrafterConfig:
             v = getattr(self, f.name)
             if want is not None and (not isinstance(v, want) or (want is not bool and isinstance(v, bool))):
                 raise ConfigError(f"{self.family} config field {f.name!r} must be {f.type}, found {v!r}")
+        check_dims({f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), int)},
+                   f"{self.family} config")
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"family": self.family, "version": self.version}
@@ -240,8 +243,8 @@ class Drafter(nn.Module):
     @property
     def shared(self) -> SharedModules:
         if self._shared is None:
-            raise UsageError(f"this {self.family} drafter borrows the target's embeddings/head: call "
-                             f"drafter.attach_target(target) (or load_drafter(path, target=...)) first")
+            raise RequestError(f"this {self.family} drafter borrows the target's embeddings/head: call "
+                               f"drafter.attach_target(target) (or load_drafter(path, target=...)) first")
         return self._shared
 
     def _mismatch(self, what: str, mine: Any, theirs: Any) -> None:
@@ -267,7 +270,7 @@ class Drafter(nn.Module):
         """TargetOutput.taps -> [B, T, len(self.taps) * H_t], concatenated in self.taps order."""
         missing = [i for i in self.taps if i not in taps]
         if missing:
-            raise UsageError(f"target taps {missing} were not computed; run the target with taps=drafter.taps")
+            raise RequestError(f"target taps {missing} were not computed; run the target with taps=drafter.taps")
         return torch.cat([taps[i] for i in self.taps], dim=-1)
 
     def embed(self, ids: Tensor) -> Tensor:
@@ -304,7 +307,7 @@ class Drafter(nn.Module):
         for p in self.parameters():
             if p.is_floating_point():
                 return p
-        raise UsageError(f"{self.family} drafter has no floating-point parameters")
+        raise RequestError(f"{self.family} drafter has no floating-point parameters")
 
     # -- checkpoint names -------------------------------------------------------------------------
 

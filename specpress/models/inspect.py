@@ -87,7 +87,15 @@ def inspect_artifact(path: str | Path) -> dict[str, Any]:
         nbytes, source_kind, dtype = _implied_bytes(model, dt), "dtype", str(dt).removeprefix("torch.")
     archs = cfg.get("architectures") or []
     quant = _quantization(block or {}, own, model)
+    warnings = []
+    bits = 8 * nbytes / params if params else None
+    if source_kind == "weights" and bits is not None and not MIN_BITS <= bits <= MAX_BITS:
+        warnings.append(f"config.json implies {params:,} parameters but the weights hold {nbytes:,} bytes "
+                        f"({bits:.3g} bits per parameter, outside {MIN_BITS}..{MAX_BITS}): the config and the weights "
+                        f"disagree (an edited config.json, or weights of another model); the counts above are the "
+                        f"config's")
     return {
+        "warnings": warnings,
         "path": str(path),
         "family": family,
         "architecture": archs[0] if archs else cfg.get("model_type"),
@@ -105,22 +113,28 @@ def inspect_artifact(path: str | Path) -> dict[str, Any]:
     }
 
 
+MIN_BITS, MAX_BITS = 1, 64  # bits per parameter any stored scheme takes (nf4 ~4.1 ... fp64 64)
+
+
 def target_precision(steps: Any) -> dict[str, Any] | None:
     """The target precision a drafter was last aligned with: the last provenance step that ran the target on
     data for it (a distill, which trains on its signals; a quantize that calibrated on or was measured against
     it), as {"label", "spec", "step" (1-based), "by" (its kind)}; "float" / "none" when that step ran the float
     target (every step written before --target-quant existed did). None when no step ran a target."""
-    for i, step in reversed(list(enumerate(steps or (), 1))):
+    for i, step in reversed(list(enumerate(steps if isinstance(steps, list) else (), 1))):
         if not isinstance(step, dict):
             continue
         kind = step.get("step")
         if kind == "distill":
-            tq = (step.get("data") or {}).get("target_quant")
+            data = step.get("data")
+            tq = data.get("target_quant") if isinstance(data, dict) else None
         elif kind == "quantize" and (step.get("calibration") or step.get("agreement")):
             tq = step.get("target_quant")
         else:
             continue
-        return {"label": tq["label"] if tq else "float", "spec": tq["spec"] if tq else "none", "step": i, "by": kind}
+        if not isinstance(tq, dict):  # absent (the float target), or an edited config's non-object
+            return {"label": "float", "spec": "none", "step": i, "by": kind}
+        return {"label": str(tq.get("label", "?")), "spec": str(tq.get("spec", "?")), "step": i, "by": kind}
     return None
 
 

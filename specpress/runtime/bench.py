@@ -9,7 +9,7 @@ import torch
 
 from specpress.models.target import TargetModel, load_target
 from specpress.models.tokenizer import load_tokenizer
-from specpress.runtime.backends.base import TargetRunner
+from specpress.runtime.backends.base import AnyDrafter, TargetRunner
 from specpress.runtime.coverage import eval_coverage
 from specpress.runtime.metrics import compare_metrics, plain_metrics, spec_metrics
 from specpress.runtime.plain import check_fits, decode_plain
@@ -17,28 +17,22 @@ from specpress.runtime.prompts import Prompt, load_prompts
 from specpress.runtime.sampling import SamplingParams
 
 
-def load_bench_inputs(target_dir: str | Path, prompts_file: str | Path, dtype: str = "fp32"
-                      ) -> tuple[TargetModel, list[Prompt]]:
-    target = load_target(target_dir, dtype=dtype)
+def load_bench_inputs(target_dir: str | Path, prompts_file: str | Path, dtype: str = "fp32",
+                      max_new_tokens: int | None = None) -> tuple[TargetModel, list[Prompt]]:
+    """The target and the prompts, read in that order of cost: the prompts first (checked against the
+    target's config), then, with `max_new_tokens`, the decoding's context and KV memory checked
+    (machine.check_decode), then the target's weights."""
+    from specpress.machine import check_decode
+    from specpress.models.io import read_config
+    from specpress.models.target import TargetConfig
+
+    cfg = TargetConfig.from_hf(read_config(target_dir), source=str(Path(target_dir) / "config.json"))
     tok = load_tokenizer(target_dir) if (Path(target_dir).expanduser() / "tokenizer.json").is_file() else None
-    prompts = load_prompts(prompts_file, tok, target.config.vocab_size)
-    return target, prompts
-
-
-def load_drafter_for(target: TargetModel, drafter_dir: str | Path, *, strict: bool = False,
-                     warn: Callable[[str], None] = print) -> Any:
-    """Load a drafter against `target`; a drafter built for another target warns, or fails with strict."""
-    from specpress.errors import UsageError
-    from specpress.models.drafter_io import load_drafter
-
-    drafter = load_drafter(drafter_dir, target)
-    if drafter.fingerprint_mismatch:
-        msg = (f"drafter {drafter_dir} was built for a different target (differs in "
-               f"{', '.join(drafter.fingerprint_mismatch)}); acceptance will suffer")
-        if strict:
-            raise UsageError(msg + "; drop --strict to run it anyway")
-        warn("warning: " + msg)
-    return drafter
+    prompts = load_prompts(prompts_file, tok, cfg.vocab_size, cfg.max_context)
+    if max_new_tokens is not None:
+        i = max(range(len(prompts)), key=lambda j: len(prompts[j].ids))
+        check_decode(target_dir, len(prompts[i].ids), max_new_tokens, dtype, label=f"prompt {i + 1}")
+    return load_target(target_dir, dtype=dtype), prompts
 
 
 def default_policy(family: str) -> str:
@@ -47,7 +41,7 @@ def default_policy(family: str) -> str:
     return get_family(family).default_policy
 
 
-def bench_plain(target: TargetModel | TargetRunner, prompts: list[Prompt], max_new_tokens: int, *,
+def bench_plain(target: TargetRunner, prompts: list[Prompt], max_new_tokens: int, *,
                 params: SamplingParams = SamplingParams(), seed: int = 0, config: dict[str, Any] | None = None,
                 warmup_prompts: int = 0, on_prompt: Callable[[int], None] | None = None,
                 keep_plain: bool = False) -> dict[str, Any]:
@@ -80,14 +74,15 @@ def sampling_config(params: SamplingParams) -> dict[str, Any]:
     return {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p}
 
 
-def bench_speculative(target: TargetModel | TargetRunner, drafter: Any, prompts: list[Prompt], max_new_tokens: int, policy: Any,
-                      *, params: SamplingParams = SamplingParams(), seed: int = 0, drafter_bytes: int = 0,
+def bench_speculative(target: TargetRunner, drafter: AnyDrafter, prompts: list[Prompt], max_new_tokens: int,
+                      policy: Any, *, params: SamplingParams = SamplingParams(), seed: int = 0, drafter_bytes: int = 0,
                       config: dict[str, Any] | None = None, warmup_prompts: int = 0, plain_warmup_prompts: int = 0,
-                      compare: Any = None, compare_bytes: int = 0, compare_label: dict[str, Any] | None = None,
+                      compare: AnyDrafter | None = None, compare_bytes: int = 0,
+                      compare_label: dict[str, Any] | None = None,
                       on_prompt: Callable[[int], None] | None = None, keep_plain: bool = False) -> dict[str, Any]:
     """Speculative decoding of every prompt, with plain decoding of the same prompt interleaved
     (alternating which goes first) as the same-process baseline; at temperature 0 each output is
-    checked against plain greedy decoding. `drafter` (and `compare`): a DrafterRunner or a drafter module.
+    checked against plain greedy decoding. `target`, `drafter` (and `compare`): runners (runtime/backends/base.py).
 
     Before timing, the first prompt is decoded for 8 tokens both ways; `warmup_prompts` more are decoded
     speculatively in full (a compiled drafter meets every shape it will see, so no compilation is timed)
@@ -100,11 +95,10 @@ def bench_speculative(target: TargetModel | TargetRunner, drafter: Any, prompts:
     "eval_coverage" (and compare's): the share of the emitted tokens in a reduced draft vocabulary
     (runtime/coverage.py), None when the drafter drafts the target's whole vocabulary.
     """
-    from specpress.runtime.backends.torch import as_drafter_runner
     from specpress.runtime.drafting import check_policy
     from specpress.runtime.loop import speculative_generate, target_capacity
 
-    drafters = [as_drafter_runner(d) for d in ([drafter] if compare is None else [drafter, compare])]
+    drafters = [drafter] if compare is None else [drafter, compare]
     for d in drafters:
         check_policy(d.family, policy)
     for i, p in enumerate(prompts):

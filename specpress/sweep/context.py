@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from specpress.errors import DataError, UsageError
+from specpress.errors import DataError, RequestError
 from specpress.sweep.recipe import DataSource, Recipe
 
 AGREEMENT_WINDOWS = (8, 128)  # [batch, seq_len] of each agreement batch
@@ -60,7 +60,7 @@ def resolve_target(recipe: Recipe, log: Callable[[str], None] = print) -> Path:
         return ensure_zoo(spec.zoo)
     assert spec.path is not None
     if not (spec.path / "config.json").is_file():
-        raise UsageError(f"target {spec.path} is not a model directory (no config.json); fix `target:` in the recipe")
+        raise RequestError(f"target {spec.path} is not a model directory (no config.json); fix `target:` in the recipe")
     return spec.path
 
 
@@ -95,6 +95,10 @@ def _read_stream(source: DataSource, tokenizer: Any | None, eos_id: int | None, 
         raise DataError(f"data {source.path} does not exist; fix the recipe's path (relative paths start at the "
                         f"recipe's directory)")
     if source.path is not None and source.path.suffix == ".jsonl" and source.path.is_file():
+        from specpress.limits import check_data_size
+        from specpress.readback import parse_json, regular_file
+
+        check_data_size(regular_file(source.path, DataError), f"data {source.path}")
         try:
             lines = source.path.read_text(encoding="utf-8").splitlines()
         except UnicodeDecodeError:
@@ -104,10 +108,7 @@ def _read_stream(source: DataSource, tokenizer: Any | None, eos_id: int | None, 
             ids: list[int] = []
             for n, line in enumerate(lines, start=1):
                 if line.strip():
-                    try:
-                        obj = json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise DataError(f"{source.path}:{n}: not valid JSON ({exc.msg})") from None
+                    obj = parse_json(line, f"{source.path}:{n}", error=DataError)
                     row = obj.get("input_ids") if isinstance(obj, dict) else None
                     if not isinstance(row, list) or not all(isinstance(i, int) for i in row):
                         raise DataError(f"{source.path}:{n}: \"input_ids\" must be a list of integers")
@@ -126,7 +127,7 @@ def resolve_drafter(recipe: Recipe, target_dir: Path, log: Callable[[str], None]
     if spec.distill is None:
         assert spec.path is not None
         if not (spec.path / "config.json").is_file():
-            raise UsageError(f"drafter {spec.path} is not a drafter directory (no config.json); fix `drafter:`")
+            raise RequestError(f"drafter {spec.path} is not a drafter directory (no config.json); fix `drafter:`")
         return spec.path
     from specpress.compress.data import WindowSampler
     from specpress.compress.distill import distill, split_stream
@@ -242,12 +243,14 @@ class SweepContext:
         already decoded (`note_greedy`, kept under OUT/cache/), else decoded now (plain decoding, once)."""
         if label not in self._greedy:
             cached = self._greedy_file(label)
-            if cached.is_file():
-                self._greedy[label] = json.loads(cached.read_text())["outputs"]
+            outputs = _cached_outputs(cached) if cached.is_file() else None
+            if outputs is not None:
+                self._greedy[label] = outputs
             else:
+                from specpress.runtime.backends.torch.runner import TorchTarget
                 from specpress.runtime.plain import decode_plain
 
-                target = self.target_for(label)[0]
+                target = TorchTarget(self.target_for(label)[0])
                 self.note_greedy(label, [decode_plain(target, p.ids, self.recipe.max_new_tokens).tokens
                                          for p in self.prompts])
         return self._greedy[label]
@@ -304,11 +307,11 @@ def open_context(recipe: Recipe, out: Path, target_dir: Path, base_dir: Path, ba
     tok, tag = _tokenizer(target_dir)
     spec = recipe.prompts
     if spec.path is not None:
-        prompts = load_prompts(spec.path, tok, target.config.vocab_size)
+        prompts = load_prompts(spec.path, tok, target.config.vocab_size, target.config.max_context)
     else:
         if tok is None:
-            raise UsageError(f"held-out prompts need the target's tokenizer.json ({target_dir} has none); give "
-                             f"`prompts:` a .jsonl of {{\"input_ids\": [...]}} lines")
+            raise RequestError(f"held-out prompts need the target's tokenizer.json ({target_dir} has none); give "
+                               f"`prompts:` a .jsonl of {{\"input_ids\": [...]}} lines")
         from specpress.runtime.heldout import heldout_code_prompts
 
         prompts = heldout_code_prompts(tok, spec.heldout_n, spec.heldout_tokens, spec.heldout_seed)
@@ -317,3 +320,16 @@ def open_context(recipe: Recipe, out: Path, target_dir: Path, base_dir: Path, ba
     policies = recipe.policies or (default_policy(info["family"]),)
     return SweepContext(recipe, out, Path(target_dir), Path(base_dir), target, tok, tag, prompts, policies, info,
                         base_digest or dir_digest(base_dir))
+
+
+def _cached_outputs(path: Path) -> list[list[int]] | None:
+    """The continuations a greedy cache file holds; None when it is damaged (they are decoded again)."""
+    from specpress.errors import CheckpointError
+    from specpress.readback import read_json_object
+
+    try:
+        outputs = read_json_object(path).get("outputs")
+    except CheckpointError:
+        return None
+    ok = isinstance(outputs, list) and all(isinstance(o, list) and all(isinstance(t, int) for t in o) for o in outputs)
+    return outputs if ok else None

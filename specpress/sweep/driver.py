@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError, UsageError
 from specpress.sweep import results as R
 from specpress.sweep.executors import ExecutorSpec
 from specpress.sweep.grid import Point
@@ -72,8 +72,8 @@ class Sweep:
         for p in self.ctx.policies:
             try:
                 check_policy(family, parse_policy(p))
-            except UsageError as exc:
-                raise UsageError(f"{self.recipe.source or 'recipe'}: policies: {exc}") from None
+            except RequestError as exc:
+                raise RequestError(f"{self.recipe.source or 'recipe'}: policies: {exc}") from None
 
     def _prepare(self) -> None:
         """Tokenize the shared data streams once, here, so workers memory-map them (and errors come early)."""
@@ -275,15 +275,11 @@ class Sweep:
     def point_bytes(self, point: Point) -> int:
         """The point's stored bytes: from its artifact when built, else from a cheap in-memory build (gptq as
         rtn, no recovery, magnitude importance: the same shapes and storage)."""
-        import json
-
         from specpress.models.inspect import inspect_artifact
-        from specpress.sweep.run import artifact_key, point_dir
+        from specpress.sweep.run import artifact_key, key_matches, point_dir
 
         art = point_dir(self.out, point) / "drafter"
-        keyfile = art.parent / "point.json"
-        if (art / "config.json").is_file() and keyfile.is_file() and \
-                json.loads(keyfile.read_text()) == artifact_key(self.ctx, point):
+        if (art / "config.json").is_file() and key_matches(art.parent / "point.json", artifact_key(self.ctx, point)):
             return int(inspect_artifact(art)["bytes"])
         return sizing_bytes(self.ctx, point, self._base_copy())
 

@@ -16,7 +16,6 @@ sees where each point runs; the driver removes it when the point's records are w
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
@@ -24,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from specpress.errors import ConfigError, UsageError
+from specpress.errors import ConfigError, RequestError
 from specpress.sweep.grid import Point
 
 KINDS = ("local", "ray")
@@ -101,10 +100,10 @@ def running_dir(out: Path) -> Path:
 def mark_running(out: Path, point: Point, attempt: int | None) -> None:
     d = running_dir(out)
     d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f".{point.id}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({"point": point.id, "pid": os.getpid(), "host": socket.gethostname(),
-                               "attempt": attempt, "started": time.time()}))
-    tmp.replace(d / f"{point.id}.json")
+    from specpress.artifacts import write_json
+
+    write_json(d / f"{point.id}.json", {"point": point.id, "pid": os.getpid(), "host": socket.gethostname(),
+                                        "attempt": attempt, "started": time.time()})
 
 
 def clear_running(out: Path, point: Point) -> None:
@@ -181,6 +180,6 @@ def require_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise UsageError(f"--executor ray needs Ray, which is not installed; install it with {RAY_INSTALL} "
-                         f"(or pip install ray), or use --executor local") from None
+        raise RequestError(f"--executor ray needs Ray, which is not installed; install it with {RAY_INSTALL} "
+                           f"(or pip install ray), or use --executor local") from None
     return ray

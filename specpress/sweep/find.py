@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError
 from specpress.sweep import results as R
 
 CRITERION = ("retention point estimate tau/tau_base >= 1 - max_tau_loss (pooled tau; paired CI reported, not "
@@ -60,7 +60,7 @@ def _search(sweep: Any, loss: float, label: str, cands: list[Any], progress: Any
         sweep.evaluate(base, run, progress)
     brec = R.latest(R.read_results(sweep.out))[R.run_key("base", *run[0])]
     if brec["status"] != "ok":
-        raise UsageError(f"the base drafter's run{on} failed ({brec['error']}); nothing to compare against")
+        raise RequestError(f"the base drafter's run{on} failed ({brec['error']}); nothing to compare against")
     sweep.log(f"searching {len(cands)} points (sorted by bytes){on} for the smallest with τ retention >= "
               f"{100 * (1 - loss):.1f} % of the base's τ {brec['tau']:.3f} ({run[0][0]}, T={run[0][1]:g})")
 

@@ -3,9 +3,9 @@
 A grid entry is one of
 
     {quantize: {scheme: int4, group_size: [32, 64], method: [rtn, gptq]}}    a stage; list values expand
-    {prune: {ffn: [0.25, 0.5], recover_steps: 100}}                          (a product over every list)
-    {chain: [{prune: {ffn: 0.5}}, {quantize: {scheme: [int8, int4]}}]}       stages in order; products chain
-    [{prune: {ffn: 0.5}}, {quantize: {scheme: int4}}]                        the same, written as a list
+    {prune: {ffn: [576, 384], recover_steps: 100}}                           (a product over every list)
+    {chain: [{prune: {ffn: 384}}, {quantize: {scheme: [int8, int4]}}]}       stages in order; products chain
+    [{prune: {ffn: 384}}, {quantize: {scheme: int4}}]                        the same, written as a list
 
 with an optional `id` for an entry that expands to a single point. Every stage's fields are validated by
 building its config (quantize: `config_for`, prune: `PruneConfig`); a combination of a product that does
@@ -14,12 +14,14 @@ not exist (nf4 with gptq, fp8 with a group size) is skipped and reported, an exp
 `target_quant` (a `--target-quant` spec) calibrates it against that compressed target instead of the float one
 (`-on-<label>` in the point id): the drafter re-calibrated for a deployment beside that target. Quantization comes last in a
 chain: prune refuses quantized drafters. Point ids are built from the settings (`int4-g64-gptq`,
-`ffn50-r100`, `ffn50+int4-g64`); `base` (no steps) is reserved and always measured.
+`ffn384-r100`, `ffn384+int4-g64`, `kv2`; the deprecated prune shares keep their old ids, `ffn50` for
+`ffn: 0.5`); `base` (no steps) is reserved and always measured.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -139,8 +141,10 @@ def _pct(r: float) -> str:
 def prune_label(cfg: Any) -> str:
     from specpress.compress.prune import VOCAB_TOKENS
 
-    parts = [f"{name}{_pct(getattr(cfg, name))}" for name in ("ffn", "heads") if getattr(cfg, name) is not None]
-    parts += [f"{name}{getattr(cfg, name)}" for name in ("layers", "vocab") if getattr(cfg, name) is not None]
+    parts = [f"{name}{_pct(getattr(cfg, name))}" for name in ("ffn", "heads")  # deprecated: shares removed
+             if isinstance(getattr(cfg, name), float)]
+    counts = (("ffn", "ffn"), ("kv_heads", "kv"), ("layers", "layers"), ("vocab", "vocab"))  # what stays
+    parts += [f"{label}{getattr(cfg, name)}" for name, label in counts if isinstance(getattr(cfg, name), int)]
     s = "-".join(parts)
     if cfg.structural and cfg.importance != "magnitude":
         s += f"-{cfg.importance}"
@@ -232,6 +236,32 @@ def _stages(entry: Any, where: str) -> list[tuple[str, Any, str]]:
     return out
 
 
+MAX_POINTS = 10_000  # a point is built and benched in minutes: more is weeks, or a typo
+
+
+def _product_size(kind: str, body: Any) -> int:
+    """How many option tuples a stage spec expands to, counted before expanding it."""
+    if not isinstance(body, Mapping):
+        return 1
+    return math.prod(len(v) if isinstance(v, list) and k not in NAME_LISTS else 1 for k, v in body.items())
+
+
+def check_grid_size(grid: Any, where: str = "grid") -> None:
+    """Refuse a grid that expands to more than MAX_POINTS points, with its size, before expanding it."""
+    total = 0
+    for i, entry in enumerate(grid if isinstance(grid, list) else []):
+        try:
+            stages = _stages(entry, f"{where}[{i}]")
+        except ConfigError:
+            continue  # expand_entry says what is wrong with it
+        n = math.prod(_product_size(kind, body) for kind, body, _ in stages)
+        total += n
+        if total > MAX_POINTS:
+            before = f" ({total:,} with the entries before it)" if total != n else ""
+            raise ConfigError(f"{where}[{i}] expands to {n:,} points{before}; a grid holds at most {MAX_POINTS:,} "
+                              f"(each point is built and measured): list fewer values")
+
+
 def expand_entry(entry: Any, where: str) -> tuple[list[Point], list[str]]:
     """(points, skipped combinations with the reason) of one grid entry."""
     stages = _stages(entry, where)
@@ -275,6 +305,7 @@ def expand_grid(grid: Any, where: str = "grid") -> tuple[tuple[Point, ...], tupl
                           f"measured too), e.g. `grid: [{{quantize: {{scheme: int8}}}}]`")
     if not isinstance(grid, list):
         raise ConfigError(f"{where} must be a list of entries, found {type(grid).__name__}")
+    check_grid_size(grid, where)
     points: list[Point] = [BASE]
     skipped: list[str] = []
     seen: dict[str, Point] = {BASE_ID: BASE}

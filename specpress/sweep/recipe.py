@@ -7,7 +7,7 @@
         # target itself (`specpress regenerate`), regenerated once and cached; recipes/dflash.yaml
     grid:                            # see grid.py; the base drafter is always measured too
       - quantize: {scheme: [int8, fp8]}
-      - prune: {ffn: 0.5, recover_steps: 100}
+      - prune: {ffn: 384, recover_steps: 100}   # what stays: 384 FFN channels (PruneConfig)
     policies: [chain:4]              # default: the drafter family's default policy
     prompts: {heldout: {n: 100, tokens: 64}}   # or a .jsonl file ({"prompt"} / {"input_ids"} per line)
     temperatures: [0]                # default [0]
@@ -43,8 +43,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from specpress.errors import ConfigError
-from specpress.runtime.backends import BACKENDS
+from specpress.errors import ConfigError, UsageError
+from specpress.runtime import backends
 from specpress.sweep.executors import parse_executor
 from specpress.sweep.grid import Point, expand_grid
 
@@ -279,8 +279,19 @@ def _prompts(v: Any, base: Path) -> PromptSpec:
                       heldout_seed=_int(h.get("seed", 0), "prompts.heldout.seed", 0))
 
 
+def _warn_legacy(points: tuple[Point, ...], where: str) -> None:
+    """One deprecation warning per old spelling the grid's prune steps use (they still run, for one release)."""
+    from specpress.errors import deprecated
+
+    seen = set()
+    for step in (s for p in points for s in p.steps if s.kind == "prune"):
+        for old, new in step.config().legacy():
+            if old not in seen:
+                seen.add(old)
+                deprecated(f"{where}: prune {old}", new)
+
+
 def _policies(v: Any) -> tuple[str, ...]:
-    from specpress.errors import UsageError
     from specpress.runtime.policy import parse_policy
 
     out = []
@@ -309,8 +320,9 @@ def _backends(v: Any) -> tuple[str, ...]:
     out = []
     for i, b in enumerate(_list(v, "backends", "[torch]")):
         b = _str(b, f"backends[{i}]")
-        if b not in BACKENDS:
-            raise ConfigError(f"backends[{i}]: {b!r} is not a backend sweeps can run; backends: {', '.join(BACKENDS)}")
+        if b not in backends.names():
+            raise ConfigError(f"backends[{i}]: {b!r} is not a backend sweeps can run; backends: "
+                              f"{', '.join(backends.names())}")
         if b not in out:
             out.append(b)
     return tuple(out)
@@ -327,6 +339,7 @@ def parse_recipe(obj: Any, base_dir: Path, source: Path | None = None) -> Recipe
         if ver != RECIPE_VERSION:
             raise ConfigError(f"version {ver!r} is not readable; this specpress reads recipe version {RECIPE_VERSION}")
         points, skipped = expand_grid(d["grid"])
+        _warn_legacy(points, where)
         dtype = _str(d.get("dtype", "fp32"), "dtype")
         if dtype not in DTYPES:
             raise ConfigError(f"dtype {dtype!r} is not known; choose one of {', '.join(DTYPES)}")
@@ -365,45 +378,13 @@ def resolve_recipe_path(arg: str | Path) -> Path:
     raise ConfigError(f"recipe {str(arg)!r} is neither a file nor a bundled recipe (bundled: {', '.join(bundled)})")
 
 
-def _strict_loader() -> Any:
-    """yaml.SafeLoader that refuses a key given twice in one mapping (plain YAML keeps the last silently)."""
-    import yaml
-
-    class StrictLoader(yaml.SafeLoader):
-        pass
-
-    def mapping(loader: Any, node: Any, deep: bool = False) -> Any:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = loader.construct_object(key_node, deep=deep)
-            if not isinstance(key, (str, int, float, bool, type(None))):
-                continue  # construct_mapping says what is wrong with such a key
-            if key in seen:
-                raise ConfigError(f"line {key_node.start_mark.line + 1}: key {key!r} is given twice in the same "
-                                  f"mapping; keep one")
-            seen.add(key)
-        return loader.construct_mapping(node, deep=deep)
-
-    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
-    return StrictLoader
-
-
 def load_recipe(arg: str | Path) -> Recipe:
-    """Read and validate a recipe file (or a bundled recipe's name)."""
-    import yaml
+    """Read and validate a recipe file (or a bundled recipe's name); its YAML is read safely first
+    (recipe_yaml.read_recipe_yaml: size, aliases, depth, duplicate keys)."""
+    from specpress.sweep.recipe_yaml import read_recipe_yaml
 
     path = resolve_recipe_path(arg)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
-                          f"save the recipe as UTF-8") from None
-    try:
-        obj = yaml.load(text, Loader=_strict_loader())  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
-    except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+    obj = read_recipe_yaml(path)
     if obj is None:
         raise ConfigError(f"{path}: the file is empty; a recipe needs {', '.join(REQUIRED)}")
     return parse_recipe(obj, path.parent, path)

@@ -14,7 +14,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Iterable
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError
+from specpress.readback import parse_json, read_json_object
 from specpress.sweep.recipe import Recipe
 
 RESULTS = "results.jsonl"
@@ -42,25 +43,26 @@ def guard_out(out: Path, recipe: Recipe, *, resume: bool, force: bool) -> None:
     points/ stay and are reused when their key matches)."""
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} exists and is not a directory")
+        raise RequestError(f"--out {out} exists and is not a directory")
     rfile = out / RECIPE
     if out.is_dir() and any(out.iterdir()):
         if not rfile.is_file():  # --force clears a sweep's outputs; it never writes into a foreign directory
             from specpress.artifacts import dir_listing
 
-            raise UsageError(f"--out {out} is not empty and holds no {RECIPE}: not a sweep output directory (it "
-                             f"holds {dir_listing(out)}); --force replaces only a sweep's outputs: remove it by hand "
-                             f"or choose another --out")
+            raise RequestError(f"--out {out} is not empty and holds no {RECIPE}: not a sweep output directory (it "
+                               f"holds {dir_listing(out)}); --force replaces only a sweep's outputs: remove it by hand "
+                               f"or choose another --out")
         else:
-            old = json.loads(rfile.read_text())
+            old = read_json_object(rfile, f"it is not a sweep's {RECIPE}: remove {out} by hand or choose another --out",
+                                   error=RequestError)
             n = len(read_results(out))
             if old.get("hash") != recipe.hash() and not force:
-                raise UsageError(f"--out {out} holds results of a different recipe ({old.get('source')}, hash "
-                                 f"{old.get('hash')}; this one is {recipe.hash()}); choose another --out, or pass "
-                                 f"--force to discard them")
+                raise RequestError(f"--out {out} holds results of a different recipe ({old.get('source')}, hash "
+                                   f"{old.get('hash')}; this one is {recipe.hash()}); choose another --out, or pass "
+                                   f"--force to discard them")
             if old.get("hash") == recipe.hash() and n and not (resume or force):
-                raise UsageError(f"--out {out} already holds {n} result(s) of this recipe; pass --resume to continue "
-                                 f"(finished runs are skipped) or --force to start over")
+                raise RequestError(f"--out {out} already holds {n} result(s) of this recipe; pass --resume to continue "
+                                   f"(finished runs are skipped) or --force to start over")
         if force:
             for name in OUTPUTS:
                 p = out / name
@@ -87,15 +89,22 @@ def read_results(out: Path) -> list[dict[str, Any]]:
     if not f.is_file():
         return []
     recs = []
-    lines = f.read_text().splitlines()
+    lines = f.read_bytes().decode("utf-8", "replace").splitlines()  # a bad byte fails its line's JSON below
     for i, line in enumerate(lines):
         if not line.strip():
             continue
+        where, fix = f"{f}:{i + 1}", "fix or remove that line"
         try:
-            recs.append(json.loads(line))
-        except json.JSONDecodeError:
+            rec = parse_json(line, where, fix, error=RequestError)
+        except RequestError:
             if i != len(lines) - 1:
-                raise UsageError(f"{f}:{i + 1} is not valid JSON; fix or remove that line") from None
+                raise
+            continue
+        if not isinstance(rec, dict) or not all(isinstance(rec.get(k), (str, int, float)) and rec.get(k) is not None
+                                                for k in ("point", "policy", "temperature", "backend")):
+            raise RequestError(f"{where} is not a sweep result (an object with point, policy, temperature and "
+                               f"backend); {fix}")
+        recs.append(rec)
     return recs
 
 
@@ -121,7 +130,6 @@ def append_result(out: Path, rec: dict[str, Any]) -> None:
 
 
 def rewrite_results(out: Path, records: list[dict[str, Any]]) -> None:
-    f = Path(out) / RESULTS
-    tmp = f.with_name(f".{f.name}.{os.getpid()}.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-    tmp.replace(f)
+    from specpress.artifacts import write_file
+
+    write_file(Path(out) / RESULTS, "".join(json.dumps(r) + "\n" for r in records))

@@ -15,16 +15,16 @@ traceback, and the sweep goes on. Worker processes (--jobs) call `init_worker` o
 
 from __future__ import annotations
 
-import json
 import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable
 
 from specpress.artifacts import write_json
-from specpress.runtime.backends import BACKENDS, load_runner
-from specpress.runtime.backends.torch import TorchDrafterRunner, TorchTarget
-from specpress.runtime.bench import bench_speculative, load_drafter_for
+from specpress.models.drafter_io import load_drafter_for
+from specpress.runtime.backends import load_runner
+from specpress.runtime.backends.torch.runner import TorchTarget, drafter_runner
+from specpress.runtime.bench import bench_speculative
 from specpress.runtime.coverage import calibration_coverage
 from specpress.runtime.sampling import SamplingParams
 from specpress.sweep.context import SweepContext, file_digest, open_context
@@ -53,6 +53,17 @@ def artifact_key(ctx: SweepContext, point: Point) -> dict[str, Any]:
 def _uses_calibration(step: Step) -> bool:
     cfg = step.config()
     return bool(cfg.needs_data())
+
+
+def key_matches(keyfile: Path, key: Any) -> bool:
+    """Whether `keyfile` (a point's point.json) records `key`; unreadable or damaged counts as not (rebuilt)."""
+    from specpress.errors import CheckpointError
+    from specpress.readback import read_json
+
+    try:
+        return keyfile.is_file() and read_json(keyfile) == key
+    except CheckpointError:
+        return False
 
 
 def point_dir(out: Path, point: Point) -> Path:
@@ -99,7 +110,7 @@ def build_point(ctx: SweepContext, point: Point, log: Log | None = None) -> tupl
     pdir = point_dir(ctx.out, point)
     art, keyfile = pdir / "drafter", pdir / "point.json"
     key = artifact_key(ctx, point)
-    if (art / "config.json").is_file() and keyfile.is_file() and json.loads(keyfile.read_text()) == key:
+    if (art / "config.json").is_file() and key_matches(keyfile, key):
         return art, True
     if log:
         log(f"{point.id}: building (" + " -> ".join(s.label() for s in point.steps) + ")")
@@ -190,22 +201,21 @@ def _measure_on_target(ctx: SweepContext, point: Point, runs: list[Any], label: 
                 k: summary.get(k) for k in ("quantized", "linear_bytes_before", "linear_bytes_after",
                                             "weight_sqnr_db_min", "kv_cache", "calibration")}}
     records = []
-    runners = {"torch": TorchDrafterRunner(drafter)}  # the module acc@k measured; other backends load per run
+    runners = {"torch": drafter_runner(drafter)}  # the module acc@k measured; other backends load per run
+    verifier = TorchTarget(target)
     for run in runs:
         policy, temperature, backend = run[:3]
         t3 = time.monotonic()
         rec = {**_base_record(point, run, ctx), **mine}
         try:
             if backend not in runners:
-                path = art
-                if BACKENDS[backend].reads == "onnx":  # exported once, cached (specpress.export.ondemand)
-                    from specpress.export.ondemand import exported_dir_for
+                from specpress.export.ondemand import runner_input  # an ONNX export made once, cached
 
-                    path = exported_dir_for(art, ctx.target_dir)[0]
-                runners[backend] = load_runner(backend, path, target, TorchTarget(target).device)
+                runners[backend] = load_runner(backend, runner_input(backend, art, ctx.target_dir), target,
+                                               verifier.device)
             keep = float(temperature) == 0 and not ctx.has_greedy(label)  # its plain greedy decodes: the drift's
             res = bench_speculative(
-                target, runners[backend], ctx.prompts, ctx.recipe.max_new_tokens, parse_policy(policy),
+                verifier, runners[backend], ctx.prompts, ctx.recipe.max_new_tokens, parse_policy(policy),
                 params=SamplingParams(temperature), seed=ctx.recipe.seed, drafter_bytes=int(info["bytes"]),
                 config={"point": point.id, "drafter": str(art), "target": str(ctx.target_dir), "backend": backend,
                         "target_quant": tq.text},

@@ -76,7 +76,7 @@ def test_quantize_recalibrates_on_the_compressed_target_and_export_records_it(se
     assert inspect_artifact(root / "q-fp8")["target_precision"]["by"] == "quantize"
     assert inspect_artifact(root / "q-float")["target_precision"]["label"] == "float"
     res = CliRunner().invoke(cli, ["export", "hf", "--drafter", str(root / "q-fp8"), "--out", str(root / "hf"),
-                                   "--format", "speculators", "--verifier", str(tdir)])
+                                   "--format", "speculators", "--target", str(tdir)])
     assert res.exit_code == 0, (res.output, res.exception)
     cfg = json.loads((root / "hf" / "config.json").read_text())
     assert cfg["specpress"]["target_precision"]["label"] == "fp8-dyn" and "serve it beside a target" in res.output
@@ -99,3 +99,26 @@ def test_target_precision_reads_the_last_step_that_ran_a_target():
     steps.append({"step": "quantize", "calibration": {"windows": 8}})
     assert target_precision(steps) == {"label": "float", "spec": "none", "step": 5, "by": "quantize"}
     assert target_precision([{"step": "prune"}]) is None and target_precision(None) is None
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
+def test_export_for_an_engine_records_the_precision_and_names_the_float_target(setup, engine):
+    """Engines load the drafter as any other (the target's precision is the served target checkpoint's): the
+    export records what it was aligned with, and says so when the serve line names the float target."""
+    root, tdir, data = setup
+    if not (root / "r2").exists():
+        realign(setup, "r2", "--target-quant", "fp8")
+    res = CliRunner().invoke(cli, ["export", "hf", "--drafter", str(root / "r2"), "--out", str(root / f"e-{engine}"),
+                                   "--for", engine, "--target", str(tdir)])
+    assert res.exit_code == 0, (res.output, res.exception)
+    cfg = json.loads((root / f"e-{engine}" / "config.json").read_text())
+    assert cfg["specpress"]["target_precision"] == {"label": "fp8-dyn", "spec": "fp8", "step": 2, "by": "distill"}
+    assert cfg["specpress"]["exported_as"].startswith(engine)
+    out = " ".join(res.output.split())
+    assert "reads no such field" in out and f"--target {tdir}, a float target" in out
+    plain = CliRunner().invoke(cli, ["export", "hf", "--drafter", str(root / "base"), "--out",
+                                     str(root / f"p-{engine}"), "--for", engine, "--target", str(tdir)])
+    assert plain.exit_code == 0, (plain.output, plain.exception)
+    assert "aligned with" not in plain.output
+    assert json.loads((root / f"p-{engine}" / "config.json").read_text())["specpress"]["target_precision"]["label"] \
+        == "float"

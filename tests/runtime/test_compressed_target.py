@@ -16,6 +16,7 @@ from specpress.compress.quantize.target import parse_target_quant, quantize_targ
 from specpress.models.drafter_io import save_drafter
 from specpress.models.lm import LMDrafter
 from specpress.models.target import TargetConfig, TargetModel, save_target
+from specpress.runtime.backends.torch.runner import TorchTarget, drafter_runner
 from specpress.runtime.compressed_target import greedy_agreement
 from specpress.runtime.loop import speculative_generate
 from specpress.runtime.plain import decode_plain
@@ -89,8 +90,9 @@ def test_speculative_equals_the_compressed_targets_plain_greedy(targets, spec, f
     for tgt in (targets[spec], targets[f"easy {spec}"]):
         d = drafter_for(family, tgt)
         for prompt in PROMPTS:
-            ref = decode_plain(tgt, prompt, 20, eos_ids=()).tokens
-            got = speculative_generate(tgt, d, prompt, 20, parse_policy(policy), eos_ids=())
+            ref = decode_plain(TorchTarget(tgt), prompt, 20, eos_ids=()).tokens
+            got = speculative_generate(TorchTarget(tgt), drafter_runner(d), prompt, 20, parse_policy(policy),
+                                       eos_ids=())
             assert got.tokens == ref, f"{spec} {family} {policy} prompt {prompt}"
             accepted += sum(r.accepted for r in got.rounds)
     assert accepted > 0, "no draft was ever accepted: the accept path went untested"

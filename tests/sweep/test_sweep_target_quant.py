@@ -87,6 +87,7 @@ def test_every_point_runs_on_every_target_losslessly(done):
     # the drift compares the plain greedy decodes the benches made (kept under cache/), the targets' own
     from specpress.compress.quantize.target import parse_target_quant
     from specpress.models.target import load_target
+    from specpress.runtime.backends.torch.runner import TorchTarget
     from specpress.runtime.compressed_target import compressed_copy, greedy_agreement
     from specpress.runtime.plain import decode_plain
     from specpress.runtime.prompts import load_prompts
@@ -98,7 +99,7 @@ def test_every_point_runs_on_every_target_losslessly(done):
     prompts = load_prompts(root / "prompts.jsonl", None, target.config.vocab_size)
     fp8, _ = compressed_copy(target, parse_target_quant("fp8:kv=fp8"))
     for label, t in (("float", target), ("fp8-dyn-kv8", fp8)):
-        assert kept[label][:3] == [decode_plain(t, p.ids, 12).tokens for p in prompts[:3]]
+        assert kept[label][:3] == [decode_plain(TorchTarget(t), p.ids, 12).tokens for p in prompts[:3]]
     assert recs["base", "fp8-dyn-kv8"]["target_agreement"] == greedy_agreement(kept["float"], kept["fp8-dyn-kv8"])
     assert "target int4-g8-gptq" in output and "vs float target Δτ" in output
 

@@ -10,7 +10,7 @@ import onnx
 import torch
 from onnx import TensorProto, helper
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError
 from specpress.export.blocks import Ctx
 from specpress.export.graph import NP_TYPES
 
@@ -70,7 +70,7 @@ def qdq_int(c: Ctx, x: str, codes: torch.Tensor, scales: torch.Tensor, zeros: to
              group: int | None, symmetric: bool, hint: str) -> str:
     """Blocked DequantizeLinear over W^T [K, N] (block G along K), then MatMul."""
     if c.g.opset < QDQ_OPSET:
-        raise UsageError(f"blocked Q/DQ needs opset >= {QDQ_OPSET} (found --opset {c.g.opset}); raise --opset")
+        raise RequestError(f"blocked Q/DQ needs opset >= {QDQ_OPSET} (found --opset {c.g.opset}); raise --opset")
     n, k = codes.shape
     g = group or k
     if symmetric:  # signed codes, zero point 0 (implicit)
