@@ -34,7 +34,8 @@ def _point(spec: str) -> tuple[dict, dict, dict]:
         sys.exit(f"expected RESULTS.jsonl:POINT[@TARGET], got {spec!r}")
     point, _, target = point.partition("@")
     target = target or "float"
-    rows = {(r["point"], r.get("target_quant", "float")): r for r in map(json.loads, Path(path).read_text().splitlines())
+    lines = Path(path).read_text().splitlines()
+    rows = {(r["point"], r.get("target_quant", "float")): r for r in map(json.loads, lines)
             if r.get("status", "ok") == "ok"}
     if (point, target) not in rows:
         sys.exit(f"{path}: no point {point!r} on target {target!r} (has: "

@@ -12,8 +12,8 @@ building its config (quantize: `config_for`, prune: `PruneConfig`); a combinatio
 not exist (nf4 with gptq, fp8 with a group size) is skipped and reported, an explicit one is an error.
 `include` / `exclude` (quantize) are lists of module names and never expand. A calibrating quantize stage's
 `target_quant` (a `--target-quant` spec) calibrates it against that compressed target instead of the float one
-(`-on-<label>` in the point id): the drafter re-calibrated for a deployment beside that target. Quantization comes last in a
-chain: prune refuses quantized drafters. Point ids are built from the settings (`int4-g64-gptq`,
+(`-on-<label>` in the point id): the drafter re-calibrated for a deployment beside that target. Quantization comes
+last in a chain: prune refuses quantized drafters. Point ids are built from the settings (`int4-g64-gptq`,
 `ffn384-r100`, `ffn384+int4-g64`, `kv2`; the deprecated prune shares keep their old ids, `ffn50` for
 `ffn: 0.5`); `base` (no steps) is reserved and always measured.
 """
