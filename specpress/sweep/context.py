@@ -263,7 +263,9 @@ class SweepContext:
         from specpress.artifacts import write_json
 
         self._greedy[label] = [list(o) for o in outputs]
-        write_json(self._greedy_file(label), {"target": label, "outputs": self._greedy[label]})
+        path = self._greedy_file(label)
+        path.parent.mkdir(parents=True, exist_ok=True)  # OUT/cache/ exists only once a token stream was cached
+        write_json(path, {"target": label, "outputs": self._greedy[label]})
 
     def _greedy_file(self, label: str) -> Path:
         """OUT/cache/greedy-<key>.json, keyed by what the continuations depend on."""
