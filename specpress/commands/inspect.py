@@ -65,7 +65,9 @@ def inspect_cmd(path: Path | None, json_out: Path | None, force: bool) -> None:
             ("bytes", f"{info['bytes']:,} ({_fmt_bytes(info['bytes'])}, from {info.get('bytes_source')})"),
             ("dtype", info.get("dtype")), ("bits/param", f"{info.get('bits_per_param', 0):.2f}")]
     if info.get("shared_bytes"):
-        rows.append(("shared with target", f"{info['shared_bytes']:,} bytes (not counted above)"))
+        head = info.get("shared_head_params") or 0
+        rows.append(("shared with target", f"{info['shared_bytes']:,} bytes (not counted above"
+                     + (f"; {head:,} of the target's head parameters read as the draft head)" if head else ")")))
     tp = info.get("target_precision")
     if tp:
         rows.append(("target precision", f"{tp['label']}" + ("" if tp["spec"] == "none" else f" (--target-quant "

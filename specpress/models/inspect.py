@@ -5,7 +5,9 @@ model built on the meta device (no memory, seconds even for 8B-scale configs); `
 drafter stores itself (shared target embeddings / heads excluded, int buffers such as d2t excluded).
 `bytes` is read from the safetensors headers of the drafter's own tensors when weights exist, else the
 size its dtype implies; tensors shared with the target that a checkpoint carries anyway are reported
-apart as `shared_bytes`. A quantized artifact (an active `quantize` provenance step) also gets
+apart as `shared_bytes`, and so are the target's head rows a shared draft head reads in place of a head of
+its own (eagle3 `shared_head`: Vd x H at the artifact's float dtype; `shared_head_params`), so that a shared
+head's saving is not mistaken for a free one. A quantized artifact (an active `quantize` provenance step) also gets
 `quantization`: bytes, params and bits/param per quantized module (params = its Linear's weight + bias,
 counted on the full-precision model, so `bits_per_param` is the effective bits per weight).
 `target_precision` says which target the drafter was last aligned with (`target_precision`).
@@ -47,6 +49,12 @@ def _implied_bytes(model: nn.Module, dtype: torch.dtype) -> int:
     return total
 
 
+def _elem(dtype: str) -> int:
+    """Bytes per element of a float dtype name ("bfloat16"); 4 when it is not one."""
+    dt = getattr(torch, dtype, None)
+    return torch.empty((), dtype=dt, device="meta").element_size() if isinstance(dt, torch.dtype) else 4
+
+
 def _params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())  # parameters() yields a tied weight once
 
@@ -66,6 +74,7 @@ def inspect_artifact(path: str | Path) -> dict[str, Any]:
     block = cfg.get("specpress") if isinstance(cfg.get("specpress"), dict) else {}
     is_target = not block and _plain_decoder(cfg, set(index))
     shared: dict[str, str] = {}
+    head_rows = 0
     with torch.device("meta"):
         if is_target:
             family = "target"
@@ -76,6 +85,7 @@ def inspect_artifact(path: str | Path) -> dict[str, Any]:
             family, config, _ = read_drafter_config(path)
             model = get_family(family).model_cls(config)  # type: ignore[call-arg]
             shared = model.shared_keys()  # type: ignore[operator]
+            head_rows = model.shared_head_params()  # type: ignore[operator]
     params = _params(model)
     own = {k: v for k, v in index.items() if k not in shared}
     if own:
@@ -102,7 +112,8 @@ def inspect_artifact(path: str | Path) -> dict[str, Any]:
         "params": params,
         "bytes": nbytes,
         "bytes_source": source_kind,
-        "shared_bytes": sum(v.nbytes for k, v in index.items() if k in shared),
+        "shared_bytes": sum(v.nbytes for k, v in index.items() if k in shared) + head_rows * _elem(dtype),
+        "shared_head_params": head_rows,
         "dtype": dtype,
         "bits_per_param": round(8 * nbytes / params, 3) if params else None,
         "format_version": (block or {}).get("format_version"),

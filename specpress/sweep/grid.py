@@ -145,6 +145,10 @@ def prune_label(cfg: Any) -> str:
              if isinstance(getattr(cfg, name), float)]
     counts = (("ffn", "ffn"), ("kv_heads", "kv"), ("layers", "layers"), ("vocab", "vocab"))  # what stays
     parts += [f"{label}{getattr(cfg, name)}" for name, label in counts if isinstance(getattr(cfg, name), int)]
+    if cfg.head_rank is not None:
+        parts.append(f"headrank{cfg.head_rank}" + ("-actinit" if cfg.head_init == "activation" else ""))
+    if cfg.share_head:
+        parts.append("sharedhead")
     s = "-".join(parts)
     if cfg.structural and cfg.importance != "magnitude":
         s += f"-{cfg.importance}"

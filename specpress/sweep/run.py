@@ -157,7 +157,8 @@ def measure_point(ctx: SweepContext, point: Point, runs: list[Any], *, log: Log 
         fail = {"status": "failed", **error_summary(exc), "wall_s": time.monotonic() - t0}
         return [{**_base_record(point, run, ctx), **fail} for run in runs]
     shared = {"drafter_dir": _rel(art, ctx.out), "artifact_reused": reused, "family": info["family"],
-              "bytes": int(info["bytes"]), "params": int(info["params"]), "bits_per_param": info["bits_per_param"],
+              "bytes": int(info["bytes"]), "shared_bytes": int(info.get("shared_bytes") or 0),
+              "params": int(info["params"]), "bits_per_param": info["bits_per_param"],
               "dtype": info["dtype"], "provenance": info["provenance"], "build_s": build_s,
               "calibration_coverage": calibration_coverage(info["provenance"])}
     by_target: dict[str, list[Any]] = {}

@@ -9,8 +9,9 @@ The config's scheme (specpress/models/quantized/scheme.py) checks the layers and
 configs, quantizes them; calibrated methods are registered by config type (handlers.py).
 
 Which modules: every nn.Linear of the drafter, except (reported in the step's `skipped`)
-  - a draft `lm_head` (EAGLE-3's reduced-vocab head, an lm drafter's own head): full precision unless
-    the config's `include` names it; an lm_head tied to the embeddings is never quantized;
+  - a draft `lm_head` (EAGLE-3's reduced-vocab head, an lm drafter's own head; both factors of a low-rank
+    head, `lm_head.down` / `lm_head.up`): full precision unless the config's `include` names it (`lm_head`
+    names both factors); an lm_head tied to the embeddings is never quantized;
   - embeddings (an lm drafter's embed_tokens): never (these schemes are for Linears);
   - whatever `exclude` names.
 The target's shared embed_tokens / lm_head are not the drafter's modules and are never touched. Norms,
@@ -77,7 +78,7 @@ def select_modules(model: nn.Module, config: QuantizeConfig) -> tuple[list[str],
             skipped.append({"module": n, "reason": "tied to the embeddings (kept in full precision)"})
         elif any(matches(p, n) for p in config.exclude):
             skipped.append({"module": n, "reason": "excluded"})
-        elif n.rpartition(".")[2] == "lm_head" and not any(matches(p, n) for p in config.include):
+        elif "lm_head" in n.split(".") and not any(matches(p, n) for p in config.include):  # low-rank factors too
             skipped.append({"module": n, "reason": "draft head (full precision unless --include lm_head)"})
         else:
             chosen.append(n)
