@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 
+from specpress.commands.target_quant import target_quant_options
 from specpress.errors import UsageError
 from specpress.runtime.backends import READS, backends, names
 
@@ -44,7 +46,9 @@ COMPILE_TARGET = click.option("--compile-target", is_flag=True,
 COMPARE = click.option("--compare-drafter", "compare_dir", type=click.Path(path_type=Path), default=None,
                        help="A second drafter decoding every prompt in the same interleave (plain, --drafter, "
                             "this; reversed on odd prompts): the JSON's `compare` holds its metrics and both "
-                            "drafters' median forward and round ms per round, with the ratio this / --drafter.")
+                            "drafters' median forward and round ms per round, with the ratio this / --drafter, "
+                            "and `paired`: the mean per-prompt tau of this minus --drafter's, with its 95 % "
+                            "bootstrap CI.")
 COMPARE_BACKEND = click.option("--compare-backend", type=click.Choice(names()), default=None,
                                help="Backend of --compare-drafter  [default: --backend]; e.g. --backend torch "
                                     "--compare-backend onnxruntime times one drafter on both.")
@@ -122,20 +126,26 @@ def DECODING(fn):  # noqa: N802 - used as a decorator like the option constants 
 @DECODING
 @BACKEND
 @TARGET_BACKEND
+@target_quant_options("decode against it (at temperature 0 the float target's greedy continuation is decoded too, "
+                      "to say how many leading tokens the two share)")
 @COMPILE
 @STRICT
 def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens: int, policy: str | None,
         temperature: float, top_k: int, top_p: float, seed: int, dtype: str, backend: str, target_backend: str,
-        compile_drafter: bool, strict: bool) -> None:
+        target_quant: str | None, target_quant_data: str | None, compile_drafter: bool, strict: bool) -> None:
     """Decode one prompt and print the prompt and its continuation (stderr: a tau / speed line).
 
     \b
     Examples:
       specpress run --target ~/.cache/specpress/zoo/small --prompt "def parse_args(" --max-new-tokens 48
       specpress run --target ~/.cache/specpress/zoo/small --drafter ./eagle3 --policy chain:4 --prompt "import os"
+      specpress run --target ~/.cache/specpress/zoo/small --drafter ./eagle3 --target-quant fp8 --prompt "import os"
     """
     import torch
 
+    from specpress.commands.target_quant import check_target_backend, compress_target, greedy_drift, parse_spec
+    from specpress.limits import prompt_line_limit
+    from specpress.machine import check_decode
     from specpress.models.target import load_target
     from specpress.models.tokenizer import load_tokenizer
     from specpress.runtime.bench import default_policy
@@ -143,24 +153,30 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
     from specpress.runtime.loop import speculative_generate
     from specpress.runtime.plain import decode_plain
     from specpress.runtime.policy import parse_policy
-    from specpress.limits import prompt_line_limit
-    from specpress.machine import check_decode
     from specpress.runtime.prompts import encode, max_context
     from specpress.runtime.sampling import SamplingParams
 
     check_compile(compile_drafter, drafter_dir, backend)
     check_drafter_dir(backend, drafter_dir)
+    tq = parse_spec(target_quant, target_quant_data)
+    check_target_backend(tq, target_backend, False)
     tok = load_tokenizer(target_dir)
     ids = encode(prompt, tok, prompt_line_limit(max_context(target_dir)))
     check_decode(target_dir, len(ids), max_new_tokens, dtype, "--prompt")  # before the target's weights load
-    target = load_target(target_dir, dtype=dtype)
+    target = float_target = load_target(target_dir, dtype=dtype)
+    if tq is not None:
+        target, _ = compress_target(float_target, target_dir, tq, target_quant_data, seed,
+                                    lambda m: click.echo(m, err=True))
     gen = torch.Generator().manual_seed(seed)
     params = SamplingParams(temperature, top_k, top_p)
     verifier = loop_target(target_backend, target, target_dir, dtype, False, lambda m: click.echo(m, err=True))
+    drift = ""
     if drafter_dir is None:
         g = decode_plain(verifier, ids, max_new_tokens, params, gen)
         click.echo(prompt + tok.decode(g.tokens))
-        click.echo(f"[{len(g.tokens)} tokens, {len(g.tokens) / (g.decode_ms / 1e3):.1f} tok/s, plain decoding]",
+        if tq is not None and params.greedy:
+            drift = greedy_drift(float_target, ids, max_new_tokens, g.tokens)
+        click.echo(f"[{len(g.tokens)} tokens, {len(g.tokens) / (g.decode_ms / 1e3):.1f} tok/s, plain decoding{drift}]",
                    err=True)
         return
     drafter = load_drafter_runner(backend, drafter_dir, target, strict=strict,
@@ -171,8 +187,11 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
         s = speculative_generate(verifier, drafter, ids, max_new_tokens, pol, params, gen)
     click.echo(prompt + tok.decode(s.tokens))
     tau = 1 + sum(r.accepted for r in s.rounds) / max(1, len(s.rounds))
+    if tq is not None and params.greedy:
+        drift = greedy_drift(float_target, ids, max_new_tokens, s.tokens)
     click.echo(f"[{len(s.tokens)} tokens, {len(s.tokens) / (s.total_ms / 1e3):.1f} tok/s, {pol}, tau {tau:.2f} "
-               f"over {len(s.rounds)} rounds; `specpress bench` measures speedup against plain decoding]", err=True)
+               f"over {len(s.rounds)} rounds{drift}; `specpress bench` measures speedup against plain decoding]",
+               err=True)
 
 
 @click.command()
@@ -188,6 +207,11 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
 @COMPARE
 @COMPARE_BACKEND
 @TARGET_BACKEND
+@target_quant_options("bench against it: the lossless check is against its own plain decoding; the same drafter "
+                      "is then benched on the float target too (twice the decoding), and the JSON adds "
+                      "target_quant, float_target, target_paired (paired delta tau vs the float target), "
+                      "target_retention and target_agreement (the two targets' greedy continuations: prefix "
+                      "agreement, exact matches; README)")
 @STRICT
 @click.option("--json", "json_out", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
               type=click.Path(path_type=Path, allow_dash=True),
@@ -197,7 +221,8 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
 def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_new_tokens: int, policy: str | None,
           temperature: float, top_k: int, top_p: float, seed: int, dtype: str, backend: str,
           compile_drafter: bool, compile_target: bool, compare_dir: Path | None, compare_backend: str | None,
-          target_backend: str, strict: bool, json_out: Path | None, force: bool) -> None:
+          target_backend: str, target_quant: str | None, target_quant_data: str | None, strict: bool,
+          json_out: Path | None, force: bool) -> None:
     """Decode every prompt of a file and report acceptance (tau, AR[k]), tokens/s and speedup.
 
     With --drafter, each prompt is decoded speculatively AND plainly, interleaved in this process, so
@@ -237,10 +262,13 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
           --dtype bf16 --compile --compile-target --prompts prompts.jsonl --max-new-tokens 64 --json cmp.json
       specpress bench --target ~/.cache/specpress/zoo/medium --drafter onnx/eagle3 --backend onnxruntime \\
           --target-backend onnxruntime --prompts prompts.jsonl --max-new-tokens 64 --json all-ort.json
+      specpress bench --target ~/.cache/specpress/zoo/small --drafter ./eagle3 --prompts prompts.jsonl \\
+          --target-quant nvfp4:activations=static --target-quant-data zoo:train --max-new-tokens 64 --json t.json
     """
     from contextlib import ExitStack
 
     from specpress.artifacts import claim_output
+    from specpress.commands.target_quant import check_target_backend, parse_spec
 
     check_compile(compile_drafter, drafter_dir, backend)
     if compare_dir is not None and drafter_dir is None:
@@ -250,6 +278,8 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
     compare_backend = compare_backend or backend
     check_drafter_dir(backend, drafter_dir)
     check_drafter_dir(compare_backend, compare_dir, "--compare-drafter")
+    tq = parse_spec(target_quant, target_quant_data)
+    check_target_backend(tq, target_backend, compile_target)
     to_file = json_out is not None and json_out != Path("-")
     with ExitStack() as stack:
         if to_file:  # before decoding: a bad path must not cost the measurement; held until it is written
@@ -258,21 +288,28 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
                                                      "--drafter": drafter_dir, "--compare-drafter": compare_dir}))
         _bench(target_dir, drafter_dir, prompts_file, max_new_tokens, policy, temperature, top_k, top_p, seed, dtype,
                backend, compile_drafter, compile_target, compare_dir, compare_backend, target_backend, strict,
-               json_out, to_file)
+               json_out, to_file, tq, target_quant_data)
 
 
 def _bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_new_tokens: int, policy: str | None,
            temperature: float, top_k: int, top_p: float, seed: int, dtype: str, backend: str,
            compile_drafter: bool, compile_target: bool, compare_dir: Path | None, compare_backend: str,
-           target_backend: str, strict: bool, json_out: Path | None, to_file: bool) -> None:
+           target_backend: str, strict: bool, json_out: Path | None, to_file: bool, tq: Any,
+           target_quant_data: str | None) -> None:
     """bench after its options are checked and its --json file claimed."""
     from rich.console import Console
     from rich.progress import Progress
 
     from specpress.artifacts import write_json
+    from specpress.commands.target_quant import compress_target, float_reference
     from specpress.machine import LoadMeter, load_warning
     from specpress.runtime.backends import drafter_bytes
-    from specpress.runtime.bench import bench_plain, bench_speculative, default_policy, load_bench_inputs
+    from specpress.runtime.bench import (
+        bench_plain,
+        bench_speculative,
+        default_policy,
+        load_bench_inputs,
+    )
     from specpress.runtime.compile import compile_errors
     from specpress.runtime.compile import compile_target as compile_target_fn
     from specpress.runtime.policy import parse_policy
@@ -285,6 +322,11 @@ def _bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_n
               "drafter": None if drafter_dir is None else str(drafter_dir), "backend": backend, "policy": None,
               "compile": compile_drafter, "compile_target": compile_target}
     warn = lambda m: console.print(m)  # noqa: E731
+    float_target = tq_summary = None
+    if tq is not None:
+        float_target = target
+        target, tq_summary = compress_target(float_target, target_dir, tq, target_quant_data, seed, warn)
+        config["target_quant"] = tq.text
     drafter = compare = pol = None
     if drafter_dir is not None:
         drafter = load_drafter_runner(backend, drafter_dir, target, strict=strict, warn=warn,
@@ -320,24 +362,39 @@ def _bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_n
         kw = dict(params=SamplingParams(temperature, top_k, top_p), seed=seed, config=config, on_prompt=on_prompt)
         if drafter is None:
             result = bench_plain(verifier, prompts, max_new_tokens, warmup_prompts=warmup if compile_target else 0,
-                                 **kw)
+                                 keep_plain=tq is not None, **kw)
         else:
             result = bench_speculative(verifier, drafter, prompts, max_new_tokens, pol,
                                        drafter_bytes=drafter_bytes(backend, drafter_dir), warmup_prompts=warmup,
                                        plain_warmup_prompts=warmup if compile_target else 0, compare=compare,
                                        compare_bytes=0 if compare is None else drafter_bytes(compare_backend,
                                                                                              compare_dir),
-                                       compare_label=config.get("compare"), **kw)
+                                       compare_label=config.get("compare"), keep_plain=tq is not None, **kw)
+    if float_target is not None:  # the same drafter, prompts and seed against the float target
+        result.update(float_reference(result, tq_summary, float_target, prompts, max_new_tokens, pol, console,
+                                      seed=seed, params=SamplingParams(temperature, top_k, top_p),
+                                      drafter=None if drafter is None else lambda: load_drafter_runner(
+                                          backend, drafter_dir, float_target, strict=strict, warn=lambda m: None,
+                                          compile_drafter=compile_drafter, target_dir=target_dir)))
     result["machine"] = meter.stop()
     if warning := load_warning(result["machine"]):
         console.print(warning, style="yellow", highlight=False)
     if drafter is not None:
-        from specpress.runtime.coverage import calibration_coverage, coverage_warning, drafter_provenance
+        from specpress.runtime.coverage import (
+            calibration_coverage,
+            coverage_warning,
+            drafter_provenance,
+        )
 
         result["calibration_coverage"] = calibration_coverage(drafter_provenance(drafter_dir))
         if warning := coverage_warning(result["eval_coverage"], result["calibration_coverage"]):
             console.print("warning: " + warning, style="yellow", highlight=False)
     report(console, result, len(prompts), pol)
+    if tq is not None:
+        from specpress.commands.target_quant import comparison_lines
+
+        for line in comparison_lines(result):
+            console.print(line, highlight=False)
     if to_file:
         write_json(json_out, result)  # claimed (and its directory made) before the work
         console.print(f"wrote {json_out}")

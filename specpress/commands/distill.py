@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from specpress.commands.options import target_dtype as target_dtype_option
+from specpress.commands.target_quant import target_quant_options
 
 
 def _int_list(value: str | None, flag: str) -> tuple[int, ...] | None:
@@ -90,13 +91,19 @@ FAMILIES_HELP = "eagle, eagle3, mtp, dflash, lm"
               help="Cache the target's signals here (memory-mapped) and reuse them in later runs.")
 @target_dtype_option("bf16", "The teacher's signals come out in it (an eagle3 student's loss keeps only its draft "
                              "vocabulary's logits) and the student's loss is computed in fp32 either way.")
+@target_quant_options("train on its hidden states and distribution, the signals a drafter deployed beside that "
+                      "target sees. With --init DRAFTER this re-aligns a trained drafter to a compressed target "
+                      "(bench --target-quant measures what it recovers); the artifact records the spec, and "
+                      "export hf / inspect show it",
+                      data_default="--data (its training windows)")
 def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: int | None, minutes: float | None,
             from_dir: Path | None, init_dir: Path | None, resume: bool, force: bool, seed: int, lr: float | None,
             optimizer: str | None, batch: int, seq_len: int, hidden: int | None, layers: int | None, ffn: int | None,
             heads: int | None, kv_heads: int | None, draft_vocab: int | None, taps: tuple[int, ...] | None,
             ttt_steps: int | None, block_size: int, anchors: int, gamma: float | None, markov_rank: int | None,
             mask_token_id: int | None, labels: str, tv_weight: float, checkpoint_minutes: float, dtype: str,
-            legacy_bf16: bool | None, compile_teacher: bool, cache_dir: Path | None, target_dtype: str) -> None:
+            legacy_bf16: bool | None, compile_teacher: bool, cache_dir: Path | None, target_dtype: str,
+            target_quant: str | None, target_quant_data: str | None) -> None:
     """Train a drafter against a target (or shrink a --from drafter, or fine-tune an --init one) and write it
     to --out.
 
@@ -143,11 +150,14 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
           --data zoo:train --out drafters/eagle3 --minutes 8 --resume        # after Ctrl-C
       specpress distill --target ~/.cache/specpress/zoo/small --family lm --data ./my-code/ \\
           --out drafters/lm --steps 2000 --layers 2
+      specpress distill --target ~/.cache/specpress/zoo/small --family eagle3 --data zoo:train \\
+          --init drafters/eagle3 --target-quant nvfp4:activations=static --steps 300 --out drafters/eagle3-nvfp4t
     """
     from contextlib import ExitStack
 
     from specpress.artifacts import claim_cache, claim_output
     from specpress.commands.guards import check_not_quantized, check_seq_len, distill_saved, interrupted
+    from specpress.commands.target_quant import parse_spec
     from specpress.compress.config import DistillConfig
     from specpress.compress.data import check_data
     from specpress.compress.distill import distill_from_dirs
@@ -158,6 +168,7 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
     if legacy_bf16 is not None:
         dtype = "bf16" if legacy_bf16 else "fp32"
         deprecated("--bf16 / --fp32", f"use --dtype {dtype}")
+    tq = parse_spec(target_quant, target_quant_data, data_default="--data")
     config = DistillConfig(family=family, steps=steps, minutes=minutes, lr=lr, optimizer=optimizer, batch=batch,
                            seq_len=seq_len, seed=seed, hidden=hidden, layers=layers, ffn=ffn, heads=heads,
                            kv_heads=kv_heads, draft_vocab=draft_vocab, taps=taps, ttt_steps=ttt_steps,
@@ -179,12 +190,14 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
         try:
             report = distill_from_dirs(target_dir, config, data_path, out, from_dir=from_dir, init_dir=init_dir,
                                        resume=resume, force=force, cache_dir=cache_dir, progress=True,
-                                       target_dtype=target_dtype)
+                                       target_dtype=target_dtype, target_quant=tq,
+                                       target_quant_data=target_quant_data)
         except KeyboardInterrupt:
             assert claim.partial is not None
             raise interrupted(claim.partial, distill_saved(claim.partial)) from None
     acc = " ".join(f"{a:.3f}" for a in report.agreement)
-    click.echo(f"{family} drafter written to {report.out}")
+    click.echo(f"{family} drafter written to {report.out}" + ("" if tq is None else f" (trained against the target "
+                                                                                  f"compressed as {tq.label})"))
     click.echo(f"  steps {report.steps}/{report.planned_steps} ({report.stopped_by})  loss {report.final_loss:.4f}  "
                f"acc@k {'held-out' if report.heldout else 'train-data'} {acc}  {report.seconds:.0f} s")
     # Held-out agreement well below the training batches' after several passes says: more data.

@@ -68,6 +68,10 @@ def inspect_cmd(path: Path | None, json_out: Path | None, force: bool) -> None:
         head = info.get("shared_head_params") or 0
         rows.append(("shared with target", f"{info['shared_bytes']:,} bytes (not counted above"
                      + (f"; {head:,} of the target's head parameters read as the draft head)" if head else ")")))
+    tp = info.get("target_precision")
+    if tp:
+        rows.append(("target precision", f"{tp['label']}" + ("" if tp["spec"] == "none" else f" (--target-quant "
+                     f"{tp['spec']})") + f": aligned with it by step {tp['step']} ({tp['by']})"))
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         click.echo(f"{k:<{width}}  {v}")
@@ -109,6 +113,8 @@ def describe_step(step: dict[str, Any]) -> str:
         for key, label in (("target", "target"), ("init", "fine-tuned from"), ("from", "shrunk from")):
             if data.get(key):
                 parts.append(f"{label} {data[key]}")
+        if data.get("target_quant"):
+            parts.append(f"target compressed as {data['target_quant']['label']}")
         return "; ".join(parts)
     if kind == "prune":
         before, after = step.get("shape_before") or {}, step.get("shape_after") or {}
@@ -126,6 +132,8 @@ def describe_step(step: dict[str, Any]) -> str:
             from specpress.commands.quantize import allocation_line
 
             parts.append("budget " + allocation_line(step["allocation"]))
+        if step.get("target_quant"):
+            parts.append(f"calibrated against the target compressed as {step['target_quant']['label']}")
         return "; ".join(parts)
     scalars = [f"{k} {v}" for k, v in step.items() if k not in ("step", "name") and isinstance(v, (str, int, float))]
     return f"{kind}: {', '.join(scalars)}" if scalars else kind

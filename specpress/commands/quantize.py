@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from specpress.commands.options import target_dtype as target_dtype_option
+from specpress.commands.target_quant import target_quant_options
 from specpress.models.quantized.names import METHOD_WORDS, SCHEME_WORDS, schemes_help
 
 
@@ -100,6 +101,11 @@ def allocation_line(a: dict) -> str:
               help="Batches for the before/after agreement.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @target_dtype_option("bf16", "With --target: calibration and the before/after agreement run on its signals.")
+@target_quant_options("calibrate and measure the drafter against it (with --target / --data): the GPTQ / AWQ / "
+                      "SmoothQuant statistics, static input scales and the before / after agreement then come from "
+                      "the compressed target's hidden states, which re-calibrates a drafter for a deployment "
+                      "beside that target (no training; distill --init --target-quant re-aligns the weights); "
+                      "the step records the spec", data_default="--data (the calibration windows)")
 def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, group_size: int | None,
              symmetric: bool | None, activations: str | None, act_calibration: str | None, kv_cache: str | None,
              calib_inputs: str,
@@ -108,7 +114,8 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
              dequantize_out: bool, dtype: str, legacy_float_dtype: str | None, force: bool,
              calib_batches: int | None,
              batch: int, seq_len: int,
-             eval_batches: int, seed: int, target_dtype: str) -> None:
+             eval_batches: int, seed: int, target_dtype: str, target_quant: str | None,
+             target_quant_data: str | None) -> None:
     """Quantize a drafter's Linear weights and report bytes and agreement before / after.
 
     Every Linear of the drafter is quantized except the draft lm_head (unless --include lm_head) and
@@ -168,6 +175,7 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
     """
     from specpress.artifacts import claim_output
     from specpress.commands.guards import check_seq_len
+    from specpress.commands.target_quant import parse_spec
     from specpress.compress.data import check_data
     from specpress.compress.quantize.pipeline import quantize_from_dirs
     from specpress.errors import deprecated
@@ -201,6 +209,7 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
     config = config_for(scheme, method, group_size=group_size, symmetric=symmetric, include=_names(include),
                         exclude=_names(exclude), activations=activations, act_calibration=act_calibration,
                         kv_cache=kv_cache)
+    tq = parse_spec(target_quant, target_quant_data, data_default="--data")
     with claim_output(out, force=force, inputs={"--drafter": drafter_dir, "--target": target_dir,
                                                 "--data": data_path}):
         if target_dir is not None:
@@ -212,7 +221,7 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
                                  batch=batch, seq_len=seq_len, seed=seed, eval_batches=eval_batches,
                                  float_dtype=dtype, calib_inputs=calib_inputs, budget=budget,
                                  candidates=cands or (), sensitivity=sensitivity, target_dtype=target_dtype,
-                                 progress=True)
+                                 progress=True, target_quant=tq, target_quant_data=target_quant_data)
     s = rep.step
     what = ("mixed: one scheme per Linear" if s["scheme"] == "mixed" else
             f"{config_from_dict(s['config']).storage_label()}, method {s['method']}")
@@ -241,6 +250,9 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
         click.echo(f"  kept    {sk['module']}: {sk['reason']}")
     for note in s["notes"]:
         click.echo(f"  note    {note}")
+    if s.get("target_quant"):
+        click.echo(f"  target  calibrated and measured against the target compressed as {s['target_quant']['label']} "
+                   f"(--target-quant {s['target_quant']['spec']})")
     if rep.before is not None and rep.after is not None:
         where = "held-out" if rep.heldout else "fresh windows (no held-out split: data too small)"
         click.echo(f"  acc@k before {' '.join(f'{a:.3f}' for a in rep.before)}")

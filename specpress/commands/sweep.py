@@ -46,7 +46,12 @@ def sweep(recipe: str, out: Path, resume: bool, force: bool, jobs: int | None, e
     path or `zoo`), the base drafter (a path, or a `distill:` block: distilled once, cached under
     ~/.cache/specpress/drafters and reused), a grid of compression points (quantize schemes x group sizes
     x methods, prune ratios, draft-vocabulary sizes, and `chain:` lists of steps such as prune then
-    quantize), policies, prompts (a file or held-out code), temperatures and the token budget.
+    quantize), policies, prompts (a file or held-out code), temperatures and the token budget, and
+    optionally `target_quant:` (--target-quant specs such as fp8 or nvfp4:activations=static): every point is
+    then measured against each compressed copy of the target too, after the float one, each run checked
+    lossless against its own target and paired with the same point on the float target (Δτ and the
+    target's greedy drift in a target-precision table, plots/tau_vs_target; --find-smallest searches once
+    per target).
     float_dtype (default auto: bf16 for an fp32 base) is what compressed points store their remaining
     floats in; their bytes and tau are those of the stored drafter. Each results.jsonl line holds the
     settings, provenance, bytes, bits/param, tau, AR[k], per-prompt tau, the paired delta tau with its CI

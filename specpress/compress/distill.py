@@ -134,9 +134,11 @@ class _Trainer:
         if teacher_drafter is not None:
             teacher_drafter.to(dev).eval().requires_grad_(False)
         self.dfp = data_fingerprint(data.stream)
+        tq = getattr(target, "target_quant", None)  # a compressed target (compress/quantize/target.py)
         self.key = {"config": config.resume_key(), "student": student.config.to_dict(),
                     "target": target_fingerprint(target.config, target), "data": self.dfp,
                     "target_dtype": str(target.lm_head.weight.dtype).removeprefix("torch."),
+                    **({"target_quant": tq.text} if tq is not None else {}),
                     "init": module_fingerprint(init) if init is not None else None,
                     "teacher_drafter": module_fingerprint(teacher_drafter) if teacher_drafter is not None else None,
                     "world_size": self.world}
@@ -169,6 +171,7 @@ class _Trainer:
         self.lo = self.rank * self.rows
         self.teacher = Teacher(target, needed_taps(student, teacher_drafter), cache_dir,
                                {"target": self.key["target"], "data": self.dfp, "seed": config.seed,
+                                **({"target_quant": tq.text} if tq is not None else {}),
                                 "batch": config.batch, "seq_len": config.seq_len, "bf16": config.bf16,
                                 "compile": config.compile},
                                compile=config.compile, vocab=draft_vocab(student))
@@ -330,10 +333,13 @@ def distill_from_dirs(target_dir: str | Path, config: DistillConfig, data_path: 
                       from_dir: str | Path | None = None, init_dir: str | Path | None = None,
                       resume: bool = False, force: bool = False,
                       cache_dir: str | Path | None = None, progress: bool = False,
-                      target_dtype: str = "bf16") -> DistillReport:
+                      target_dtype: str = "bf16", target_quant: Any = None,
+                      target_quant_data: str | Path | None = None) -> DistillReport:
     """The CLI's path: load the target (once, in `target_dtype`) and its tokenizer, tokenize the data
     (documents joined by the target's EOS; the last 5% held out for the final agreement), load --from /
-    --init drafters, distill."""
+    --init drafters, distill. target_quant (a TargetQuant): distill against the target compressed so (its
+    hidden states and distribution: what a drafter deployed beside that target sees), calibrated, when the
+    spec needs data, on target_quant_data or else on the training windows; the step's data records it."""
     from specpress.compress.data import data_stream
     from specpress.models.drafter_io import load_drafter
     from specpress.models.target import load_target
@@ -349,13 +355,24 @@ def distill_from_dirs(target_dir: str | Path, config: DistillConfig, data_path: 
     train, held = split_stream(stream, config.seq_len)
     sampler = WindowSampler(train, config.seq_len, config.batch, config.seed)
     heldout = WindowSampler(held, config.seq_len, config.batch, config.seed + 1) if held is not None else None
+    compressed: dict[str, Any] = {}
+    if target_quant is not None:
+        from specpress.runtime.compressed_target import calibration_stream, compress_in_place
+
+        calib = calibration_stream(target_quant_data, target_dir, target) if target_quant_data is not None else train
+        summary = compress_in_place(target, target_quant, calib if target_quant.needs_data() else None,
+                                    seed=config.seed)
+        compressed["target_quant"] = {"spec": target_quant.text, "label": target_quant.label,
+                                      **({"calibration": {"data": str(target_quant_data or data_path),
+                                                          **summary["calibration"]}}
+                                         if summary.get("calibration") else {})}
     teacher = load_drafter(from_dir, target) if from_dir is not None else None
     init = load_drafter(init_dir, target) if init_dir is not None else None
     return distill(target, config, sampler, out, init=init, teacher_drafter=teacher, resume=resume, force=force,
                    heldout=heldout, cache_dir=cache_dir, progress=progress,
                    provenance_extra={"source": str(data_path), "heldout_tokens": 0 if held is None else len(held),
                                      "target": str(target_dir), "from": None if from_dir is None else str(from_dir),
-                                     "init": None if init_dir is None else str(init_dir)})
+                                     "init": None if init_dir is None else str(init_dir), **compressed})
 
 
 __all__ = ["DistillConfig", "DistillReport", "distill", "distill_from_dirs", "agreement", "batch_loss",

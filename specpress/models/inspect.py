@@ -10,6 +10,7 @@ its own (eagle3 `shared_head`: Vd x H at the artifact's float dtype; `shared_hea
 head's saving is not mistaken for a free one. A quantized artifact (an active `quantize` provenance step) also gets
 `quantization`: bytes, params and bits/param per quantized module (params = its Linear's weight + bias,
 counted on the full-precision model, so `bits_per_param` is the effective bits per weight).
+`target_precision` says which target the drafter was last aligned with (`target_precision`).
 """
 
 from __future__ import annotations
@@ -117,6 +118,7 @@ def inspect_artifact(path: str | Path) -> dict[str, Any]:
         "format_version": (block or {}).get("format_version"),
         "target": (block or {}).get("target"),
         "provenance": list((block or {}).get("steps") or []),
+        "target_precision": target_precision((block or {}).get("steps")),
         **({"quantization": quant} if quant else {}),
     }
 
@@ -137,6 +139,28 @@ def _float_dtype(block: dict[str, Any], own: dict[str, Any]) -> str | None:
 
 
 MIN_BITS, MAX_BITS = 1, 64  # bits per parameter any stored scheme takes (nf4 ~4.1 ... fp64 64)
+
+
+def target_precision(steps: Any) -> dict[str, Any] | None:
+    """The target precision a drafter was last aligned with: the last provenance step that ran the target on
+    data for it (a distill, which trains on its signals; a quantize that calibrated on or was measured against
+    it), as {"label", "spec", "step" (1-based), "by" (its kind)}; "float" / "none" when that step ran the float
+    target (every step written before --target-quant existed did). None when no step ran a target."""
+    for i, step in reversed(list(enumerate(steps if isinstance(steps, list) else (), 1))):
+        if not isinstance(step, dict):
+            continue
+        kind = step.get("step")
+        if kind == "distill":
+            data = step.get("data")
+            tq = data.get("target_quant") if isinstance(data, dict) else None
+        elif kind == "quantize" and (step.get("calibration") or step.get("agreement")):
+            tq = step.get("target_quant")
+        else:
+            continue
+        if not isinstance(tq, dict):  # absent (the float target), or an edited config's non-object
+            return {"label": "float", "spec": "none", "step": i, "by": kind}
+        return {"label": str(tq.get("label", "?")), "spec": str(tq.get("spec", "?")), "step": i, "by": kind}
+    return None
 
 
 def _quantization(block: dict[str, Any], index: dict[str, Any], model: nn.Module) -> dict[str, Any] | None:

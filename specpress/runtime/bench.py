@@ -43,9 +43,11 @@ def default_policy(family: str) -> str:
 
 def bench_plain(target: TargetRunner, prompts: list[Prompt], max_new_tokens: int, *,
                 params: SamplingParams = SamplingParams(), seed: int = 0, config: dict[str, Any] | None = None,
-                warmup_prompts: int = 0, on_prompt: Callable[[int], None] | None = None) -> dict[str, Any]:
+                warmup_prompts: int = 0, on_prompt: Callable[[int], None] | None = None,
+                keep_plain: bool = False) -> dict[str, Any]:
     """Decode every prompt with the target alone; returns the bench JSON object. `warmup_prompts` are
-    decoded in full before timing (a compiled target meets its shapes untimed)."""
+    decoded in full before timing (a compiled target meets its shapes untimed). keep_plain: the outputs
+    again as "plain_outputs" (what bench_speculative adds with it)."""
     for i, p in enumerate(prompts):
         check_fits(target, len(p.ids), max_new_tokens, label=f"prompt {i + 1}")
     gen = torch.Generator().manual_seed(seed)
@@ -62,7 +64,10 @@ def bench_plain(target: TargetRunner, prompts: list[Prompt], max_new_tokens: int
             on_prompt(i)
     cfg = {"max_new_tokens": max_new_tokens, **sampling_config(params), "seed": seed, "prompts": len(prompts),
            "threads": torch.get_num_threads(), "warmup_prompts": warmup_prompts, **(config or {})}
-    return plain_metrics(outputs, gen_ms, step_ms, cfg)
+    result = plain_metrics(outputs, gen_ms, step_ms, cfg)
+    if keep_plain:
+        result["plain_outputs"] = outputs
+    return result
 
 
 def sampling_config(params: SamplingParams) -> dict[str, Any]:
@@ -74,7 +79,7 @@ def bench_speculative(target: TargetRunner, drafter: AnyDrafter, prompts: list[P
                       config: dict[str, Any] | None = None, warmup_prompts: int = 0, plain_warmup_prompts: int = 0,
                       compare: AnyDrafter | None = None, compare_bytes: int = 0,
                       compare_label: dict[str, Any] | None = None,
-                      on_prompt: Callable[[int], None] | None = None) -> dict[str, Any]:
+                      on_prompt: Callable[[int], None] | None = None, keep_plain: bool = False) -> dict[str, Any]:
     """Speculative decoding of every prompt, with plain decoding of the same prompt interleaved
     (alternating which goes first) as the same-process baseline; at temperature 0 each output is
     checked against plain greedy decoding. `target`, `drafter` (and `compare`): runners (runtime/backends/base.py).
@@ -84,7 +89,9 @@ def bench_speculative(target: TargetRunner, drafter: AnyDrafter, prompts: list[P
     and `plain_warmup_prompts` plainly (for a compiled target). With `compare`, a second drafter decodes
     every prompt too, in the same interleave (plain, drafter, compare; reversed on odd prompts), and the
     JSON gains "compare": its metrics against the same plain runs, labelled by `compare_label`, and the
-    two drafters' forward and round times (medians over prompts) with their ratio compare / drafter.
+    two drafters' forward and round times (medians over prompts) with their ratio compare / drafter, and
+    "paired": the mean per-prompt τ(compare) - τ(drafter) with its 95 % bootstrap CI (sweep/stats.py).
+    keep_plain: the plain decodings' outputs as "plain_outputs" (the compressed-target comparison reads them).
     "eval_coverage" (and compare's): the share of the emitted tokens in a reduced draft vocabulary
     (runtime/coverage.py), None when the drafter drafts the target's whole vocabulary.
     """
@@ -125,9 +132,19 @@ def bench_speculative(target: TargetRunner, drafter: AnyDrafter, prompts: list[P
            **(config or {})}
     result = spec_metrics(specs[0], plain, cfg, drafter_bytes, greedy=params.greedy)
     result["eval_coverage"] = eval_coverage(result["outputs"], getattr(drafters[0], "token_map", None))
+    if keep_plain:
+        result["plain_outputs"] = [g.tokens for g in plain]
     if compare is not None:
+        from specpress.sweep.stats import paired_comparison
+
         result["compare"] = {**(compare_label or {}),
                              **compare_metrics(specs[0], specs[1], plain, compare_bytes, greedy=params.greedy),
                              "eval_coverage": eval_coverage([s.tokens for s in specs[1]],
-                                                            getattr(drafters[1], "token_map", None))}
+                                                            getattr(drafters[1], "token_map", None)),
+                             "paired": paired_comparison(_prompt_taus(specs[1]), _prompt_taus(specs[0]), seed=seed)}
     return result
+
+
+def _prompt_taus(gens: list[Any]) -> list[float | None]:
+    """τ of each prompt's speculative run (None for a prompt that needed no round)."""
+    return [1 + sum(r.accepted for r in g.rounds) / len(g.rounds) if g.rounds else None for g in gens]

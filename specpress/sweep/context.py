@@ -198,6 +198,8 @@ class SweepContext:
     base_info: dict[str, Any]  # inspect_artifact of the base drafter
     base_digest: str
     _streams: dict[str, np.ndarray] = field(default_factory=dict)
+    _targets: dict[str, tuple[Any, dict[str, Any]]] = field(default_factory=dict)  # label -> (target, summary)
+    _greedy: dict[str, list[list[int]]] = field(default_factory=dict)  # label -> greedy outputs on the prompts
 
     @property
     def eos_id(self) -> int | None:
@@ -219,6 +221,70 @@ class SweepContext:
 
         base = DTYPES.get(str(self.base_info.get("dtype")), torch.float32)
         return resolve_float_dtype(self.recipe.float_dtype, base)
+
+    def target_for(self, label: str) -> tuple[Any, dict[str, Any] | None]:
+        """(the target a run with this target label verifies with, what compressing it did; None for the
+        float target): compressed copies are built once per process, calibrated on the recipe's
+        `calibration` data when their spec needs data (runtime/compressed_target.py)."""
+        tq = self.recipe.target_spec(label)
+        return (self.target, None) if tq.is_float else self.compressed(tq)
+
+    def compressed(self, tq: Any) -> tuple[Any, dict[str, Any]]:
+        """(the target compressed per `tq`, the summary), built once per process (by label)."""
+        if tq.label not in self._targets:
+            from specpress.runtime.compressed_target import compressed_copy
+
+            stream = self.stream(self.recipe.calibration) if tq.needs_data() else None
+            self._targets[tq.label] = compressed_copy(self.target, tq, stream, seed=self.recipe.seed)
+        return self._targets[tq.label]
+
+    def greedy_outputs(self, label: str) -> list[list[int]]:
+        """The greedy continuations of the sweep's prompts by the target `label`: those a greedy bench of it
+        already decoded (`note_greedy`, kept under OUT/cache/), else decoded now (plain decoding, once)."""
+        if label not in self._greedy:
+            cached = self._greedy_file(label)
+            outputs = _cached_outputs(cached) if cached.is_file() else None
+            if outputs is not None:
+                self._greedy[label] = outputs
+            else:
+                from specpress.runtime.backends.torch.runner import TorchTarget
+                from specpress.runtime.plain import decode_plain
+
+                target = TorchTarget(self.target_for(label)[0])
+                self.note_greedy(label, [decode_plain(target, p.ids, self.recipe.max_new_tokens).tokens
+                                         for p in self.prompts])
+        return self._greedy[label]
+
+    def has_greedy(self, label: str) -> bool:
+        return label in self._greedy or self._greedy_file(label).is_file()
+
+    def note_greedy(self, label: str, outputs: list[list[int]]) -> None:
+        """Keep the plain greedy continuations a bench of target `label` decoded (in memory and on disk)."""
+        from specpress.artifacts import write_json
+
+        self._greedy[label] = [list(o) for o in outputs]
+        path = self._greedy_file(label)
+        path.parent.mkdir(parents=True, exist_ok=True)  # OUT/cache/ exists only once a token stream was cached
+        write_json(path, {"target": label, "outputs": self._greedy[label]})
+
+    def _greedy_file(self, label: str) -> Path:
+        """OUT/cache/greedy-<key>.json, keyed by what the continuations depend on."""
+        from specpress.sweep.run import target_tag
+
+        tq, r = self.recipe.target_spec(label), self.recipe
+        key = _sha({"prompts": [list(p.ids) for p in self.prompts], "max_new_tokens": r.max_new_tokens,
+                    "target": target_tag(self.target_dir), "spec": tq.text, "dtype": r.dtype, "seed": r.seed,
+                    "calibration": r.calibration.to_json() if tq.needs_data() else None})
+        return self.out / "cache" / f"greedy-{key}.json"
+
+    def target_drift(self, label: str) -> dict[str, Any] | None:
+        """How far the compressed target's greedy continuations drift from the float target's (None for the
+        float target itself; runtime/compressed_target.py defines it)."""
+        if self.recipe.target_spec(label).is_float:
+            return None
+        from specpress.runtime.compressed_target import greedy_agreement
+
+        return greedy_agreement(self.greedy_outputs("float"), self.greedy_outputs(label))
 
     def agreement_sampler(self) -> Any | None:
         """Windows for acc@k (None when agreement_batches is 0)."""
@@ -256,3 +322,16 @@ def open_context(recipe: Recipe, out: Path, target_dir: Path, base_dir: Path, ba
     policies = recipe.policies or (default_policy(info["family"]),)
     return SweepContext(recipe, out, Path(target_dir), Path(base_dir), target, tok, tag, prompts, policies, info,
                         base_digest or dir_digest(base_dir))
+
+
+def _cached_outputs(path: Path) -> list[list[int]] | None:
+    """The continuations a greedy cache file holds; None when it is damaged (they are decoded again)."""
+    from specpress.errors import CheckpointError
+    from specpress.readback import read_json_object
+
+    try:
+        outputs = read_json_object(path).get("outputs")
+    except CheckpointError:
+        return None
+    ok = isinstance(outputs, list) and all(isinstance(o, list) and all(isinstance(t, int) for t in o) for o in outputs)
+    return outputs if ok else None

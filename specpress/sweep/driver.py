@@ -60,7 +60,9 @@ class Sweep:
         self.log(f"sweep {self.recipe.name or ''} -> {self.out}: {len(self.recipe.points)} points x "
                  f"{len(self.runs())} run(s) each, {len(self.ctx.prompts)} prompts x "
                  f"{self.recipe.max_new_tokens} new tokens; base drafter {base_dir} "
-                 f"({self.ctx.base_info['family']}, {self.ctx.base_info['params']:,} params)")
+                 f"({self.ctx.base_info['family']}, {self.ctx.base_info['params']:,} params)"
+                 + ("" if not self.recipe.target_quant else
+                    f"; targets {', '.join(t.label for t in self.recipe.targets)}"))
 
     def _check_policies(self) -> None:
         from specpress.runtime.drafting import check_policy
@@ -78,15 +80,19 @@ class Sweep:
         from specpress.sweep.run import _uses_calibration
 
         self.ctx.agreement_sampler()
-        if any(_uses_calibration(s) for p in self.recipe.points for s in p.steps):
+        if any(_uses_calibration(s) for p in self.recipe.points for s in p.steps) or \
+                any(t.needs_data() for t in self.recipe.target_quant):
             self.ctx.stream(self.recipe.calibration)
 
-    def runs(self, primary_only: bool = False) -> list[tuple[str, float, str]]:
+    def runs(self, primary_only: bool = False, target: str | None = None) -> list[tuple[str, float, str, str]]:
+        """(policy, temperature, backend, target label) of every run of a point; primary_only: the first
+        policy / temperature / backend, on every target (or on `target`)."""
         r = self.recipe
-        runs = list(itertools.product(self.ctx.policies, r.temperatures, r.backends))
-        return runs[:1] if primary_only else runs
+        targets = [t.label for t in r.targets if target is None or t.label == target]
+        settings = list(itertools.product(self.ctx.policies, r.temperatures, r.backends))
+        return [(*run, t) for run in (settings[:1] if primary_only else settings) for t in targets]
 
-    def missing(self, point: Point, runs: list[tuple[str, float, str]]) -> list[tuple[str, float, str]]:
+    def missing(self, point: Point, runs: list[tuple[str, float, str, str]]) -> list[tuple[str, float, str, str]]:
         done = R.latest(R.read_results(self.out))
         return [run for run in runs if done.get(R.run_key(point.id, *run), {}).get("status") != "ok"]
 
@@ -99,8 +105,10 @@ class Sweep:
         base_params = self.ctx.base_info.get("params") or 0
         if rec["status"] == "ok":
             rec["bytes_pct_base16"] = 100 * rec["bytes"] / (2 * base_params) if base_params else None
-            base = R.latest(R.read_results(self.out)).get(R.run_key("base", rec["policy"], rec["temperature"],
-                                                                    rec["backend"]))
+            done = R.latest(R.read_results(self.out))
+            target = rec.get("target_quant", R.FLOAT_TARGET)
+            base = done.get(R.run_key("base", rec["policy"], rec["temperature"], rec["backend"], target))
+            pair_with_float_target(rec, done, self.recipe.seed)
             if rec["point"] == "base":
                 rec["paired"], rec["retention"] = None, 1.0
             elif base is None or base["status"] != "ok":
@@ -122,6 +130,9 @@ class Sweep:
 
     def _report(self, r: dict[str, Any]) -> None:
         head = f"{r['point']:<22} {r['policy']} T={r['temperature']:g}"
+        target = r.get("target_quant", R.FLOAT_TARGET)
+        if target != R.FLOAT_TARGET:
+            head += f" target {target}"
         if r["status"] != "ok":
             self.log(f"{head}: failed: {r['error']}", style="red")
             return
@@ -132,6 +143,14 @@ class Sweep:
         delta = "" if p.get("delta_tau") is None else f"  Δτ {p['delta_tau']:+.3f}" + (
             f" [{ci[0]:+.3f}, {ci[1]:+.3f}]{' resolved' if p['resolved'] else ''}" if ci else "")
         ret = "" if r.get("retention") is None else f" ({100 * r['retention']:.1f} %)"
+        if target != R.FLOAT_TARGET:
+            tp, drift = r.get("target_paired") or {}, r.get("target_agreement") or {}
+            if tp.get("delta_tau") is not None:
+                delta += f"  vs float target Δτ {tp['delta_tau']:+.3f}" + (
+                    f" [{tp['ci'][0]:+.3f}, {tp['ci'][1]:+.3f}]" if tp.get("ci") else "")
+            if drift.get("prefix") is not None:
+                delta += f"  greedy agreement {100 * drift['prefix']:.1f} % ({drift['exact_prompts']}/" \
+                         f"{drift['prompts']} identical)"
         acc = f"  acc@1 {r['agreement'][0]:.3f}" if r.get("agreement") else ""
         ev, cal = r.get("eval_coverage"), r.get("calibration_coverage")
         cov = "" if ev is None else f"  vocab coverage {100 * ev:.1f} %" + (
@@ -218,10 +237,12 @@ class Sweep:
         from specpress.sweep.plots import write_plots
         from specpress.sweep.report import group_key, rich_tables, write_tables
 
-        recs = list(R.latest(R.read_results(self.out)).values())
+        latest = R.latest(R.read_results(self.out))
+        recs = list(latest.values())
         series: dict[Any, list[dict[str, Any]]] = {}
         for r in recs:
             r["pareto"] = None
+            pair_with_float_target(r, latest, self.recipe.seed)  # a float run measured after it (a resume)
             if r["status"] == "ok":
                 series.setdefault(group_key(r), []).append(r)
         for rows in series.values():
@@ -245,62 +266,11 @@ class Sweep:
     # ------------------------------------------------------------------ find-smallest
 
     def find_smallest(self, loss: float) -> Any:
-        """Search the grid for the smallest point keeping retention >= 1 - loss (search.py); writes search.json."""
-        from rich.progress import Progress
+        """Search the grid for the smallest point keeping retention >= 1 - loss, once per target (find.py);
+        writes search.json; returns the float target's SearchResult."""
+        from specpress.sweep.find import find_smallest_per_target
 
-        from specpress.ticker import bar_columns
-
-        from specpress.artifacts import write_json
-        from specpress.sweep.report import fmt_bytes
-        from specpress.sweep.search import Candidate, Trial, find_smallest
-
-        run = self.runs(primary_only=True)
-        with Progress(*bar_columns(), console=self.console, transient=True) as progress:
-            base = self.recipe.points[0]
-            if self.missing(base, run):
-                self.evaluate(base, run, progress)
-            key = R.run_key("base", *run[0])
-            brec = R.latest(R.read_results(self.out))[key]
-            if brec["status"] != "ok":
-                raise RequestError(f"the base drafter's run failed ({brec['error']}); nothing to compare against")
-            cands, unsized = [], []
-            for p in self.recipe.points[1:]:
-                try:
-                    cands.append(Candidate(p.id, self.point_bytes(p)))
-                except Exception as exc:  # such a point cannot be built either: left out, and said so
-                    unsized.append({"point": p.id, "error": f"{type(exc).__name__}: {exc}"})
-                    self.log(f"{p.id}: cannot be sized ({exc}); left out of the search", style="red")
-            self.log(f"searching {len(cands)} points (sorted by bytes) for the smallest with τ retention >= "
-                     f"{100 * (1 - loss):.1f} % of the base's τ {brec['tau']:.3f} ({run[0][0]}, T={run[0][1]:g})")
-
-            def evaluate(pid: str) -> Trial:
-                point = self.recipe.point(pid)
-                if self.missing(point, run):
-                    self.evaluate(point, run, progress)
-                r = R.latest(R.read_results(self.out))[R.run_key(pid, *run[0])]
-                p = r.get("paired") or {}
-                return Trial(pid, r.get("bytes"), r.get("retention") if r["status"] == "ok" else None,
-                             tau=r.get("tau"), delta_tau=p.get("delta_tau"), ci=p.get("ci"), error=r.get("error"))
-
-            result = find_smallest(cands, evaluate, 1 - loss)
-        for i, t in enumerate(result.trials, 1):
-            verdict = "error" if t.retention is None else ("pass" if t.passed else "fail")
-            ret = "–" if t.retention is None else f"{100 * t.retention:.1f} %"
-            self.log(f"  tried {i}: {t.id:<22} {fmt_bytes(t.bytes):>10}  retention {ret:>8}  {verdict}")
-        if result.found:
-            t = next(t for t in result.trials if t.id == result.found)
-            self.log(f"smallest point keeping >= {100 * (1 - loss):.1f} % of τ: {result.found} "
-                     f"({fmt_bytes(t.bytes)}, retention {100 * (t.retention or 0):.1f} %); evaluated "
-                     f"{len(result.trials)} of {len(cands)} points", style="bold")
-        else:
-            self.log(f"no compressed point keeps >= {100 * (1 - loss):.1f} % of τ (evaluated {len(result.trials)} of "
-                     f"{len(cands)}): the base drafter is the smallest that does")
-        write_json(self.out / "search.json", {
-            "criterion": "retention point estimate tau/tau_base >= 1 - max_tau_loss (pooled tau; paired CI "
-                         "reported, not required)", "max_tau_loss": loss, "policy": run[0][0],
-            "temperature": run[0][1], "backend": run[0][2], "base_tau": brec["tau"], **result.to_dict(),
-            "unsized": unsized})
-        return result
+        return find_smallest_per_target(self, loss)
 
     def point_bytes(self, point: Point) -> int:
         """The point's stored bytes: from its artifact when built, else from a cheap in-memory build (gptq as
@@ -319,6 +289,21 @@ class Sweep:
 
             self._base_model = load_drafter(self.ctx.base_dir, self.ctx.target)
         return copy.deepcopy(self._base_model)
+
+
+def pair_with_float_target(rec: dict[str, Any], done: dict[str, dict[str, Any]], seed: int) -> None:
+    """A run on a compressed target against the same point's run on the float target (same prompts, policy,
+    temperature, backend): `target_paired` (per-prompt Δτ, 95 % CI) and `target_retention` (τ / float τ);
+    None when either is missing. Runs on the float target get neither."""
+    target = rec.get("target_quant", R.FLOAT_TARGET)
+    if target == R.FLOAT_TARGET or rec.get("status") != "ok":
+        return
+    ref = done.get(R.run_key(rec["point"], rec["policy"], rec["temperature"], rec["backend"]))
+    if ref is None or ref.get("status") != "ok":
+        rec["target_paired"] = rec["target_retention"] = None
+        return
+    rec["target_paired"] = paired_comparison(rec["per_prompt_tau"], ref["per_prompt_tau"], seed=seed)
+    rec["target_retention"] = rec["tau"] / ref["tau"] if ref["tau"] else None
 
 
 def sizing_bytes(ctx: Any, point: Point, drafter: Any) -> int:

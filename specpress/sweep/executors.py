@@ -114,8 +114,8 @@ def died_records(point: Point, runs: list[Any], reason: str) -> list[dict[str, A
     """One failed record per run of a point that could not be measured (its worker died on every attempt,
     or could not open the sweep's context)."""
     return [{"point": point.id, "steps": [s.to_dict() for s in point.steps], "policy": r[0],
-             "temperature": float(r[1]), "backend": r[2], "status": "failed", "error": reason, "traceback": []}
-            for r in runs]
+             "temperature": float(r[1]), "backend": r[2], "target_quant": r[3] if len(r) > 3 else "float",
+             "status": "failed", "error": reason, "traceback": []} for r in runs]
 
 
 @dataclass(frozen=True)

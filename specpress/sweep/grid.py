@@ -13,8 +13,10 @@ building its config (quantize: `config_for`, prune: `PruneConfig`); a combinatio
 not exist (nf4 with gptq, fp8 with a group size) is skipped and reported, an explicit one is an error.
 `include` / `exclude` (quantize) are lists of module names and `candidates` a list of scheme words (or
 one comma-separated string): they never expand; `budget` replaces `scheme` (with `candidates` and
-`sensitivity`: kl, on the recipe's calibration windows, or weight). Quantization comes last in a
-chain: prune refuses quantized drafters. Point ids are built from the settings (`int4-g64-gptq`,
+`sensitivity`: kl, on the recipe's calibration windows, or weight). A calibrating quantize stage's
+`target_quant` (a `--target-quant` spec) calibrates it against that compressed target instead of the float one
+(`-on-<label>` in the point id): the drafter re-calibrated for a deployment beside that target. Quantization comes
+last in a chain: prune refuses quantized drafters. Point ids are built from the settings (`int4-g64-gptq`,
 `ffn384-r100`, `ffn384+int4-g64`, `kv2`; the deprecated prune shares keep their old ids, `ffn50` for
 `ffn: 0.5`); `base` (no steps) is reserved and always measured.
 """
@@ -33,7 +35,7 @@ BASE_ID = "base"
 STAGES = ("quantize", "prune")
 QUANTIZE_FIELDS = ("scheme", "method", "group_size", "symmetric", "activations", "act_calibration", "kv_cache",
                    "include", "exclude", "calib_batches", "batch", "seq_len", "calib_inputs", "budget", "candidates",
-                   "sensitivity")
+                   "sensitivity", "target_quant")
 BUDGET_ONLY = ("candidates", "sensitivity")  # quantize keys that go with `budget` (which replaces `scheme`)
 BUDGET_DEFAULTS = {"candidates": "int8,int4", "sensitivity": "kl"}  # as `specpress quantize --budget` with data
 NAME_LISTS = ("include", "exclude", "candidates")  # quantize fields whose list value is one setting, not a product axis
@@ -107,6 +109,21 @@ class Step:
         """What a quantize step calibrates on (`rounds[:POLICY]` or `first-step`, as `quantize --calib-inputs`)."""
         return str(dict(self.options).get("calib_inputs", CALIB_INPUTS))
 
+    def target_quant(self) -> Any:
+        """The compressed target a quantize step calibrates against (`quantize --target-quant`), or None: the
+        float target. Only a step that calibrates (gptq / awq / smoothquant, static scales from data) takes it."""
+        spec = dict(self.options).get("target_quant")
+        if spec is None:
+            return None
+        from specpress.compress.quantize.target import parse_target_quant
+
+        tq = parse_target_quant(str(spec))
+        if not self.config().needs_data():
+            raise ConfigError(f"target_quant {spec!r} sets the target a quantize step calibrates on, and "
+                              f"{self.config().label()} does not calibrate (only method gptq / awq / smoothquant "
+                              f"and static activation scales from data do)")
+        return None if tq.is_float else tq
+
     def label(self) -> str:
         if self.kind == "prune":
             return prune_label(self.config())
@@ -128,6 +145,9 @@ class Step:
                          if k in opts and opts[k] != CALIB_DEFAULTS[k])
             if self.calib_inputs() != CALIB_INPUTS:
                 s += "-" + ("fs" if self.calib_inputs() == "first-step" else self.calib_inputs().replace(":", "_"))
+            tq = self.target_quant()
+            if tq is not None:
+                s += f"-on-{tq.label}"
         return s
 
 
@@ -230,6 +250,8 @@ def _stage_options(kind: str, body: Any, where: str) -> list[tuple[tuple[str, An
 
 
 def _check_calibration(step: Step, where: str) -> None:
+    if step.kind == "quantize":
+        step.target_quant()  # a bad spec, or one on a step that does not calibrate
     for k in CALIB_DEFAULTS:
         v = dict(step.options).get(k)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):

@@ -8,6 +8,13 @@ no global backend switch):
                       drafter's size at 16 bits as a dashed line; the tau axis spans at least 80-105 % of the base
     speedup_vs_bytes  measured speedup against drafter bytes (log x)
     acceptance        per-position acceptance AR[k] = P(accepted >= k) per point, one panel per series
+    tau_vs_target     (only with a recipe's `target_quant`) tau of every point on every target, targets along x
+                      in the recipe's order (the float one first), one line per point, each compressed target's
+                      paired 95 % CI against the same point on the float target as an error bar; one panel per
+                      policy / temperature / backend
+
+With compressed targets every other plot has one panel per target as well (a series is policy, temperature,
+backend and target).
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from typing import Any
 
 from specpress.artifacts import atomic_file
 from specpress.sweep.labels import place_labels
-from specpress.sweep.report import group_title, groups
+from specpress.sweep.report import group_title, groups, target_groups, target_of
 
 FORMATS = ("png", "svg")
 
@@ -151,11 +158,47 @@ def _acceptance(records: list[dict[str, Any]]) -> Any:
     return fig
 
 
+def target_interval(rec: dict[str, Any]) -> tuple[float, float] | None:
+    """The point's 95 % interval on tau from its paired CI against the same point on the float target."""
+    p = rec.get("target_paired") or {}
+    if p.get("ci") is None or p.get("delta_tau") is None:
+        return None
+    lo, hi = p["ci"]
+    return rec["tau"] - (p["delta_tau"] - lo), rec["tau"] + (hi - p["delta_tau"])
+
+
+def _tau_vs_target(records: list[dict[str, Any]]) -> Any:
+    gs = target_groups(records)
+    fig = _figure(7.0, 4.2 * max(1, len(gs)))
+    for i, (key, rows) in enumerate(gs.items()):
+        ax = fig.add_subplot(max(1, len(gs)), 1, i + 1)
+        targets = list(dict.fromkeys(target_of(r) for r in rows))
+        for point in dict.fromkeys(r["point"] for r in rows):
+            ok = [r for r in rows if r["point"] == point and r["status"] == "ok" and r.get("tau") is not None]
+            xs = [targets.index(target_of(r)) for r in ok]
+            line = ax.plot(xs, [r["tau"] for r in ok], marker="o", markersize=4, label=point)[0]
+            bars = [(x, r, iv) for x, r in zip(xs, ok, strict=True) if (iv := target_interval(r)) is not None]
+            if bars:
+                ax.errorbar([x for x, _, _ in bars], [r["tau"] for _, r, _ in bars],
+                            yerr=[[r["tau"] - iv[0] for _, r, iv in bars], [iv[1] - r["tau"] for _, r, iv in bars]],
+                            fmt="none", ecolor=line.get_color(), elinewidth=1, capsize=3)
+        ax.set_xticks(range(len(targets)), targets, rotation=20, fontsize=8)
+        ax.set_title(group_title(key), fontsize=9)
+        ax.set_xlabel("target precision")
+        ax.set_ylabel("τ (tokens per target forward)")
+        ax.grid(True, alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, ncol=2, title="drafter point (CI: paired vs float target)", title_fontsize=7)
+    return fig
+
+
 def write_plots(out: Path, records: list[dict[str, Any]]) -> list[Path]:
-    """Write the three plots (PNG + SVG) into OUT/plots/; returns the paths written."""
+    """Write the plots (PNG + SVG) into OUT/plots/; returns the paths written."""
     pdir = Path(out) / "plots"
     pdir.mkdir(parents=True, exist_ok=True)
     paths = _save(_tau_vs_bytes(records), pdir, "tau_vs_bytes")
     paths += _save(_scatter(records, "speedup", "speedup vs plain decoding"), pdir, "speedup_vs_bytes")
     paths += _save(_acceptance(records), pdir, "acceptance")
+    if target_groups(records):
+        paths += _save(_tau_vs_target(records), pdir, "tau_vs_target")
     return paths

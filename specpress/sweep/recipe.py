@@ -12,6 +12,9 @@
     prompts: {heldout: {n: 100, tokens: 64}}   # or a .jsonl file ({"prompt"} / {"input_ids"} per line)
     temperatures: [0]                # default [0]
     backends: [torch]                # default [torch]; any name of runtime/backends' registry
+    target_quant: [fp8, nvfp4:activations=static]   # compressed copies of the target to measure every point
+                                     # against too (`--target-quant` specs; the float target is always measured,
+                                     # first); calibrated specs calibrate on `calibration`
     max_new_tokens: 64
     seed: 0
     dtype: fp32                      # the target's (and drafter's compute) dtype: fp32 | bf16 | fp16
@@ -48,7 +51,7 @@ from specpress.sweep.grid import Point, expand_grid
 RECIPE_VERSION = 1
 TOP_KEYS = ("version", "name", "description", "target", "drafter", "grid", "policies", "prompts", "temperatures",
             "backends", "max_new_tokens", "seed", "dtype", "float_dtype", "calibration", "agreement_batches",
-            "agreement_data", "tolerate_failures", "executor")
+            "agreement_data", "tolerate_failures", "executor", "target_quant")
 REQUIRED = ("target", "drafter", "grid", "prompts")
 DTYPES = ("fp32", "bf16", "fp16")
 ZOO_SPLITS = {"zoo-train": "train", "zoo-val": "val", "zoo:train": "train", "zoo:val": "val"}  # CLI spelling too
@@ -132,6 +135,19 @@ class Recipe:
     source: Path | None = None
     tolerate_failures: bool = False  # a failed point still lets the sweep exit 0 (not in the hash: measures nothing)
     executor: Any = None  # executors.ExecutorSpec; how points run, kept out of to_dict and so of the hash
+    target_quant: tuple[Any, ...] = ()  # TargetQuant specs besides the float target (compress/quantize/target.py)
+
+    @property
+    def targets(self) -> tuple[Any, ...]:
+        """Every target the points are measured against: the float one first, then `target_quant`."""
+        from specpress.compress.quantize.target import parse_target_quant
+
+        return (parse_target_quant("none"), *self.target_quant)
+
+    def target_spec(self, label: str) -> Any:
+        from specpress.compress.quantize.target import find_target
+
+        return find_target(self.targets, label)
 
     def point(self, pid: str) -> Point:
         for p in self.points:
@@ -147,7 +163,8 @@ class Recipe:
                 "prompts": self.prompts.to_json(), "temperatures": list(self.temperatures),
                 "backends": list(self.backends), "max_new_tokens": self.max_new_tokens, "seed": self.seed,
                 "dtype": self.dtype, "float_dtype": self.float_dtype, "calibration": self.calibration.to_json(),
-                "agreement_batches": self.agreement_batches, "agreement_data": self.agreement_data.to_json()}
+                "agreement_batches": self.agreement_batches, "agreement_data": self.agreement_data.to_json(),
+                **({"target_quant": [t.text for t in self.target_quant]} if self.target_quant else {})}
 
     def hash(self) -> str:
         d = self.to_dict()
@@ -313,6 +330,8 @@ def _backends(v: Any) -> tuple[str, ...]:
 
 def parse_recipe(obj: Any, base_dir: Path, source: Path | None = None) -> Recipe:
     """Validate a recipe object (what yaml.safe_load returned); relative paths resolve against base_dir."""
+    from specpress.compress.quantize.target import parse_target_list
+
     where = str(source) if source else "recipe"
     try:
         d = _keys(obj, "the recipe (top level)", TOP_KEYS, REQUIRED)
@@ -341,7 +360,9 @@ def parse_recipe(obj: Any, base_dir: Path, source: Path | None = None) -> Recipe
             skipped=skipped, name=str(d.get("name") or (source.stem if source else "")),
             description=str(d.get("description") or ""), source=source,
             tolerate_failures=_flag(d.get("tolerate_failures", False), "tolerate_failures"),
-            executor=parse_executor(d["executor"]) if "executor" in d else None)
+            executor=parse_executor(d["executor"]) if "executor" in d else None,
+            target_quant=() if "target_quant" not in d else parse_target_list(
+                _list(d["target_quant"], "target_quant", "[fp8, int4, 'nvfp4:activations=static']"), "target_quant"))
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
 

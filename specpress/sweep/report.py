@@ -7,6 +7,13 @@ front (on the Pareto front of smaller bytes / higher tau); in a table with a red
 also vocab coverage: the share of the target's emitted tokens on the sweep's prompts that the draft vocabulary holds,
 beside the share `prune --vocab` recorded on its ranking data (runtime/coverage.py). A point whose evaluation
 coverage is more than COVERAGE_GAP (3 points) below its calibration coverage gets a warning under the table.
+
+With compressed targets (a recipe's `target_quant`) every target gets its own tables (each point paired with
+the base drafter on that target), and one more table per policy / temperature / backend compares the
+targets: point, target, τ, Δτ vs the float target [95 % CI] (the same point on the float target, paired per
+prompt), resolved, retention vs the float target, the target's greedy agreement with the float target
+(prefix agreement / identical prompts, runtime/compressed_target.py) and lossless (against that target).
+
 In a table where some point reads target tensors in place of its own (a shared draft head: `prune
 --share-head`), a "shared" column after bytes gives those bytes (inspect's shared_bytes), counted apart.
 """
@@ -27,18 +34,28 @@ SHARED = "shared"  # a column only in tables where some point reads target bytes
 CSV_FIELDS = ("point", "policy", "temperature", "backend", "status", "bytes", "shared_bytes", "bytes_pct_base16",
               "bits_per_param",
               "tau", "retention", "delta_tau", "ci_low", "ci_high", "resolved", "acc1", "speedup",
-              "lossless_mismatches", "eval_coverage", "calibration_coverage", "prompts", "pareto", "steps", "error")
+              "lossless_mismatches", "eval_coverage", "calibration_coverage", "prompts", "pareto", "steps", "error",
+              "target_quant", "target_delta_tau", "target_ci_low", "target_ci_high", "target_resolved",
+              "target_retention", "target_prefix_agreement", "target_exact_match")
+TARGET_HEADERS = ("point", "target", "τ", "Δτ vs float target [95 % CI]", "resolved", "retention vs float",
+                  "greedy agreement (prefix / identical)", "acc@1", "lossless")
+FLOAT = "float"  # the uncompressed target's label (results.FLOAT_TARGET)
 
 
-def group_key(rec: dict[str, Any]) -> tuple[str, float, str]:
-    return rec["policy"], float(rec["temperature"]), rec["backend"]
+def target_of(rec: dict[str, Any]) -> str:
+    return rec.get("target_quant", FLOAT)
 
 
-def group_title(key: tuple[str, float, str]) -> str:
-    return f"policy {key[0]}, temperature {key[1]:g}, backend {key[2]}"
+def group_key(rec: dict[str, Any]) -> tuple[str, float, str, str]:
+    return rec["policy"], float(rec["temperature"]), rec["backend"], target_of(rec)
 
 
-def groups(records: Iterable[dict[str, Any]]) -> dict[tuple[str, float, str], list[dict[str, Any]]]:
+def group_title(key: tuple[str, ...]) -> str:
+    return f"policy {key[0]}, temperature {key[1]:g}, backend {key[2]}" + (
+        f", target {key[3]}" if len(key) > 3 and key[3] != FLOAT else "")
+
+
+def groups(records: Iterable[dict[str, Any]]) -> dict[tuple[str, float, str, str], list[dict[str, Any]]]:
     """Records per (policy, temperature, backend): the base first, then by bytes (largest first), failures last."""
     out: dict[tuple[str, float, str], list[dict[str, Any]]] = {}
     for r in records:
@@ -128,7 +145,57 @@ def markdown(records: list[dict[str, Any]], title: str = "") -> str:
             parts.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
         parts.append("")
         parts.extend(f"**Warning** {w}\n" for w in coverage_warnings(rows))
+    for key, rows in target_groups(records).items():
+        parts.append(f"## target precision: {group_title(key)}\n")
+        parts.append("Every point on every target, against the same point on the float target (same prompts); "
+                     "greedy agreement: the target's greedy continuations against the float target's (mean share of "
+                     "leading tokens shared / prompts identical).\n")
+        parts.append("| " + " | ".join(TARGET_HEADERS) + " |")
+        parts.append("|" + "|".join("---" for _ in TARGET_HEADERS) + "|")
+        for r in rows:
+            parts.append("| " + " | ".join(c.replace("|", "\\|") for c in target_cells(r)) + " |")
+        parts.append("")
     return "\n".join(parts)
+
+
+def target_groups(records: Iterable[dict[str, Any]]) -> dict[tuple[str, float, str], list[dict[str, Any]]]:
+    """Records per (policy, temperature, backend) when some run is on a compressed target, ordered by point
+    (the base first, then by bytes) and, within a point, by target as first seen (the float one first)."""
+    records = list(records)
+    if all(target_of(r) == FLOAT for r in records):
+        return {}
+    order: dict[str, int] = {}
+    for r in sorted(records, key=lambda r: target_of(r) != FLOAT):
+        order.setdefault(target_of(r), len(order))
+    out: dict[tuple[str, float, str], list[dict[str, Any]]] = {}
+    for key, rows in groups(records).items():
+        out.setdefault(key[:3], []).extend(rows)
+    for rows in out.values():
+        size = {r["point"]: r.get("bytes") or 0 for r in rows}
+        rows.sort(key=lambda r: (r["point"] != "base", -size[r["point"]], r["point"], order[target_of(r)]))
+    return out
+
+
+def target_cells(rec: dict[str, Any]) -> list[str]:
+    """The cells of one record in the target-precision table (TARGET_HEADERS order)."""
+    if rec["status"] != "ok":
+        err = str(rec.get("error") or "failed").splitlines()[0]
+        return [rec["point"], target_of(rec), f"failed: {err[:80]}"] + [""] * (len(TARGET_HEADERS) - 3)
+    p = rec.get("target_paired")
+    if p and p.get("delta_tau") is not None:
+        ci = p.get("ci")
+        delta = f"{p['delta_tau']:+.3f}" + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else "")
+        resolved = "yes" if p["resolved"] else "no"
+    else:
+        delta = resolved = "–"
+    a = rec.get("target_agreement")
+    agree = "–" if not a else f"{100 * a['prefix']:.1f} % / {a['exact_prompts']}/{a['prompts']}"
+    ret = rec.get("target_retention")
+    acc = rec.get("agreement") or []
+    mism = rec.get("lossless_mismatches")
+    return [rec["point"], target_of(rec), _f(rec.get("tau"), ".3f"), delta, resolved,
+            "–" if ret is None else f"{100 * ret:.1f} %", agree, _f(acc[0] if acc else None, ".3f"),
+            "n/a" if mism is None else f"{mism}/{rec.get('prompts')}"]
 
 
 def csv_text(records: list[dict[str, Any]]) -> str:
@@ -139,6 +206,9 @@ def csv_text(records: list[dict[str, Any]]) -> str:
         for r in rows:
             p = r.get("paired") or {}
             ci = p.get("ci") or [None, None]
+            tp = r.get("target_paired") or {}
+            tci = tp.get("ci") or [None, None]
+            drift = r.get("target_agreement") or {}
             acc = r.get("agreement") or [None]
             w.writerow({"point": r["point"], "policy": r["policy"], "temperature": r["temperature"],
                         "backend": r["backend"], "status": r["status"], "bytes": r.get("bytes"),
@@ -151,7 +221,10 @@ def csv_text(records: list[dict[str, Any]]) -> str:
                         "calibration_coverage": r.get("calibration_coverage"), "prompts": r.get("prompts"),
                         "pareto": r.get("pareto"),
                         "steps": " -> ".join(next(iter(s)) + " " + str(next(iter(s.values()))) for s in r["steps"]),
-                        "error": r.get("error")})
+                        "error": r.get("error"), "target_quant": target_of(r),
+                        "target_delta_tau": tp.get("delta_tau"), "target_ci_low": tci[0], "target_ci_high": tci[1],
+                        "target_resolved": tp.get("resolved"), "target_retention": r.get("target_retention"),
+                        "target_prefix_agreement": drift.get("prefix"), "target_exact_match": drift.get("exact")})
     return buf.getvalue()
 
 
@@ -181,5 +254,13 @@ def rich_tables(records: list[dict[str, Any]]) -> list[Any]:
         if warnings:
             t.caption = "\n".join("warning: " + w for w in warnings)
             t.caption_justify, t.caption_style = "left", "yellow"
+        tables.append(t)
+    for key, rows in target_groups(records).items():
+        t = Table(title="target precision: " + group_title(key), title_justify="left")
+        for h in TARGET_HEADERS:
+            t.add_column(h, justify="left" if h in ("point", "target", TARGET_HEADERS[3]) else "right",
+                         overflow="fold")
+        for r in rows:
+            t.add_row(*(escape(c) for c in target_cells(r)), style="red" if r["status"] != "ok" else None)
         tables.append(t)
     return tables

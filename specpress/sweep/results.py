@@ -23,12 +23,18 @@ RECIPE = "recipe.json"
 OUTPUTS = (RESULTS, "table.md", "table.csv", "search.json", "plots")  # what --force clears (points/ is kept)
 
 
-def run_key(point_id: str, policy: str, temperature: float, backend: str) -> str:
-    return f"{point_id}|{policy}|T={float(temperature):g}|{backend}"
+FLOAT_TARGET = "float"  # the label of the uncompressed target (compress/quantize/target.py FLOAT_LABEL)
+
+
+def run_key(point_id: str, policy: str, temperature: float, backend: str, target: str = FLOAT_TARGET) -> str:
+    """One run's key; a compressed target (a recipe's `target_quant`) adds `|target=<label>`."""
+    key = f"{point_id}|{policy}|T={float(temperature):g}|{backend}"
+    return key if target == FLOAT_TARGET else f"{key}|target={target}"
 
 
 def record_key(rec: dict[str, Any]) -> str:
-    return run_key(rec["point"], rec["policy"], rec["temperature"], rec["backend"])
+    return run_key(rec["point"], rec["policy"], rec["temperature"], rec["backend"],
+                   rec.get("target_quant", FLOAT_TARGET))
 
 
 def guard_out(out: Path, recipe: Recipe, *, resume: bool, force: bool) -> None:

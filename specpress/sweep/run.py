@@ -1,8 +1,12 @@
 """One grid point: build its artifact (reused when already built), measure acc@k, bench every run.
 
-A run is (policy, temperature, backend: a name of the runtime/backends registry); every run of every point
-decodes the SAME prompts, so the parent
-can pair each run with the base drafter's run of the same settings (stats.py). The artifact goes to
+A run is (policy, temperature, backend: a name of the runtime/backends registry, target: the label of the
+float target or of one of the recipe's `target_quant` compressed copies); every run of every point decodes
+the SAME prompts, so the parent can pair each run with the base drafter's run of the same settings, and a
+run on a compressed target with the same point's run on the float target (stats.py). The point's drafter is
+built against the float target (compression steps calibrate on it) and measured unchanged on every target;
+acc@k is measured against each target, and a compressed target's greedy drift from the float target
+(runtime/compressed_target.py) is recorded beside its runs. The artifact goes to
 OUT/points/<id>/drafter with OUT/points/<id>/point.json holding what it was built from (steps, base
 drafter digest, target, calibration data, seed): it is reused only when that key matches. Records are
 plain dicts; a failure (building or one run) becomes a record with `status: failed`, the error and a short
@@ -26,8 +30,9 @@ from specpress.runtime.sampling import SamplingParams
 from specpress.sweep.context import SweepContext, file_digest, open_context
 from specpress.sweep.grid import Point, Step
 from specpress.sweep.recipe import Recipe
+from specpress.sweep.results import FLOAT_TARGET
 
-RunSpec = tuple[str, float, str]  # (policy, temperature, backend)
+RunSpec = tuple[str, float, str, str]  # (policy, temperature, backend, target label); a 3-tuple: the float target
 Log = Callable[[str], None]
 
 
@@ -90,12 +95,15 @@ def apply_step(ctx: SweepContext, drafter: Any, step: Step) -> Any:
         if "calib_batches" not in dict(step.options):  # the method's default, as `specpress quantize`
             c["calib_batches"] = default_calib_batches(drafter, cfg, c["batch"], c["seq_len"])
         sampler = WindowSampler(ctx.stream(ctx.recipe.calibration), c["seq_len"], c["batch"], ctx.recipe.seed)
-        calibration = calibration_loop(step.calib_inputs(), ctx.target, drafter, sampler, c["calib_batches"])
+        tq = step.target_quant()  # calibrate against a compressed target (re-calibration for that deployment)
+        target = ctx.target if tq is None else ctx.compressed(tq)[0]
+        calibration = calibration_loop(step.calib_inputs(), target, drafter, sampler, c["calib_batches"])
     quantize(drafter, cfg, calibration, float_dtype=ctx.stored_dtype())
     if calibration is not None:
         update_step(drafter, calibration={"data": source, "windows": calibration.windows,
                                           "tokens": calibration.tokens, "seed": ctx.recipe.seed,
-                                          "inputs": step.calib_inputs()})
+                                          "inputs": step.calib_inputs()},
+                    **({"target_quant": {"spec": tq.text, "label": tq.label}} if tq is not None else {}))
     return drafter
 
 
@@ -147,64 +155,102 @@ def error_summary(exc: BaseException) -> dict[str, Any]:
             "traceback": [f"{Path(f.filename).name}:{f.lineno} in {f.name}" for f in frames]}
 
 
-def _base_record(point: Point, run: RunSpec, ctx: SweepContext) -> dict[str, Any]:
-    policy, temperature, backend = run
+def run_target(run: Any) -> str:
+    """The target label of a run (a 3-tuple run is one on the float target)."""
+    return run[3] if len(run) > 3 else FLOAT_TARGET
+
+
+def _base_record(point: Point, run: Any, ctx: SweepContext) -> dict[str, Any]:
+    policy, temperature, backend = run[:3]
     return {"point": point.id, "steps": [s.to_dict() for s in point.steps], "policy": policy,
-            "temperature": float(temperature), "backend": backend, "prompts": len(ctx.prompts),
-            "max_new_tokens": ctx.recipe.max_new_tokens}
+            "temperature": float(temperature), "backend": backend, "target_quant": run_target(run),
+            "prompts": len(ctx.prompts), "max_new_tokens": ctx.recipe.max_new_tokens}
 
 
-def measure_point(ctx: SweepContext, point: Point, runs: list[RunSpec], *, log: Log | None = None,
-                  on_prompt: Callable[[RunSpec, int], None] | None = None) -> list[dict[str, Any]]:
-    """Build (or reuse) the point's artifact, measure acc@k once, then bench each run: one record per run."""
+def measure_point(ctx: SweepContext, point: Point, runs: list[Any], *, log: Log | None = None,
+                  on_prompt: Callable[[Any, int], None] | None = None) -> list[dict[str, Any]]:
+    """Build (or reuse) the point's artifact; per target (float first, then each compressed one) load it
+    against that target, measure acc@k once and the target's greedy drift, then bench each run on it: one
+    record per run."""
     from specpress.models.inspect import inspect_artifact
-    from specpress.runtime.policy import parse_policy
 
     t0 = time.monotonic()
     try:
         art, reused = build_point(ctx, point, log)
         build_s = time.monotonic() - t0
         info = inspect_artifact(art)
-        quiet = not point.is_base or log is None  # points inherit the base's target fingerprint: warn once
-        drafter = load_drafter_for(ctx.target, art, warn=(lambda m: None) if quiet else log)
-        t1 = time.monotonic()
-        acc = None
-        sampler = ctx.agreement_sampler()
-        if sampler is not None:
-            from specpress.compress.agreement import agreement
-
-            acc = agreement(ctx.target, drafter, sampler, ctx.recipe.agreement_batches)
-        agreement_s = time.monotonic() - t1
     except Exception as exc:  # recorded per run; the sweep goes on
         fail = {"status": "failed", **error_summary(exc), "wall_s": time.monotonic() - t0}
         return [{**_base_record(point, run, ctx), **fail} for run in runs]
     shared = {"drafter_dir": _rel(art, ctx.out), "artifact_reused": reused, "family": info["family"],
               "bytes": int(info["bytes"]), "shared_bytes": int(info.get("shared_bytes") or 0),
               "params": int(info["params"]), "bits_per_param": info["bits_per_param"],
-              "dtype": info["dtype"], "provenance": info["provenance"], "agreement": acc,
-              "agreement_windows": None if sampler is None else ctx.recipe.agreement_batches * sampler.batch,
-              "build_s": build_s, "agreement_s": agreement_s,
+              "dtype": info["dtype"], "provenance": info["provenance"], "build_s": build_s,
               "calibration_coverage": calibration_coverage(info["provenance"])}
+    by_target: dict[str, list[Any]] = {}
+    for run in runs:
+        by_target.setdefault(run_target(run), []).append(run)
+    labels = sorted(by_target, key=lambda t: t != FLOAT_TARGET)  # the float target first: the others pair with it
+    records: list[dict[str, Any]] = []
+    for label in labels:
+        records += _measure_on_target(ctx, point, by_target[label], label, art, info, shared, log, on_prompt)
+    return records
+
+
+def _measure_on_target(ctx: SweepContext, point: Point, runs: list[Any], label: str, art: Path, info: dict[str, Any],
+                       shared: dict[str, Any], log: Log | None, on_prompt: Callable[[Any, int], None] | None
+                       ) -> list[dict[str, Any]]:
+    """The runs of one point against one target (module docstring)."""
+    from specpress.runtime.policy import parse_policy
+
+    t1 = time.monotonic()
+    try:
+        target, summary = ctx.target_for(label)
+        target_s = time.monotonic() - t1
+        quiet = not point.is_base or log is None or label != FLOAT_TARGET  # warn once, for the base
+        drafter = load_drafter_for(target, art, warn=(lambda m: None) if quiet else log)
+        t2 = time.monotonic()
+        acc = None
+        sampler = ctx.agreement_sampler()
+        if sampler is not None:
+            from specpress.compress.agreement import agreement
+
+            acc = agreement(target, drafter, sampler, ctx.recipe.agreement_batches)
+        agreement_s = time.monotonic() - t2
+    except Exception as exc:
+        fail = {"status": "failed", **error_summary(exc), "wall_s": shared["build_s"] + time.monotonic() - t1}
+        return [{**_base_record(point, run, ctx), **fail} for run in runs]
+    tq = ctx.recipe.target_spec(label)
+    mine = {**shared, "agreement": acc,
+            "agreement_windows": None if sampler is None else ctx.recipe.agreement_batches * sampler.batch,
+            "agreement_s": agreement_s, "target_quant_spec": tq.text, "target_s": target_s,
+            "target_quant_summary": None if summary is None else {
+                k: summary.get(k) for k in ("quantized", "linear_bytes_before", "linear_bytes_after",
+                                            "weight_sqnr_db_min", "kv_cache", "calibration")}}
     records = []
     runners = {"torch": drafter_runner(drafter)}  # the module acc@k measured; other backends load per run
-    target = TorchTarget(ctx.target)
+    verifier = TorchTarget(target)
     for run in runs:
-        policy, temperature, backend = run
-        t2 = time.monotonic()
-        rec = {**_base_record(point, run, ctx), **shared}
+        policy, temperature, backend = run[:3]
+        t3 = time.monotonic()
+        rec = {**_base_record(point, run, ctx), **mine}
         try:
             if backend not in runners:
                 from specpress.export.ondemand import runner_input  # an ONNX export made once, cached
 
                 runners[backend] = load_runner(backend, runner_input(backend, art, ctx.target_dir, target=ctx.target),
-                                               ctx.target, target.device)
+                                               target, verifier.device)
+            keep = float(temperature) == 0 and not ctx.has_greedy(label)  # its plain greedy decodes: the drift's
             res = bench_speculative(
-                target, runners[backend], ctx.prompts, ctx.recipe.max_new_tokens, parse_policy(policy),
+                verifier, runners[backend], ctx.prompts, ctx.recipe.max_new_tokens, parse_policy(policy),
                 params=SamplingParams(temperature), seed=ctx.recipe.seed, drafter_bytes=int(info["bytes"]),
-                config={"point": point.id, "drafter": str(art), "target": str(ctx.target_dir), "backend": backend},
-                on_prompt=(lambda i, r=run: on_prompt(r, i)) if on_prompt else None)
+                config={"point": point.id, "drafter": str(art), "target": str(ctx.target_dir), "backend": backend,
+                        "target_quant": tq.text},
+                on_prompt=(lambda i, r=run: on_prompt(r, i)) if on_prompt else None, keep_plain=keep)
+            if keep:
+                ctx.note_greedy(label, res.pop("plain_outputs"))
         except Exception as exc:
-            records.append({**rec, "status": "failed", **error_summary(exc), "wall_s": time.monotonic() - t2})
+            records.append({**rec, "status": "failed", **error_summary(exc), "wall_s": time.monotonic() - t3})
             continue
         per_prompt = res.get("per_prompt") or []
         rec.update({
@@ -215,10 +261,14 @@ def measure_point(ctx: SweepContext, point: Point, runs: list[RunSpec], *, log: 
             "draft_ms": res["draft_ms"], "verify_ms": res["verify_ms"], "other_ms": res["other_ms"],
             "overhead_fraction": res["overhead_fraction"], "lossless_mismatches": res["lossless_mismatches"],
             "eval_coverage": res.get("eval_coverage"), "bench_config": res["config"],
-            "bench_s": time.monotonic() - t2})
-        rec["wall_s"] = build_s + agreement_s + rec["bench_s"]
+            "bench_s": time.monotonic() - t3})
+        rec["wall_s"] = shared["build_s"] + target_s + agreement_s + rec["bench_s"]
         records.append(rec)
-    return records
+    try:  # the target's greedy drift from the float target (from the plain decodes above where there were any)
+        drift = ctx.target_drift(label)
+    except Exception as exc:
+        return [{**r, "status": "failed", **error_summary(exc)} for r in records]
+    return [{**r, "target_agreement": drift} for r in records]
 
 
 def _rel(path: Path, out: Path) -> str:

@@ -48,7 +48,8 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
                        float_dtype: str | torch.dtype | None = "auto", calib_inputs: str = "rounds",
                        budget: Budget | None = None, candidates: tuple[Candidate, ...] = (),
                        sensitivity: str | None = None, target_dtype: str = "bf16",
-                       progress: bool = False) -> QuantizeReport:
+                       progress: bool = False, target_quant: Any = None,
+                       target_quant_data: str | Path | None = None) -> QuantizeReport:
     """Load, quantize, measure, write `out` atomically.
 
     float_dtype: what the kept float tensors (norms, biases, unquantized Linears, embeddings) are stored
@@ -61,6 +62,9 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
     budget: allocate a scheme per Linear among `candidates` (budget.py; `config` then only selects the
     Linears), scoring each by `sensitivity` (kl: on `calib_batches` calibration windows, needs the target;
     weight: data-free; None: kl with a target, else weight).
+    target_quant (a TargetQuant, with a target): calibrate and measure against the target compressed so (the
+    re-calibration of a drafter to a compressed target), itself calibrated, when the spec needs data, on
+    target_quant_data or else on the calibration windows; the step records it.
     """
     from specpress.artifacts import check_new
     from specpress.compress.data import WindowSampler, data_stream
@@ -72,6 +76,9 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
     if (target_dir is None) != (data_path is None):
         raise UsageError("--target and --data go together: the drafter runs on the target's hidden states over "
                          "the data (calibration and the before/after agreement)")
+    if target_quant is not None and target_dir is None:
+        raise UsageError("--target-quant compresses the target the drafter is calibrated and measured on: pass "
+                         "--target DIR and --data PATH")
     if config.needs_data() and target_dir is None:
         what = f"--method {config.method}" if config.needs_calibration else "--activations static"
         raise UsageError(f"{what} calibrates on the activations entering each Linear: pass --target DIR and --data "
@@ -79,7 +86,7 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
     check_new(out, force)
     source = inspect_artifact(drafter_dir)
     stored = resolve_float_dtype(float_dtype, DTYPES.get(str(source["dtype"]), torch.float32))
-    target = sampler = None
+    target = sampler = compressed = None
     first_eval, heldout = 0, False
     if target_dir is not None:
         from specpress.compress.distill import FRESH_WINDOWS, split_stream
@@ -96,6 +103,14 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
         sampler = WindowSampler(train, seq_len, batch, seed)
         evals = WindowSampler(held, seq_len, batch, seed + 1) if held is not None else sampler
         heldout, first_eval = held is not None, 0 if held is not None else FRESH_WINDOWS
+        if target_quant is not None:
+            from specpress.runtime.compressed_target import calibration_stream, compress_in_place
+
+            calib = calibration_stream(target_quant_data, target_dir, target) if target_quant_data else train
+            summary = compress_in_place(target, target_quant, calib if target_quant.needs_data() else None, seed=seed)
+            compressed = {"spec": target_quant.text, "label": target_quant.label,
+                          **({"calibration": {"data": str(target_quant_data or data_path), **summary["calibration"]}}
+                             if summary.get("calibration") else {})}
     drafter = load_drafter(drafter_dir, target)
     before = after = None
     if target is not None:
@@ -124,6 +139,8 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
             calibration = probe  # type: ignore[assignment]  (its windows are recorded as the calibration)
     extra: dict[str, Any] = {"source": str(drafter_dir), "source_bytes": source["bytes"],
                              "source_dtype": source["dtype"], "float_dtype": str(stored).removeprefix("torch.")}
+    if compressed is not None:
+        extra["target_quant"] = compressed
     if calibration is not None:
         extra["calibration"] = {"data": str(data_path), "windows": calibration.windows, "tokens": calibration.tokens,
                                 "seq_len": seq_len, "seed": seed,

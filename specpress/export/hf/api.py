@@ -122,6 +122,28 @@ def resolve_verifier(verifier: str | None, block: dict[str, Any]) -> tuple[dict[
     return sp.verifier_block(verifier, list(raw.get("architectures") or [])), local
 
 
+def precision_notes(precision: dict[str, Any] | None, eng: Engine | None, verifier: str | None) -> list[str]:
+    """What an export says of the target precision its drafter was aligned with (specpress.target_precision,
+    written whatever the engine). No engine reads that field: each loads the drafter as any other and takes
+    the target's precision from the target checkpoint it serves, so the alignment holds only beside a target
+    quantized that way, which the user brings (specpress emulates the scheme; it writes no target checkpoint)."""
+    if not precision or precision["label"] == "float":
+        return []
+    what = (f"aligned with the target compressed as {precision['label']} (--target-quant {precision['spec']}, "
+            f"recorded as specpress.target_precision)")
+    if eng is None:
+        return [f"{what}: serve it beside a target quantized that way"]
+    notes = [f"{what}: {eng.label} loads the drafter as any other and reads no such field; the target's precision "
+             f"is that of the target checkpoint you serve, so serve one quantized as {precision['label']} (specpress "
+             f"measured the scheme's reference numerics, not {eng.label}'s kernels, and writes no target checkpoint)"]
+    local = Path(verifier).expanduser() if verifier else None
+    if local is not None and (local / "config.json").is_file() and "quantization_config" not in read_config(local):
+        notes.append(f"the serve line names --target {verifier}, a float target (its config.json has no "
+                     f"quantization_config): beside it the drafter meets the float target it was not aligned with; "
+                     f"serve the {precision['label']} copy of the target there instead")
+    return notes
+
+
 def fused_notes(quantized: set[str], linears: dict[str, tuple[int, int]]) -> list[str]:
     """Servers fuse q/k/v and gate/up into one Linear with one scheme: flag a group quantized in part."""
     notes = []
@@ -275,7 +297,12 @@ def export_hf(drafter: str | Path, out: str | Path, fmt: str | None = None, *, e
         cfg_out = rules.config(job, cfg_out)
         notes += rules.notes(job)
     cfg_out["torch_dtype"] = dtype
-    cfg_out["specpress"] = {**block, "exported_as": fmt if eng is None else f"{eng.name} ({eng.read_from})"}
+    from specpress.models.inspect import target_precision
+
+    precision = target_precision(block.get("steps"))  # which target it was aligned with (float or compressed)
+    notes += precision_notes(precision, eng, verifier)
+    cfg_out["specpress"] = {**block, "exported_as": fmt if eng is None else f"{eng.name} ({eng.read_from})",
+                            **({"target_precision": precision} if precision else {})}
     out = Path(out).expanduser()
     with atomic_dir(out, force=force) as tmp:
         write_json(tmp / "config.json", cfg_out)
