@@ -64,13 +64,29 @@ def _fmt(n: int) -> str:
 @click.option("--eval-batches", type=click.IntRange(min=1), default=4, show_default=True,
               help="Batches for the before/after agreement.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--recover-steps", type=click.IntRange(min=0), default=0, show_default=True,
+              help="After quantizing, train the quantized drafter this many steps against --target on --data with "
+                   "its family's distillation loss, through the scheme's own rounding (straight-through gradients; "
+                   "quantization-aware distillation); the artifact stores codes and scales like any other of its "
+                   "scheme. Costs about one distill step per step (the fake quantization adds a few elementwise "
+                   "passes over the weights). Pays where rounding costs acceptance: int3, int2, ternary.")
+@click.option("--recover-lr", type=float, default=1e-4, show_default=True,
+              help="Peak learning rate of the recovery (AdamW, warmup then cosine).")
+@click.option("--recover-scales", type=click.Choice(["learned", "rederived"]), default="learned", show_default=True,
+              help="learned: the quantizer's scales (RTN's, GPTQ's, AWQ's) are trained with the weights (integer and "
+                   "low-bit schemes; others re-derive); rederived: the scheme's round-to-nearest re-derives them "
+                   "from the trained weights every step (every scheme; GPTQ's / AWQ's choice is lost at once).")
+@click.option("--recover-batch", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Windows per recovery step (of --seq-len tokens).")
+@click.option("--resume", is_flag=True,
+              help="Continue a recovery interrupted in <out>.partial/ (the quantization is not redone).")
 def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, group_size: int | None,
              symmetric: bool | None, activations: str | None, act_calibration: str | None, kv_cache: str | None,
              calib_inputs: str,
              include: str | None, exclude: str | None, target_dir: Path | None,
              data_path: Path | None, dequantize_out: bool, float_dtype: str, force: bool, calib_batches: int,
-             batch: int, seq_len: int,
-             eval_batches: int, seed: int) -> None:
+             batch: int, seq_len: int, eval_batches: int, seed: int, recover_steps: int, recover_lr: float,
+             recover_scales: str, recover_batch: int, resume: bool) -> None:
     """Quantize a drafter's Linear weights and report bytes and agreement before / after.
 
     Every Linear of the drafter is quantized except the draft lm_head (unless --include lm_head) and
@@ -121,19 +137,29 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
     from specpress.artifacts import claim_output
     from specpress.commands.guards import check_seq_len
     from specpress.compress.quantize.pipeline import quantize_from_dirs
+    from specpress.compress.quantize.recover import RecoverConfig
     from specpress.models.quantized.scheme import config_for, config_from_dict
 
     config = config_for(scheme, method, group_size=group_size, symmetric=symmetric, include=_names(include),
                         exclude=_names(exclude), activations=activations, act_calibration=act_calibration,
                         kv_cache=kv_cache)
+    recovery = RecoverConfig(steps=recover_steps, lr=recover_lr, scales=recover_scales, batch=recover_batch,
+                             seq_len=seq_len, seed=seed) if recover_steps else None
+    if resume and recovery is None:
+        raise click.UsageError("--resume continues an interrupted recovery: give --recover-steps N as before")
     with claim_output(out, force=force, inputs={"--drafter": drafter_dir, "--target": target_dir,
-                                                "--data": data_path}):
+                                                "--data": data_path}, partial=recovery is not None,
+                      resume=resume) as claim:
+        for note in claim.notes:
+            click.echo(f"note: {note}", err=True)
         if target_dir is not None:
-            check_seq_len(target_dir, seq_len, batch, training=False)
+            check_seq_len(target_dir, seq_len, batch if recovery is None else max(batch, recover_batch),
+                          training=recovery is not None)
         rep = quantize_from_dirs(drafter_dir, config, out, target_dir=target_dir, data_path=data_path,
                                  dequantize_out=dequantize_out, force=force, calib_batches=calib_batches,
                                  batch=batch, seq_len=seq_len, seed=seed, eval_batches=eval_batches,
-                                 float_dtype=float_dtype, calib_inputs=calib_inputs)
+                                 float_dtype=float_dtype, calib_inputs=calib_inputs, recovery=recovery,
+                                 resume=resume, progress=recovery is not None)
     s = rep.step
     what = f"{config_from_dict(s['config']).storage_label()}, method {s['method']}"
     click.echo(f"{rep.family} drafter quantized ({what}): {len(s['quantized'])} Linears -> {rep.out}"
@@ -155,6 +181,10 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
         amax = s["input_amax"].values()
         click.echo(f"  inputs  static input scales for {len(amax)} Linears: activation amax {min(amax):.4g} .. "
                    f"{max(amax):.4g}")
+    rec = s.get("recovery")
+    if rec:
+        click.echo(f"  recovered  {rec['steps']} steps of quantization-aware distillation ({', '.join(rec['scales'])} "
+                   f"scales), final loss {rec['final_loss']:.4f}, {rec['seconds']:.0f} s")
     for sk in s["skipped"]:
         click.echo(f"  kept    {sk['module']}: {sk['reason']}")
     for note in s["notes"]:

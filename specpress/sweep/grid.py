@@ -27,7 +27,9 @@ from specpress.errors import ConfigError
 BASE_ID = "base"
 STAGES = ("quantize", "prune")
 QUANTIZE_FIELDS = ("scheme", "method", "group_size", "symmetric", "activations", "act_calibration", "kv_cache",
-                   "include", "exclude", "calib_batches", "batch", "seq_len", "calib_inputs")
+                   "include", "exclude", "calib_batches", "batch", "seq_len", "calib_inputs", "recover_steps",
+                   "recover_lr", "recover_scales", "recover_batch")
+RECOVER_KEYS = {"recover_steps": "steps", "recover_lr": "lr", "recover_scales": "scales", "recover_batch": "batch"}
 NAME_LISTS = ("include", "exclude")  # quantize fields whose list value is one setting, not a product axis
 CALIB_DEFAULTS = {"calib_batches": 8, "batch": 4, "seq_len": 128}  # as `specpress quantize`
 CALIB_INPUTS = "rounds"  # as `specpress quantize --calib-inputs`
@@ -68,6 +70,18 @@ class Step:
 
         return PruneConfig.from_dict(opts)
 
+    def recovery(self) -> Any:
+        """A quantize step's RecoverConfig (quantize --recover-steps; windows of its seq_len, the recipe's seed
+        given by the caller), or None when it asks for no recovery (recover_steps absent or 0: the other
+        recover_* keys then do nothing, so that a product over recover_steps [0, N] shares them)."""
+        opts = dict(self.options)
+        if self.kind != "quantize" or not opts.get("recover_steps"):
+            return None
+        from specpress.compress.quantize.recover import RecoverConfig
+
+        return RecoverConfig(**{v: opts[k] for k, v in RECOVER_KEYS.items() if k in opts},
+                             seq_len=int(opts.get("seq_len", CALIB_DEFAULTS["seq_len"])))
+
     def calibration(self) -> dict[str, int]:
         """Calibration windows of a quantize step (used by configs that need data: gptq, static scales)."""
         opts = dict(self.options)
@@ -81,12 +95,19 @@ class Step:
         if self.kind == "prune":
             return prune_label(self.config())
         cfg, s = self.config(), str(self.config().label())
-        if cfg.needs_data():  # calibration settings that change the result, when not the defaults
+        rec = self.recovery()
+        if cfg.needs_data() or rec is not None:  # calibration settings that change the result, when not the defaults
             opts = dict(self.options)
             s += "".join(f"-{tag}{opts[k]}" for k, tag in (("calib_batches", "cb"), ("seq_len", "sl"), ("batch", "bt"))
                          if k in opts and opts[k] != CALIB_DEFAULTS[k])
-            if self.calib_inputs() != CALIB_INPUTS:
+            if cfg.needs_data() and self.calib_inputs() != CALIB_INPUTS:
                 s += "-" + ("fs" if self.calib_inputs() == "first-step" else self.calib_inputs().replace(":", "_"))
+        if rec is not None:
+            from specpress.compress.quantize.recover import RecoverConfig
+
+            d = RecoverConfig()
+            s += f"-r{rec.steps}" + (f"-rlr{rec.lr:g}" if rec.lr != d.lr else "") + \
+                ("-rederived" if rec.scales != d.scales else "") + (f"-rb{rec.batch}" if rec.batch != d.batch else "")
         return s
 
 

@@ -4,10 +4,16 @@ With a target and data, the data's token stream is split as distill splits it (t
 it holds >= 20 windows): calibration windows come from the rest, and the per-position top-1 agreement
 with the target (specpress.compress.agreement) is measured on the held-out windows before and after
 quantization (on fresh windows of the same stream when nothing is held out). Both go into the step.
+
+With `recovery` (quantize --recover-steps N) the quantized drafter is then trained against the target on
+windows of the same training split (recover.py), and the after-agreement is measured on the recovered one.
+The quantized drafter before recovery and the training checkpoints go to `<out>.partial/`; with `resume` a
+run continues from them (the quantization is not redone), and they are removed once `out` is written.
 """
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,10 +21,11 @@ from typing import Any
 
 import torch
 
-from specpress.compress.quantize.api import (dequantize, quantize, resolve_float_dtype, round_floats, stored_bytes,
-                                             update_step)
+from specpress.compress.quantize.api import (dequantize, quantize, resolve_float_dtype, round_floats, select_modules,
+                                             stored_bytes, update_step)
+from specpress.compress.quantize.recover import RecoverConfig, recover, source_weights
 from specpress.device import DTYPES
-from specpress.errors import DataError, UsageError
+from specpress.errors import CheckpointError, DataError, UsageError
 from specpress.models.quantized.configs import QuantizeConfig
 
 
@@ -37,7 +44,9 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
                        target_dir: str | Path | None = None, data_path: str | Path | None = None,
                        dequantize_out: bool = False, force: bool = False, calib_batches: int = 8, batch: int = 4,
                        seq_len: int = 128, seed: int = 0, eval_batches: int = 4,
-                       float_dtype: str | torch.dtype | None = "auto", calib_inputs: str = "rounds") -> QuantizeReport:
+                       float_dtype: str | torch.dtype | None = "auto", calib_inputs: str = "rounds",
+                       recovery: RecoverConfig | None = None, resume: bool = False,
+                       progress: bool = False) -> QuantizeReport:
     """Load, quantize, measure, write `out` atomically.
 
     float_dtype: what the kept float tensors (norms, biases, unquantized Linears, embeddings) are stored
@@ -46,8 +55,10 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
     with `dequantize_out` the dequantised weights are rounded and measured the same way.
     calib_inputs: what a config that needs data calibrates on (calibrate.calibration_loop): real speculative
     rounds (`rounds[:POLICY]`) or the teacher-forced first step (`first-step`).
+    recovery: quantization-aware distillation after quantizing (needs target and data); resume: continue an
+    interrupted one from `<out>.partial/`; progress: its progress bar on stderr.
     """
-    from specpress.artifacts import check_new
+    from specpress.artifacts import check_new, partial_path
     from specpress.compress.data import WindowSampler, data_stream
     from specpress.models.drafter_io import load_drafter, save_drafter
     from specpress.models.inspect import inspect_artifact
@@ -57,6 +68,12 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
     if (target_dir is None) != (data_path is None):
         raise UsageError("--target and --data go together: the drafter runs on the target's hidden states over "
                          "the data (calibration and the before/after agreement)")
+    recovering = recovery is not None and recovery.steps > 0
+    if recovering and target_dir is None:
+        raise UsageError("--recover-steps trains the quantized drafter against the target: pass --target DIR and "
+                         "--data PATH")
+    if recovering and dequantize_out:
+        raise UsageError("--recover-steps trains the stored codes; --dequantize would throw them away: drop one")
     if config.needs_data() and target_dir is None:
         what = f"--method {config.method}" if config.needs_calibration else "--activations static"
         raise UsageError(f"{what} calibrates on the activations entering each Linear: pass --target DIR and --data "
@@ -87,18 +104,34 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
         from specpress.compress.agreement import agreement
 
         before = agreement(target, drafter, evals, eval_batches, first_step=first_eval)
-    calibration = None
-    if config.needs_data():
-        from specpress.compress.quantize.calibrate import calibration_loop
-
-        assert target is not None and sampler is not None
-        calibration = calibration_loop(calib_inputs, target, drafter, sampler, calib_batches)
-    quantize(drafter, config, calibration, float_dtype=stored)
     extra: dict[str, Any] = {"source": str(drafter_dir), "source_bytes": source["bytes"],
                              "source_dtype": source["dtype"], "float_dtype": str(stored).removeprefix("torch.")}
-    if calibration is not None:
-        extra["calibration"] = {"data": str(data_path), "windows": calibration.windows, "tokens": calibration.tokens,
-                                "seq_len": seq_len, "seed": seed, "inputs": calib_inputs}
+    sources = source_weights(drafter, select_modules(drafter, config)[0]) if recovering else None
+    part = partial_path(out)
+    resumed = _resume_quantized(part, config, extra, target) if recovering and resume else None
+    if resumed is not None:
+        drafter = resumed.to(drafter.compute_param().dtype)  # computes as the freshly quantized one would
+    else:
+        calibration = None
+        if config.needs_data():
+            from specpress.compress.quantize.calibrate import calibration_loop
+
+            assert target is not None and sampler is not None
+            calibration = calibration_loop(calib_inputs, target, drafter, sampler, calib_batches)
+        quantize(drafter, config, calibration, float_dtype=stored)
+        update_step(drafter, **extra)
+        if calibration is not None:
+            update_step(drafter, calibration={"data": str(data_path), "windows": calibration.windows,
+                                              "tokens": calibration.tokens, "seq_len": seq_len, "seed": seed,
+                                              "inputs": calib_inputs})
+        if recovering:  # what a --resume continues from, whatever the quantizer's determinism
+            save_drafter(drafter, part / "quantized", force=True, dtype=stored)
+    if recovering:
+        assert recovery is not None and target is not None
+        rs = WindowSampler(train, recovery.seq_len, recovery.batch, recovery.seed)
+        drafter = recover(drafter, target, rs, recovery, sources=sources, checkpoint_dir=part, resume=resume,
+                          progress=progress)
+        round_floats(drafter, stored)  # the trained float tensors as they are stored
     if dequantize_out:  # what is written, and measured: the dequantised weights rounded to the float dtype
         dequantize(drafter)
         round_floats(drafter, stored)
@@ -109,4 +142,25 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
                               "windows": eval_batches * batch, "heldout": heldout, "data": str(data_path)}
     step = update_step(drafter, **extra)
     save_drafter(drafter, out, force=force, dtype=stored)
+    if recovering:
+        shutil.rmtree(part, ignore_errors=True)
     return QuantizeReport(out, drafter.family, step, before, after, heldout, time.monotonic() - t0)
+
+
+def _resume_quantized(part: Path, config: QuantizeConfig, extra: dict[str, Any], target: Any) -> Any | None:
+    """The quantized drafter an interrupted recovery left in `<out>.partial/quantized`, or None when there is none;
+    one quantized from another source or config is an error naming the difference."""
+    from specpress.models.drafter_io import load_drafter
+    from specpress.models.quantized.restore import active_quantize_step
+
+    qdir = part / "quantized"
+    if not (qdir / "config.json").is_file():
+        return None
+    d = load_drafter(qdir, target)
+    step = active_quantize_step(d.provenance) or {}
+    for key, want in (("config", config.to_dict()), ("source", extra["source"]),
+                      ("source_bytes", extra["source_bytes"]), ("float_dtype", extra["float_dtype"])):
+        if step.get(key) != want:
+            raise CheckpointError(f"{qdir} is from a different run: its quantize step's {key} is {step.get(key)!r}, "
+                                  f"now {want!r}; rerun with the original settings, or without --resume to start over")
+    return d
