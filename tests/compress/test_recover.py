@@ -209,3 +209,47 @@ def test_quantize_recover_steps_end_to_end(tmp_path):
                                    "int2", "--group-size", "8", "--recover-steps", "3"])
     assert bad.exit_code != 0 and "--target DIR and --data PATH" in str(bad.exception)
     assert not (tmp_path / "x").exists()
+
+
+def test_quantize_resume_continues_an_interrupted_recovery(tmp_path, monkeypatch):
+    """Ctrl-C during `quantize --recover-steps` leaves <out>.partial (the quantized drafter and the training
+    state); a rerun needs --resume (or --force), continues from the last step without quantizing again, and
+    writes what the uninterrupted run writes."""
+    import safetensors.torch as st
+    from click.testing import CliRunner
+
+    import specpress.compress.quantize.pipeline as pipeline
+    from specpress.cli import cli
+    from specpress.compress.progress import TrainProgress
+
+    tdir, data, ddir = saved_target_and_drafter(tmp_path)
+
+    def args(out):
+        return ["quantize", "--drafter", str(ddir), "--out", str(out), "--scheme", "int2", "--group-size", "8",
+                "--method", "rtn", "--target", str(tdir), "--data", str(data), "--seq-len", "16", "--batch", "2",
+                "--eval-batches", "1", "--recover-steps", "4", "--recover-batch", "2"]
+
+    full = CliRunner().invoke(cli, args(tmp_path / "full"))
+    assert full.exit_code == 0, full.output + repr(full.exception)
+    real = TrainProgress.update
+
+    def ctrl_c(self, step, *a, **k):
+        if step == 2:
+            raise KeyboardInterrupt
+        return real(self, step, *a, **k)
+
+    monkeypatch.setattr(TrainProgress, "update", ctrl_c)
+    res = CliRunner().invoke(cli, args(tmp_path / "q"))
+    assert res.exit_code != 0 and not (tmp_path / "q").exists()  # click turns Ctrl-C into "Aborted!"
+    part = tmp_path / "q.partial"
+    assert (part / "state.pt").is_file() and (part / "quantized" / "config.json").is_file()
+    monkeypatch.setattr(TrainProgress, "update", real)
+    again = CliRunner().invoke(cli, args(tmp_path / "q"))
+    assert again.exit_code != 0 and "--resume" in str(again.exception)
+    monkeypatch.setattr(pipeline, "quantize", lambda *a, **k: pytest.fail("--resume quantized again"))
+    res = CliRunner().invoke(cli, args(tmp_path / "q") + ["--resume"])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    assert load_drafter(tmp_path / "q").provenance[-1]["recovery"]["resumed_from"] == 2 and not part.exists()
+    a = st.load_file(str(tmp_path / "full" / "model.safetensors"))
+    b = st.load_file(str(tmp_path / "q" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
