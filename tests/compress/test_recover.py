@@ -205,6 +205,13 @@ def test_quantize_recover_steps_end_to_end(tmp_path):
     for mod in quantized_modules(d).values():
         assert scheme_of_module(mod).name == "lowbit"
         _codes_valid(mod)
+    shown = CliRunner().invoke(cli, ["inspect", str(out)])
+    assert "recovered 3 steps (learned scales" in shown.output.replace("\n     ", " ")
+    onnx_dir = tmp_path / "onnx"  # stored as any ternary drafter: exported and validated against torch the same way
+    res = CliRunner().invoke(cli, ["export", "onnx", "--drafter", str(out), "--target", str(tdir), "--out",
+                                   str(onnx_dir)])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    assert json.loads((onnx_dir / "manifest.json").read_text())["quantization"]["schemes"] == ["ternary"]
     bad = CliRunner().invoke(cli, ["quantize", "--drafter", str(ddir), "--out", str(tmp_path / "x"), "--scheme",
                                    "int2", "--group-size", "8", "--recover-steps", "3"])
     assert bad.exit_code != 0 and "--target DIR and --data PATH" in str(bad.exception)
