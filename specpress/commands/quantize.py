@@ -26,7 +26,7 @@ def _fmt(n: int) -> str:
 @click.option("--method", type=click.Choice(METHOD_WORDS),
               help="How codes are chosen  [default: the scheme's first method, listed with --scheme]")
 @click.option("--group-size", type=click.IntRange(min=1),
-              help="Inputs per scale: int4 / nf4 / fp4 [64]; int8 [per output channel].")
+              help="Inputs per scale: int4 / int3 / int2 / ternary / nf4 / fp4 [64]; int8 [per output channel].")
 @click.option("--symmetric/--asymmetric", default=None, help="Integer zero points  [default: symmetric]")
 @click.option("--activations", type=click.Choice(["none", "dynamic", "static"]),
               help="What happens to the activations entering each quantized Linear: none (weight-only), dynamic "
