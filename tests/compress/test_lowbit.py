@@ -73,8 +73,8 @@ def test_low_bit_configs_refuse_what_they_cannot_do():
         config_for("ternary", symmetric=False)
     with pytest.raises(ConfigError, match="int2 is weight-only"):
         config_for("int2", activations="dynamic")
-    with pytest.raises(ConfigError, match="does not take --method gptq"):
-        config_for("int3", "gptq")
+    with pytest.raises(ConfigError, match="does not take --method awq"):
+        config_for("int3", "awq")
     m = nn.Sequential(nn.Linear(96, 8))
     with pytest.raises(ConfigError, match="group size 64 does not divide 0's in_features 96"):
         quantize(m, config_for("int2"))

@@ -14,7 +14,8 @@ Scales are fp16, not the float32 of int4 / int8: at 2 bits a float32 scale per 6
 of the bytes (2.5 bits per weight instead of 2.25). Round to nearest under the scale: symmetric int3 / int2
 take llama.cpp's signed-max rule (the group's largest-magnitude weight maps exactly to the most negative
 code), asymmetric ones min / max; ternary's scale is the group's mean |w| (BitNet b1.58's absmean: an
-absmax scale would round most weights to 0). These schemes lose much of a drafter's acceptance as rounded;
+absmax scale would round most weights to 0); `--method gptq` chooses the codes by GPTQ under the same rules.
+These schemes lose much of a drafter's acceptance as rounded;
 `quantize --recover-steps` (compress/quantize/recover.py) trains the codes back.
 
 Computed by dequantising (no 2-/3-bit or ternary matmul on the CPU): saves bytes, not time.
@@ -73,6 +74,36 @@ class LowBitConfig(QuantizeConfig):
 
     def storage_label(self) -> str:
         return f"{self.format}-g{self.group_size}" + ("" if self.symmetric else "-asym")
+
+
+@dataclass(frozen=True)
+class LowBitGPTQConfig(LowBitConfig):
+    """LowBitConfig's storage with codes chosen by GPTQ (integer.GPTQConfig's column loop, each group's scale by
+    the format's rule on the error-compensated weights; compress/quantize/gptq.py)."""
+
+    name: ClassVar[str] = "lowbit-gptq"
+    needs_calibration: ClassVar[bool] = True
+
+    damp: float = 0.01
+    block_size: int = 128
+    sequential: bool = True
+
+    def validate(self) -> None:
+        super().validate()
+        if not isinstance(self.damp, (int, float)) or isinstance(self.damp, bool) or not 0 < self.damp <= 1:
+            raise ConfigError(f"gptq damp must be in (0, 1], found {self.damp!r}")
+        positive_int(self.block_size, "gptq block_size")
+
+    @property
+    def method(self) -> str:
+        return "gptq"
+
+    def storage_label(self) -> str:
+        return super().storage_label() + "-gptq"
+
+    def sizing_config(self) -> LowBitConfig:
+        return LowBitConfig(format=self.format, group_size=self.group_size, symmetric=self.symmetric,
+                            include=self.include, exclude=self.exclude)
 
 
 def code_range(fmt: str, symmetric: bool) -> tuple[int, int]:
@@ -185,7 +216,7 @@ def _make(word: str, method: str, w: Words) -> LowBitConfig:
     if word == "ternary" and w.symmetric is False:
         raise ConfigError("ternary codes are {-1, 0, +1} times a scale: --asymmetric does not apply")
     kw = w.settings(drop=("activations", "act_calibration"))
-    return LowBitConfig(format=word, **kw)
+    return (LowBitGPTQConfig if method == "gptq" else LowBitConfig)(format=word, **kw)
 
 
 def quantize_rtn(model: nn.Module, names: list[str], config: LowBitConfig, notes: list[str]) -> None:
@@ -216,6 +247,7 @@ def _restore(config: LowBitConfig, linear: nn.Linear, dtype: torch.dtype, stored
 
 
 SCHEME = register_scheme(Scheme(
-    name="lowbit", words={"int3": ("rtn",), "int2": ("rtn",), "ternary": ("rtn",)}, configs=(LowBitConfig,),
+    name="lowbit", words={"int3": ("rtn", "gptq"), "int2": ("rtn", "gptq"), "ternary": ("rtn", "gptq")},
+    configs=(LowBitConfig, LowBitGPTQConfig),
     modules=(LowBitLinear,), make_config=_make, quantize=quantize_rtn, restore=_restore, check=_check,
     tolerance=2e-2, speed=NOTE))
