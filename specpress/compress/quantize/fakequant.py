@@ -108,6 +108,7 @@ class FakeQuantLinear(nn.Module):
         if scales not in SCALES:
             raise ConfigError(f"recovery scales must be one of {', '.join(SCALES)}, found {scales!r}")
         self.rule: CodeRule | None = facet("qat", scheme_of_module(mod)) if scales == "learned" else None
+        self._cache: tuple[Any, Tensor] | None = None  # (parameter versions, Ŵ): see fake_weight
         self.scales_mode = "learned" if self.rule is not None else "rederived"
         self.config, self.in_features, self.out_features = config, mod.in_features, mod.out_features
         bias = mod.bias
@@ -161,19 +162,43 @@ class FakeQuantLinear(nn.Module):
         return P.quantize_with(self.weight.detach(), self.stored_scale().detach(), self.zeros, 8, False, self.qrange)
 
     def fake_weight(self) -> Tensor:
-        """Ŵ [N, K] float32: the scheme's quantize-dequantize of the master weight, gradients straight through."""
+        """Ŵ [N, K] float32: the scheme's quantize-dequantize of the master weight, gradients straight through.
+
+        Computed once per value of the parameters: EAGLE-3's training-time test calls a Linear once per unrolled
+        step, and all of them share this tensor (its gradient hook drops it once a backward has used it, so a
+        new forward never reuses a graph a backward has freed)."""
+        scale_version = None if self.rule is None else self.log_scale._version
+        key = (self.weight._version, self.weight.data_ptr(), scale_version, torch.is_grad_enabled())
+        if self._cache is not None and self._cache[0] == key:
+            return self._cache[1]
+        out = self._fake_weight()
+        self._cache = (key, out)
+        if out.requires_grad:
+            out.register_hook(self._drop_cache)
+        return out
+
+    def _drop_cache(self, grad: Tensor) -> None:
+        self._cache = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "_cache": None}  # a copy never shares (or deep-copies) a graph
+
+    def _fake_weight(self) -> Tensor:
         w = self.weight
         if self.rule is None:
             value = self._requantized(w.detach()).dequantize(torch.float32)
             return value + (w - w.detach())  # exactly `value` forward, the identity backward
-        s = self.stored_scale()
-        value = P.dequantize_int(self.codes(), s.detach(), self.zeros)
         n, k = w.shape
         lo, hi = self.qrange
+        s = self.stored_scale()[..., None]
         z = self.zeros[..., None]
-        v = (w.reshape(n, -1, self.group) / s[..., None] + z).clamp(lo, hi)  # LSQ: clamped codes pass no gradient
-        surrogate = ((v + (v.round() - v).detach() - z) * s[..., None]).reshape(n, k)
-        return value + (surrogate - surrogate.detach())
+        r = w.reshape(n, -1, self.group) / s
+        # forward: P.quantize_with's codes and P.dequantize_int's weight (the frozen module's), op for op
+        value = ((r.detach().round() + z).clamp(lo, hi) - z) * s.detach()
+        # backward: LSQ's, clamped codes passing no gradient to W
+        v = (r + z).clamp(lo, hi)
+        surrogate = (v + (v.round() - v).detach() - z) * s
+        return (value + (surrogate - surrogate.detach())).reshape(n, k)
 
     def _requantized(self, w: Tensor) -> QuantizedLinear:
         """The scheme's round-to-nearest module for master weight `w` (detached), with this Linear's input settings."""
