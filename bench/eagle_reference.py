@@ -209,7 +209,9 @@ def drafter_stages(layer, d, feats_e: torch.Tensor, feats_s: torch.Tensor, ids: 
 
 @torch.no_grad()
 def decode(eg, args, tmp: Path) -> dict[str, Any]:
-    from specpress.runtime.bench import load_bench_inputs, load_drafter_for
+    from specpress.models.drafter_io import load_drafter_for
+    from specpress.runtime.backends.torch.runner import TorchTarget, drafter_runner
+    from specpress.runtime.bench import load_bench_inputs
     from specpress.runtime.loop import speculative_generate
     from specpress.runtime.plain import decode_plain
     from specpress.runtime.policy import parse_policy
@@ -229,10 +231,10 @@ def decode(eg, args, tmp: Path) -> dict[str, Any]:
                                       max_length=len(p.ids) + args.max_new_tokens + 64)
         e_tok, e_rounds = e_tok + int(new), e_rounds + int(idx) + 1
         got = out[0, len(p.ids):].tolist()
-        plain = decode_plain(target, p.ids, len(got)).tokens
+        plain = decode_plain(TorchTarget(target), p.ids, len(got)).tokens
         lossless &= got == plain[: len(got)]
-        res = speculative_generate(target, d, p.ids, args.max_new_tokens, policy, SamplingParams(0.0, 0, 1.0),
-                                   torch.Generator().manual_seed(0))
+        res = speculative_generate(TorchTarget(target), drafter_runner(d), p.ids, args.max_new_tokens, policy,
+                                   SamplingParams(0.0, 0, 1.0), torch.Generator().manual_seed(0))
         s_acc += sum(r.accepted for r in res.rounds)
         s_rounds += len(res.rounds)
     return {"mode": "decode", "load": load_report(ea, target.model.embed_tokens.weight), "prompts": len(prompts),

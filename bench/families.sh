@@ -25,7 +25,7 @@ distill eagle
 distill lm --layers 2
 # Every family runs its distill defaults (eagle3: Muon at lr 2e-3 since 2026-11-30; the others AdamW at 1e-3).
 # dflash's defaults give tau ~2 at block:8; its best known recipe (regenerated data, Markov head) is recipes/dflash.yaml.
-[ -f "$OUT/prompts.jsonl" ] || python bench/make_prompts.py --target "$T" --n "$N" --tokens 64 --out "$OUT/prompts.jsonl"
+[ -f "$OUT/prompts.jsonl" ] || specpress prompts --target "$T" --n "$N" --tokens 64 --out "$OUT/prompts.jsonl"
 bench() {  # family policy name
   OMP_NUM_THREADS=2 specpress bench --target "$T" --drafter "$OUT/$1" --policy "$2" --prompts "$OUT/prompts.jsonl" \
       --max-new-tokens "$NEW" --json "$OUT/$3.json" --force  # a rerun re-measures

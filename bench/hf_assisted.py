@@ -37,6 +37,7 @@ def main() -> None:
     from specpress.models.drafter_io import load_drafter
     from specpress.models.target import load_target
     from specpress.models.tokenizer import load_tokenizer
+    from specpress.runtime.backends.torch.runner import TorchTarget, drafter_runner
     from specpress.runtime.heldout import heldout_code_prompts
     from specpress.runtime.loop import speculative_generate
     from specpress.runtime.policy import parse_policy
@@ -68,7 +69,7 @@ def main() -> None:
 
     def run_sp(ids):
         t0 = time.perf_counter()
-        g = speculative_generate(target, drafter, ids, n, policy, eos_ids=())
+        g = speculative_generate(TorchTarget(target), drafter_runner(drafter), ids, n, policy, eos_ids=())
         return g.tokens, time.perf_counter() - t0, 1 + len(g.rounds)
 
     run_hf(prompts[0].ids)  # warm-up both

@@ -21,12 +21,14 @@ import torch
 
 
 def tau(target, drafter, prompts, tokens: int, policy: str) -> tuple[float, list[int]]:
+    from specpress.runtime.backends.torch.runner import TorchTarget, drafter_runner
     from specpress.runtime.loop import speculative_generate
     from specpress.runtime.policy import parse_policy
 
     accepted = []
     for p in prompts:
-        g = speculative_generate(target, drafter, p, tokens, parse_policy(policy), eos_ids=())
+        g = speculative_generate(TorchTarget(target), drafter_runner(drafter), p, tokens, parse_policy(policy),
+                                 eos_ids=())
         accepted += [r.accepted for r in g.rounds]
     return 1 + sum(accepted) / len(accepted), accepted
 
@@ -49,10 +51,11 @@ def tiny(workdir: Path) -> tuple[Path, Path]:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from drafters_common import tiny_target
 
-    from specpress.compress.quantize import config_for, quantize
+    from specpress.compress.quantize.api import quantize
     from specpress.export.hf import export_hf
     from specpress.models.drafter_io import save_drafter
     from specpress.models.lm import LMConfig, LMDrafter
+    from specpress.models.quantized.scheme import config_for
     from specpress.models.target import save_target
 
     t = tiny_target()

@@ -101,10 +101,10 @@ def real(a: argparse.Namespace) -> None:
     from specpress.export.onnx import ExportOptions, export_from_dirs
     from specpress.export.rounds import lockstep
     from specpress.manifest import load_manifest
+    from specpress.models.drafter_io import load_drafter_for
     from specpress.models.target import load_target
-    from specpress.runtime.backends.onnxruntime import load_runner
-    from specpress.runtime.backends.torch import TorchDrafterRunner
-    from specpress.runtime.bench import load_drafter_for
+    from specpress.runtime.backends.onnxruntime.runner import load_runner
+    from specpress.runtime.backends.torch.runner import TorchTarget, drafter_runner
     from specpress.runtime.compile import compile_drafter
     from specpress.runtime.loop import speculative_generate
     from specpress.runtime.policy import parse_policy
@@ -118,16 +118,16 @@ def real(a: argparse.Namespace) -> None:
                          progress=lambda m: print(f"  {m}", file=sys.stderr))
         print(f"exported {a.drafter} -> {export} in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     m = load_manifest(export)
-    runners = {"torch": TorchDrafterRunner(load_drafter_for(target, a.drafter).eval()),
+    runners = {"torch": drafter_runner(load_drafter_for(target, a.drafter).eval()),
                "onnxruntime": load_runner(export, target, "cpu", threads=a.threads)}
     if a.compile:
         compiled = load_drafter_for(target, a.drafter).eval()
         compile_drafter(compiled)
-        runners["compiled"] = TorchDrafterRunner(compiled)
+        runners["compiled"] = drafter_runner(compiled)
     policy = parse_policy(a.policy)
     prompts = [list(p.ids) for p in load_prompts(a.prompts, None, target.config.vocab_size)][:a.n]
     for name, r in runners.items():  # warm-up (and compilation), not counted
-        speculative_generate(target, r, prompts[0], a.max_new_tokens, policy)
+        speculative_generate(TorchTarget(target), r, prompts[0], a.max_new_tokens, policy)
     ms: dict[str, list[float]] = {n: [] for n in runners}
     accepted = {n: 0 for n in runners}
     rounds = {n: 0 for n in runners}
@@ -136,13 +136,13 @@ def real(a: argparse.Namespace) -> None:
     names = list(runners)
     for i, prompt in enumerate(prompts):
         for name in names[i % len(names):] + names[:i % len(names)]:
-            gen = speculative_generate(target, runners[name], prompt, a.max_new_tokens, policy)
+            gen = speculative_generate(TorchTarget(target), runners[name], prompt, a.max_new_tokens, policy)
             ms[name].extend(r.draft_forward_ms for r in gen.rounds)
             accepted[name] += sum(r.accepted + 1 for r in gen.rounds)
             rounds[name] += len(gen.rounds)
             outputs[name].append(gen.tokens)
-        lockstep(target, runners["torch"], runners["onnxruntime"], prompt, a.max_new_tokens, policy, same.append,
-                 follow=True)
+        lockstep(TorchTarget(target), runners["torch"], runners["onnxruntime"], prompt, a.max_new_tokens, policy,
+                 same.append, follow=True)
         if (i + 1) % 10 == 0:
             print(f"  {i + 1}/{len(prompts)} prompts", file=sys.stderr, flush=True)
     med = {n: statistics.median(v) for n, v in ms.items()}
@@ -195,7 +195,7 @@ def main() -> None:
         real(a)
         return
     from specpress.export.onnx import ExportOptions, export_onnx
-    from specpress.runtime.backends.onnxruntime import load_runner
+    from specpress.runtime.backends.onnxruntime.runner import load_runner
 
     target, base = build(a.hidden, a.vocab, a.draft_vocab, a.target_layers)
     ctxlen, accepted = 96, 3

@@ -44,7 +44,8 @@ def main() -> None:
     from specpress.export.target import export_target_from_dir
     from specpress.models.target import load_target
     from specpress.runtime.backends import is_drafter_artifact, load_runner
-    from specpress.runtime.backends.onnxruntime import load_target_runner
+    from specpress.runtime.backends.onnxruntime.runner import load_target_runner
+    from specpress.runtime.backends.torch.runner import TorchTarget
     from specpress.runtime.compile import compile_target
     from specpress.runtime.loop import speculative_generate
     from specpress.runtime.plain import decode_plain
@@ -52,11 +53,13 @@ def main() -> None:
     from specpress.runtime.prompts import load_prompts
 
     targets: dict[str, object] = {}
+    models = []
     for dt in a.torch_dtypes.split(","):
         t = load_target(a.target, dtype=dt)
         if a.compile_target:
             compile_target(t)
-        targets[f"torch {dt}" + (" compiled" if a.compile_target else "")] = t
+        models.append(t)
+        targets[f"torch {dt}" + (" compiled" if a.compile_target else "")] = TorchTarget(t)
     if a.target_export is None:
         export_dir, _ = exported_target_for(a.target, progress=print)
     else:
@@ -66,7 +69,7 @@ def main() -> None:
     targets["onnxruntime fp32"] = load_target_runner(export_dir)
     first = next(iter(targets.values()))
     backend = "torch" if is_drafter_artifact(a.drafter) else "onnxruntime"
-    drafter = load_runner(backend, a.drafter, first if backend == "onnxruntime" else load_target(a.target),
+    drafter = load_runner(backend, a.drafter, models[0] if backend == "onnxruntime" else load_target(a.target),
                           torch.device("cpu"))
     pol = parse_policy(a.policy)
     prompts = load_prompts(a.prompts, None, first.config.vocab_size)[: a.n]

@@ -25,7 +25,7 @@ declare -A POLICIES=(
   [lm]="chain:3 chain:4"
   [mtp]="mtp:3"
   [dflash]="block:4 block:8")
-[ -f "$OUT/prompts.jsonl" ] || python bench/make_prompts.py --target "$T" --n "$N" --tokens 64 --out "$OUT/prompts.jsonl"
+[ -f "$OUT/prompts.jsonl" ] || specpress prompts --target "$T" --n "$N" --tokens 64 --out "$OUT/prompts.jsonl"
 for fam in ${FAMILIES:-eagle3}; do
   # shellcheck disable=SC2086
   [ -d "$OUT/$fam" ] || specpress distill --target "$T" --family "$fam" --data zoo:train --out "$OUT/$fam" \

@@ -70,7 +70,7 @@ def build(path: str, case: str) -> None:
     """In the child: parse + build; print the builder's errors and BUILD OK / BUILD FAIL."""
     import tensorrt_rtx as trt
 
-    from specpress.runtime.backends.trt.plugin import register_tree_attention
+    from specpress.runtime.backends.tensorrt.plugin import register_tree_attention
 
     register_tree_attention(trt)
 

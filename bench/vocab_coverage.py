@@ -20,6 +20,7 @@ from specpress.compress.importance import vocab_count_stream
 from specpress.compress.students import draft_vocab_by_frequency
 from specpress.models.target import load_target
 from specpress.models.tokenizer import load_tokenizer
+from specpress.runtime.backends.torch.runner import TorchTarget
 from specpress.runtime.heldout import heldout_code_prompts
 from specpress.runtime.plain import decode_plain
 
@@ -38,7 +39,7 @@ def main() -> None:
     v = target.config.vocab_size
     out: list[int] = []
     for p in heldout_code_prompts(tok, args.prompts, 64):
-        out += decode_plain(target, p.ids, args.new_tokens).tokens
+        out += decode_plain(TorchTarget(target), p.ids, args.new_tokens).tokens
     greedy = np.asarray(out)
     stream = encode_stream(read_texts(args.data), tok, target.config.eos_ids[0])
 

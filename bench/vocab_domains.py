@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> None:
 
     from specpress.models.drafter_io import load_drafter
     from specpress.models.target import load_target
-    from specpress.runtime.backends.torch import as_drafter_runner
+    from specpress.runtime.backends.torch.runner import TorchTarget, drafter_runner
     from specpress.runtime.coverage import calibration_coverage, eval_coverage
     from specpress.runtime.loop import speculative_generate
     from specpress.runtime.plain import decode_plain
@@ -101,20 +101,21 @@ def run(args: argparse.Namespace) -> None:
         results = json.loads(res_path.read_text()) if res_path.is_file() else {}
         prompts = load_prompts(out / "data" / f"eval-{ev}.jsonl", None, target.config.vocab_size)
         with torch.inference_mode():
-            plain = [decode_plain(target, p.ids, NEW_TOKENS).tokens for p in prompts]
+            plain = [decode_plain(TorchTarget(target), p.ids, NEW_TOKENS).tokens for p in prompts]
             for name in names:
                 path = args.drafter if name == "base" else out / "drafters" / name
                 drafter = load_drafter(path, target).eval()
                 if name in results:  # coverage of the target's greedy output (= what it emits: lossless)
-                    results[name]["eval_coverage"] = eval_coverage(plain, as_drafter_runner(drafter).token_map)
+                    results[name]["eval_coverage"] = eval_coverage(plain, drafter_runner(drafter).token_map)
                     res_path.write_text(json.dumps(results))
                     continue
-                gens = [speculative_generate(target, drafter, p.ids, NEW_TOKENS, policy) for p in prompts]
+                gens = [speculative_generate(TorchTarget(target), drafter_runner(drafter), p.ids, NEW_TOKENS, policy)
+                        for p in prompts]
                 results[name] = {
                     "per_prompt_tau": [1 + sum(r.accepted for r in g.rounds) / len(g.rounds) for g in gens],
                     "rounds": sum(len(g.rounds) for g in gens),
                     "accepted": sum(r.accepted for g in gens for r in g.rounds),
-                    "eval_coverage": eval_coverage(plain, as_drafter_runner(drafter).token_map),
+                    "eval_coverage": eval_coverage(plain, drafter_runner(drafter).token_map),
                     "calibration_coverage": calibration_coverage(drafter.provenance),
                     "lossless_mismatches": sum(g.tokens != p for g, p in zip(gens, plain))}
                 res_path.write_text(json.dumps(results))

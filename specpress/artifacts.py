@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Literal, Mapping
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError, UsageError
 
 Kind = Literal["dir", "file"]
 
@@ -69,7 +69,7 @@ def _holder(f: Path) -> str:
 
 @contextmanager
 def hold_lock(out: Path | str) -> Iterator[None]:
-    """Hold the writer's lock on `out` (reentrant here); another process holding it -> UsageError at once."""
+    """Hold the writer's lock on `out` (reentrant here); another process holding it -> RequestError at once."""
     out = Path(out).expanduser().absolute()
     lf = lock_path(out)
     if lf in _HELD:
@@ -83,14 +83,14 @@ def hold_lock(out: Path | str) -> Iterator[None]:
         try:
             fh = open(lf, "a+")
         except OSError as exc:
-            raise UsageError(f"cannot write beside {out} ({exc.strerror}: {lf}); choose an --out in a writable "
-                             f"directory") from None
+            raise RequestError(f"cannot write beside {out} ({exc.strerror}: {lf}); choose an --out in a writable "
+                               f"directory") from None
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             fh.close()
-            raise UsageError(f"{out} is being written by another specpress process ({_holder(lf)}); wait for "
-                             f"it to finish or choose another --out") from None
+            raise RequestError(f"{out} is being written by another specpress process ({_holder(lf)}); wait for "
+                               f"it to finish or choose another --out") from None
         try:  # the holder may have removed the file between our open and our lock: lock the current one
             same = os.fstat(fh.fileno()).st_ino == os.stat(lf).st_ino
         except FileNotFoundError:
@@ -191,9 +191,9 @@ def check_replaceable(out: Path | str, flag: str = "--out") -> None:
     out = Path(out).expanduser()
     if not out.is_dir() or artifact_kind(out) is not None or not any(out.iterdir()):
         return
-    raise UsageError(f"{flag} {out} is a directory specpress did not write (it holds {dir_listing(out)}); --force "
-                     f"replaces only a specpress artifact (drafter, export, zoo target, sweep) or an empty "
-                     f"directory: remove it by hand or choose another {flag}")
+    raise RequestError(f"{flag} {out} is a directory specpress did not write (it holds {dir_listing(out)}); --force "
+                       f"replaces only a specpress artifact (drafter, export, zoo target, sweep) or an empty "
+                       f"directory: remove it by hand or choose another {flag}")
 
 
 def check_new(out: Path | str, force: bool, flag: str = "--out") -> None:
@@ -203,7 +203,7 @@ def check_new(out: Path | str, force: bool, flag: str = "--out") -> None:
     if out.exists():
         check_replaceable(out, flag)
         if not force:
-            raise UsageError(f"{out} already exists; choose another {flag} or pass --force to replace it")
+            raise RequestError(f"{out} already exists; choose another {flag} or pass --force to replace it")
 
 
 def check_inputs(out: Path, inputs: Mapping[str, Any], flag: str = "--out") -> None:
@@ -226,14 +226,14 @@ def check_writable(out: Path, flag: str = "--out") -> None:
     while not anc.exists():
         anc = anc.parent
     if not anc.is_dir():
-        raise UsageError(f"{flag} {out}: {anc} is a file, not a directory; choose another {flag}")
+        raise RequestError(f"{flag} {out}: {anc} is a file, not a directory; choose another {flag}")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         probe = tempfile.NamedTemporaryFile(dir=out.parent, prefix=f".{out.name}.probe-")
         probe.close()
     except OSError as exc:
-        raise UsageError(f"{flag} {out}: cannot write in {out.parent} ({exc.strerror}); choose a writable "
-                         f"location") from None
+        raise RequestError(f"{flag} {out}: cannot write in {out.parent} ({exc.strerror}); choose a writable "
+                           f"location") from None
 
 
 def check_output(out: Path | str, *, force: bool = False, inputs: Mapping[str, Any] | None = None,
@@ -243,8 +243,8 @@ def check_output(out: Path | str, *, force: bool = False, inputs: Mapping[str, A
     out = Path(out).expanduser()
     check_inputs(out, inputs or {}, flag)
     if out.exists() and (out.is_dir() != (kind == "dir")):
-        raise UsageError(f"{flag} {out} exists and is {'a directory' if out.is_dir() else 'a file'}; "
-                         f"a {kind} is written there; choose another {flag}")
+        raise RequestError(f"{flag} {out} exists and is {'a directory' if out.is_dir() else 'a file'}; "
+                           f"a {kind} is written there; choose another {flag}")
     check_new(out, force, flag)
     check_writable(out, flag)
     return out
@@ -264,8 +264,8 @@ def claim_output(out: Path | str, *, force: bool = False, inputs: Mapping[str, A
         part = claim.partial
         if part is not None and part.exists() and not resume:
             if not force:
-                raise UsageError(f"an interrupted run left {part}; continue it with --resume, or pass --force to "
-                                 f"discard it and start over")
+                raise RequestError(f"an interrupted run left {part}; continue it with --resume, or pass --force to "
+                                   f"discard it and start over")
             claim.notes.append(f"discarding the interrupted run's {part} (--force without --resume)")
         if part is not None and resume and not part.exists():
             claim.notes.append(f"--resume: no interrupted run at {part}; starting from the beginning")
@@ -281,7 +281,7 @@ def atomic_dir(out: Path | str, *, force: bool = False) -> Iterator[Path]:
     out = Path(out).expanduser()
     check_new(out, force)
     if out.exists() and not out.is_dir():
-        raise UsageError(f"{out} exists and is not a directory")
+        raise RequestError(f"{out} exists and is not a directory")
     out.parent.mkdir(parents=True, exist_ok=True)
     with hold_lock(out):
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))

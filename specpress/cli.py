@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
+from typing import NoReturn
 
 import click
 
@@ -23,11 +25,14 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "distill": ("specpress.commands.distill", "distill", "Train a drafter against a target (or shrink a drafter)."),
     "prune": ("specpress.commands.prune", "prune",
               "Prune FFN channels, KV groups, layers or draft vocabulary: a smaller dense drafter."),
+    "prompts": ("specpress.commands.prompts", "prompts",
+                "Write held-out prompts (third-party code the zoo never saw) for bench --prompts."),
     "run": ("specpress.commands.decode", "run", "Decode one prompt and print the text."),
     "bench": ("specpress.commands.decode", "bench", "Decode a prompt file and write the metrics JSON."),
     "quantize": ("specpress.commands.quantize", "quantize",
                  "Quantize a drafter's weights (int8/int4, nf4/fp4, fp8): bytes and acc@k before/after."),
-    "export": ("specpress.commands.export", "export", "Export a drafter to ONNX graphs, validated against torch."),
+    "export": ("specpress.commands.export", "export",
+               "Export a drafter (ONNX graphs, TensorRT engines, serving formats) or a target's forward."),
     "sweep": ("specpress.commands.sweep", "sweep",
               "Run a recipe: a grid of compressed drafters, each benched against the base (table, plots, Pareto)."),
 }
@@ -60,26 +65,62 @@ def cli() -> None:
     """
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Console entry point: user errors become one line on stderr and a non-zero exit code."""
-    from specpress.errors import SpecpressError
+def command_path(args: list[str]) -> str:
+    """`specpress`, `specpress bench`, `specpress export onnx`: the command `args` names (for the help hint)."""
+    path, group = ["specpress"], cli
+    for arg in args:
+        if arg.startswith("-") or not isinstance(group, click.Group):
+            break
+        try:
+            cmd = group.get_command(click.Context(group), arg)
+        except ImportError:  # a command module whose library is missing: the hint stays at the group
+            cmd = None
+        if cmd is None:
+            break
+        path.append(arg)
+        group = cmd
+    return " ".join(path)
 
+
+def fail(message: str, exit_code: int, command: str) -> NoReturn:
+    """The one way an error is printed: `error: ...` on stderr, then for a usage error (exit 2) where the
+    options are explained."""
+    click.echo(f"error: {message}", err=True)
+    if exit_code == 2:
+        click.echo(f"Try '{command} --help' for help.", err=True)
+    sys.exit(exit_code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: errors become `error: ...` on stderr and an exit code: 2 when the command line is
+    wrong (specpress's UsageError and Click's own parse errors alike), 1 for any other error, 130 when
+    interrupted (README, "Exit codes")."""
+    from specpress.errors import Deprecated, SpecpressError
+
+    args = sys.argv[1:] if argv is None else list(argv)
+    warnings.simplefilter("always", Deprecated)
+    show = warnings.showwarning
+    warnings.showwarning = lambda message, category, *rest: (  # type: ignore[assignment]
+        click.echo(f"warning: {message}", err=True) if issubclass(category, Deprecated)
+        else show(message, category, *rest))
     try:
-        cli.main(args=argv, prog_name="specpress", standalone_mode=False)
+        cli.main(args=args, prog_name="specpress", standalone_mode=False)
     except SpecpressError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(exc.exit_code)
+        fail(str(exc), exc.exit_code, command_path(args))
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)
+    except click.UsageError as exc:  # Click's parse errors: an unknown option, a bad value, a missing one
+        fail(exc.format_message(), 2, exc.ctx.command_path if exc.ctx else command_path(args))
     except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
+        fail(exc.format_message(), exc.exit_code, command_path(args))
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+    finally:
+        warnings.showwarning = show
 
 
 if __name__ == "__main__":

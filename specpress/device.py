@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError, UsageError
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
           "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
@@ -18,7 +18,8 @@ def pick_device(requested: str | None = None) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(requested)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"device {requested!r} requested but CUDA is not available; use --device cpu")
+        raise RequestError(f"device {requested!r} requested but CUDA is not available here; pass device='cpu', or no "
+                           f"device (CUDA when present, else the CPU)")
     return dev
 
 

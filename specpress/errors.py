@@ -1,9 +1,13 @@
 """Typed errors. The CLI prints a SpecpressError as one line (no traceback) and exits non-zero.
 
-Messages say what was expected, what was found, and how to fix it.
+Messages say what was expected, what was found, and how to fix it. Exit codes (README, "Exit codes"):
+2 when the command line itself is wrong (`UsageError`, and Click's own parse errors), 1 for every other
+error (inputs, the machine, a failed run), 130 when interrupted.
 """
 
 from __future__ import annotations
+
+import warnings
 
 
 class SpecpressError(Exception):
@@ -24,8 +28,14 @@ class DataError(SpecpressError):
     """Input data (prompts, corpora) is empty, unreadable, or malformed."""
 
 
-class UsageError(SpecpressError):
-    """A request that cannot be carried out as asked (e.g. a prompt longer than the context)."""
+class RequestError(SpecpressError):
+    """A request that cannot be carried out on these inputs or on this machine: a prompt longer than the
+    target's context, a policy the drafter cannot run, an output in the way, a library that is not installed."""
+
+
+class UsageError(RequestError):
+    """The command line itself is wrong, whatever the inputs and the machine: an option's value, two options
+    that contradict each other, an option that needs another. Exit code 2, as Click's own parse errors."""
 
     exit_code = 2
 
@@ -38,3 +48,13 @@ class Interrupted(SpecpressError):
 
 class SweepFailed(SpecpressError):
     """A sweep finished but some of its points failed (and failures were not tolerated)."""
+
+
+class Deprecated(FutureWarning):
+    """An old spelling (an option, a value, a recipe key) that still works for one release; the CLI prints
+    it as one `warning:` line on stderr, Python shows it as a FutureWarning."""
+
+
+def deprecated(old: str, new: str) -> None:
+    """Warn that `old` is deprecated; `new` says what to write instead."""
+    warnings.warn(f"{old} is deprecated and will be removed in the next release; {new}", Deprecated, stacklevel=3)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError
 
 COMPETING_SHARE = 0.2  # others busy on >= 20 % of the run's cores on average: say so
 
@@ -135,10 +135,10 @@ def check_seq_len(target_dir: Path | str, seq_len: int, batch: int, *, training:
     what = what or f"--seq-len {seq_len}"
     cfg = TargetConfig.from_hf(read_config(target_dir), source=str(Path(target_dir) / "config.json"))
     if seq_len > cfg.max_context:
-        raise UsageError(f"{what} is longer than the target's context ({cfg.max_context} positions, "
-                         f"{target_dir}/config.json): positions past it are ones the target never computes; "
-                         f"use at most {cfg.max_context}")
+        raise RequestError(f"{what} is longer than the target's context ({cfg.max_context} positions, "
+                           f"{target_dir}/config.json): positions past it are ones the target never computes; "
+                           f"use at most {cfg.max_context}")
     need, free = step_bytes(cfg, batch, seq_len, training), available_bytes()
     if free is not None and need > free:
-        raise UsageError(f"one step of --batch {batch} x {what} needs at least {_fmt(need)} of memory on this "
-                         f"target; {_fmt(free)} is available: use a smaller window or --batch")
+        raise RequestError(f"one step of --batch {batch} x {what} needs at least {_fmt(need)} of memory on this "
+                           f"target; {_fmt(free)} is available: use a smaller window or --batch")

@@ -5,8 +5,8 @@ export/. Loading is strict: an unknown key, a missing key or a newer format vers
 says what was expected and how to fix it.
 
 Each graph records its `role`: the runner call it serves and the drafter cache layers it holds, so a
-backend drives the graphs of any family without knowing the family. Format 1 manifests (before roles)
-still load: their roles follow from the graph names every family used then (`format1_role`).
+backend drives the graphs of any family without knowing the family. A format 1 manifest (before roles,
+and before `files`, so its export could never be opened) is refused with the fix: export again.
 
 Reading an export back goes through `open_export` / `open_target_export`, never through the loaders
 alone: besides the manifest they check every file it names (`verify_files`: inside the export, present,
@@ -28,7 +28,7 @@ from specpress.errors import CheckpointError
 MANIFEST = "manifest.json"
 FORMAT = "specpress-onnx"
 FORMAT_VERSION = 3  # 2: every graph records its role; 3: `files` records every file's size and sha256
-# the DrafterRunner call a graph serves (runtime/backends/base.py): fuse_taps, feature_step, block_drafts (its
+# the drafter runner call a graph serves (runtime/backends/base.py): fuse_taps, feature_step, block_drafts (its
 # block pass, then its Markov head's bias per position), lm_step
 CALLS = ("fuse", "feature", "block", "markov", "lm")
 
@@ -55,19 +55,6 @@ class GraphRole:
     def __post_init__(self) -> None:
         if self.call not in CALLS:
             raise CheckpointError(f"graph role call {self.call!r} is not one of {', '.join(CALLS)}")
-
-
-def format1_role(graph: str, cache_layers: int) -> GraphRole:
-    """The role of graph `graph` of a format-1 manifest, from the names every family used then: `fuse` and
-    `markov` hold no cache, `step.{k}` (mtp) holds cache layer k, `step`, `block` and `lm` hold all of them."""
-    base, _, module = graph.partition(".")
-    call = {"fuse": "fuse", "markov": "markov", "step": "feature", "block": "block", "lm": "lm"}.get(base)
-    if call is None or (module and not (base == "step" and module.isdigit())):
-        raise CheckpointError(f"graph {graph!r} of a format-1 manifest has no known role; re-export with "
-                              f"`specpress export onnx`")
-    if call in ("fuse", "markov"):
-        return GraphRole(call)
-    return GraphRole(call, (int(module),) if module else tuple(range(cache_layers)))
 
 
 @dataclass(frozen=True)
@@ -224,6 +211,9 @@ def manifest_from_dict(raw: Mapping[str, Any], source: str = MANIFEST) -> Export
     """An ExportManifest from its JSON object (strict, as load_manifest)."""
     path = source
     version = _check_format(raw, source, FORMAT, FORMAT_VERSION, "; re-export with `specpress export onnx`")
+    if version < 2:
+        raise CheckpointError(f"{path}: an export of format_version {version} records no graph roles (nor the files' "
+                              f"sha256); re-export with `specpress export onnx`")
     d = _strict(ExportManifest, raw, str(path))
     info = _strict(DrafterInfo, d["drafter"], f"{path}: drafter")
     info["taps"] = tuple(info["taps"])
@@ -233,8 +223,6 @@ def manifest_from_dict(raw: Mapping[str, Any], source: str = MANIFEST) -> Export
     graphs = []
     for i, gd in enumerate(d["graphs"]):
         where = f"{path}: graphs[{i}]"
-        if version == 1 and isinstance(gd, Mapping) and "role" not in gd:
-            gd = {**gd, "role": dataclasses.asdict(format1_role(str(gd.get("name")), d["drafter"].cache_layers))}
         gd = _strict(GraphSpec, gd, where)
         gd["inputs"] = tuple(_tensor(t, f"{where}.inputs") for t in gd["inputs"])
         gd["outputs"] = tuple(_tensor(t, f"{where}.outputs") for t in gd["outputs"])

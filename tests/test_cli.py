@@ -5,15 +5,18 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from click.testing import CliRunner
 
 from specpress.cli import COMMANDS, cli
 
 
-def test_help_imports_no_torch():
+@pytest.mark.parametrize("args", [["--help"], ["export", "hf", "--help"]])
+def test_help_imports_no_torch(args):
+    """`specpress --help`, and `export hf --help`, which lists the serving engines (export/hf/engines.py)."""
     code = ("import sys\nfrom specpress.cli import main\n"
-            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-            "assert 'torch' not in sys.modules, 'specpress --help imported torch'\nprint('OK')")
+            f"try:\n    main({args!r})\nexcept SystemExit:\n    pass\n"
+            f"assert 'torch' not in sys.modules, 'specpress {' '.join(args)} imported torch'\nprint('OK')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith("OK")

@@ -13,7 +13,7 @@ from drafters_common import saved_target_and_drafter, stop_regen_at_batch
 
 from specpress.artifacts import MARKERS, artifact_kind, write_file
 from specpress.cli import cli
-from specpress.errors import Interrupted, UsageError
+from specpress.errors import Interrupted, RequestError, UsageError
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def export_args(cmd, tdir, drafter, onnx, out):
     return {
         "onnx": ["export", "onnx", "--drafter", drafter, "--target", tdir, "--out", out],
         "target": ["export", "target", "--target", tdir, "--out", out],
-        "hf": ["export", "hf", "--drafter", drafter, "--format", "speculators", "--verifier", tdir, "--out", out],
+        "hf": ["export", "hf", "--drafter", drafter, "--format", "speculators", "--target", tdir, "--out", out],
         "trt": ["export", "trt", "--onnx", onnx, "--out", out],
     }[cmd]
 
@@ -73,7 +73,7 @@ def test_export_out_over_an_input_is_refused_even_with_force(setup, cmd, where, 
 def test_export_out_that_cannot_be_written_is_refused_before_any_work(setup, cmd, no_loading):
     root, tdir, _, drafter, onnx = setup
     res = invoke(*export_args(cmd, tdir, drafter, onnx, root / "notes.txt" / "sub"))
-    assert isinstance(res.exception, UsageError), (res.output, res.exception)
+    assert isinstance(res.exception, RequestError), (res.output, res.exception)
     assert "is a file, not a directory" in str(res.exception)
 
 
@@ -101,7 +101,7 @@ def test_bench_json_over_an_existing_file_needs_force_and_is_written_atomically(
     out.write_text("keep me\n")
     base = ["bench", "--target", tdir, "--prompts", prompts, "--max-new-tokens", "2", "--json", out]
     res = invoke(*base)
-    assert isinstance(res.exception, UsageError) and "already exists" in str(res.exception)
+    assert isinstance(res.exception, RequestError) and "already exists" in str(res.exception)
     assert "--force" in str(res.exception) and out.read_text() == "keep me\n"
     res = invoke(*base, "--force")
     assert res.exit_code == 0, (res.output, res.exception)
@@ -130,7 +130,7 @@ def test_force_replaces_only_what_specpress_wrote(setup, tmp_path, no_loading):
     for args in (quantize, export_args("onnx", tdir, drafter, onnx, junk), export_args("trt", tdir, drafter, onnx, junk)):
         for force in ([], ["--force"]):
             res = invoke(*args, *force)
-            assert isinstance(res.exception, UsageError) and res.exception.exit_code == 2, (res.output, res.exception)
+            assert isinstance(res.exception, RequestError) and res.exception.exit_code == 1, (res.output, res.exception)
             msg = str(res.exception)
             assert str(junk) in msg and "figures, thesis.tex" in msg and "remove it by hand" in msg, msg
     assert (junk / "thesis.tex").read_text() == "four years of work\n"
@@ -142,7 +142,7 @@ def test_force_replaces_only_what_specpress_wrote(setup, tmp_path, no_loading):
     recipe.write_text(json.dumps({"target": str(tdir), "drafter": str(drafter), "prompts": str(data),
                                   "policies": ["chain:3"], "max_new_tokens": 4,
                                   "grid": [{"quantize": {"scheme": "int8"}}]}))  # JSON is YAML
-    with pytest.raises(UsageError, match="remove it by hand"):
+    with pytest.raises(RequestError, match="remove it by hand"):
         guard_out(junk, load_recipe(recipe), resume=False, force=True)
     assert sorted(p.name for p in junk.iterdir()) == ["figures", "thesis.tex"]
 
@@ -200,7 +200,7 @@ def test_regenerate_resume_refuses_a_partial_that_is_not_what_it_recorded(setup,
         monkeypatch.setattr(TargetModel, "__init__", lambda *a, **k: pytest.fail("loaded the target first"))
     res = invoke(*args, "--resume", *(["--seed", "1"] if damage == "other run" else []))
     monkeypatch.undo()
-    assert isinstance(res.exception, UsageError) and res.exception.exit_code == 2, (res.output, res.exception)
+    assert isinstance(res.exception, RequestError) and res.exception.exit_code == 1, (res.output, res.exception)
     msg = str(res.exception)
     assert str(part) in msg and "\n" not in msg and "--force instead of --resume" in msg
     assert {"cut short": "cut short", "changed": "sha256 differs", "other run": "different run"}[damage] in msg

@@ -17,7 +17,7 @@ from drafters_common import saved_target_and_drafter, stop_regen_at_batch
 
 from specpress.artifacts import hold_lock, umask
 from specpress.cli import cli
-from specpress.errors import DataError, Interrupted, UsageError
+from specpress.errors import DataError, Interrupted, RequestError
 
 TRAIN = ["--steps", "3", "--batch", "2", "--seq-len", "16", "--draft-vocab", "40"]
 
@@ -59,7 +59,7 @@ def test_unwritable_out_is_refused_before_any_work(setup, cmd, no_loading):
     blocker = root / "a-file"
     blocker.write_text("x")
     res = invoke(*commands(root, tdir, data, drafter, blocker / "sub" / "out")[cmd])
-    assert isinstance(res.exception, UsageError), (res.output, res.exception)
+    assert isinstance(res.exception, RequestError), (res.output, res.exception)
     assert "is a file, not a directory" in str(res.exception)
 
 
@@ -70,9 +70,9 @@ def test_bench_json_is_checked_before_decoding(setup, no_loading):
     (root / "a-file2").write_text("x")
     res = invoke("bench", "--target", tdir, "--prompts", prompts, "--max-new-tokens", "2",
                  "--json", root / "a-file2" / "m.json")
-    assert isinstance(res.exception, UsageError) and "is a file, not a directory" in str(res.exception)
+    assert isinstance(res.exception, RequestError) and "is a file, not a directory" in str(res.exception)
     res = invoke("bench", "--target", tdir, "--prompts", prompts, "--max-new-tokens", "2", "--json", prompts)
-    assert isinstance(res.exception, UsageError) and "would destroy the input" in str(res.exception)
+    assert isinstance(res.exception, RequestError) and "would destroy the input" in str(res.exception)
 
 
 def test_read_only_directory_is_refused(setup, tmp_path, no_loading):
@@ -84,7 +84,7 @@ def test_read_only_directory_is_refused(setup, tmp_path, no_loading):
     parent = Path("/proc/self") if os.geteuid() == 0 else ro
     try:
         res = invoke(*commands(root, tdir, data, drafter, parent / "out")["quantize"])
-        assert isinstance(res.exception, UsageError) and "cannot write" in str(res.exception)
+        assert isinstance(res.exception, RequestError) and "cannot write" in str(res.exception)
     finally:
         ro.chmod(0o755)
 
@@ -96,7 +96,7 @@ def test_out_that_is_contains_or_lies_inside_an_input_is_refused_even_with_force
     out = {"target": tdir, "drafter": drafter, "inside": drafter / "sub", "data": data, "parent": root}[where]
     before = sorted(p.name for p in root.rglob("*"))
     res = invoke(*commands(root, tdir, data, drafter, out)[cmd], "--force")
-    assert isinstance(res.exception, UsageError), (res.output, res.exception)
+    assert isinstance(res.exception, RequestError), (res.output, res.exception)
     assert "would destroy the input" in str(res.exception) and "even with --force" in str(res.exception)
     assert sorted(p.name for p in root.rglob("*")) == before
 
@@ -120,7 +120,7 @@ def test_a_second_writer_fails_at_once_naming_the_first(setup, tmp_path, no_load
     out = tmp_path / "q"
     with held_elsewhere(out) as pid:
         res = invoke(*commands(root, tdir, data, drafter, out)["quantize"])
-    assert isinstance(res.exception, UsageError) and f"pid {pid}" in str(res.exception)
+    assert isinstance(res.exception, RequestError) and f"pid {pid}" in str(res.exception)
     assert "being written by another specpress process" in str(res.exception)
     assert not out.exists()
     with hold_lock(out):  # the holder is gone: the lock is free again (and reentrant in one process)
@@ -149,7 +149,7 @@ def test_partial_runs_need_resume_or_force_and_ctrl_c_says_how_to_continue(setup
     monkeypatch.setattr(progress.TrainProgress, "update", real)
 
     res = invoke(*args)  # a rerun without --resume would discard the checkpoint: refused
-    assert isinstance(res.exception, UsageError) and "--resume" in str(res.exception)
+    assert isinstance(res.exception, RequestError) and "--resume" in str(res.exception)
     assert (out.with_name("d.partial")).is_dir()
     res = invoke(*args, "--resume")
     assert res.exit_code == 0, (res.output, res.exception)
@@ -176,7 +176,7 @@ def test_regenerate_ctrl_c_says_what_was_saved(setup, tmp_path, monkeypatch):
     assert f"1 of 2 sequences saved in {out}.partial" in str(res.exception)
     monkeypatch.setattr(regen, "continue_batch", real)
     res = invoke(*args)
-    assert isinstance(res.exception, UsageError) and "--resume" in str(res.exception)
+    assert isinstance(res.exception, RequestError) and "--resume" in str(res.exception)
     res = invoke(*args, "--resume")
     assert res.exit_code == 0 and len(out.read_text().splitlines()) == 2, (res.output, res.exception)
     res = invoke(*commands(root, tdir, data, drafter, tmp_path / "fresh.jsonl")["regenerate"], "--resume")
@@ -197,7 +197,7 @@ def test_seq_len_past_the_context_or_memory_is_refused(setup, tmp_path, no_loadi
     root, tdir, data, drafter = setup
     res = invoke(*commands(root, tdir, data, drafter, tmp_path / "a")["distill"][:-6], "--seq-len", "1024",
                  "--steps", "1")
-    assert isinstance(res.exception, UsageError) and "longer than the target's context (128" in str(res.exception)
+    assert isinstance(res.exception, RequestError) and "longer than the target's context (128" in str(res.exception)
     big = tmp_path / "big-context"
     big.mkdir()
     for f in tdir.iterdir():
@@ -206,11 +206,11 @@ def test_seq_len_past_the_context_or_memory_is_refused(setup, tmp_path, no_loadi
     (big / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 10 ** 7}))
     res = invoke("distill", "--target", big, "--family", "eagle3", "--data", data, "--out", tmp_path / "b",
                  "--steps", "1", "--seq-len", "1000000")
-    assert isinstance(res.exception, UsageError) and "needs at least" in str(res.exception)
+    assert isinstance(res.exception, RequestError) and "needs at least" in str(res.exception)
     assert "available" in str(res.exception)
     res = invoke(*commands(root, big, data, drafter, tmp_path / "c")["regenerate"][:-4], "--prompt-tokens",
                  "900000", "--new-tokens", "4", "--batch", "64")
-    assert isinstance(res.exception, UsageError) and "--prompt-tokens 900000" in str(res.exception)
+    assert isinstance(res.exception, RequestError) and "--prompt-tokens 900000" in str(res.exception)
 
 
 def test_malformed_inputs_are_named(setup, tmp_path):
@@ -225,7 +225,7 @@ def test_malformed_inputs_are_named(setup, tmp_path):
     q = tmp_path / "q"
     assert invoke(*commands(root, tdir, data, drafter, q)["quantize"]).exit_code == 0
     res = invoke(*commands(root, tdir, data, drafter, tmp_path / "ft")["distill"], "--init", q)
-    assert isinstance(res.exception, UsageError) and "is quantized (int8)" in str(res.exception)
+    assert isinstance(res.exception, RequestError) and "is quantized (int8)" in str(res.exception)
 
     trunc = tmp_path / "trunc"
     trunc.mkdir()

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from specpress.runtime.backends import BACKENDS, READS
+from specpress.errors import UsageError
+from specpress.runtime.backends import READS, backends, names
 
 TEMPERATURE = click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
                            help="0 = greedy; >0 samples from the target's (processed) distribution.")
@@ -38,16 +39,15 @@ COMPARE = click.option("--compare-drafter", "compare_dir", type=click.Path(path_
                        help="A second drafter decoding every prompt in the same interleave (plain, --drafter, "
                             "this; reversed on odd prompts): the JSON's `compare` holds its metrics and both "
                             "drafters' median forward and round ms per round, with the ratio this / --drafter.")
-COMPARE_BACKEND = click.option("--compare-backend", type=click.Choice(list(BACKENDS)), default=None,
+COMPARE_BACKEND = click.option("--compare-backend", type=click.Choice(names()), default=None,
                                help="Backend of --compare-drafter  [default: --backend]; e.g. --backend torch "
                                     "--compare-backend onnxruntime times one drafter on both.")
 COMPILE_WARMUP_PROMPTS = 3
-BACKEND = click.option("--backend", type=click.Choice(list(BACKENDS)), default="torch", show_default=True,
+BACKEND = click.option("--backend", type=click.Choice(names()), default="torch", show_default=True,
                        help="Where the drafter runs (the target: --target-backend); --drafter is then "
-                            + "; ".join(f"for {b.name}: {READS[b.reads]}" for b in BACKENDS.values()) + ".")
-
-
-TARGET_BACKEND = click.option("--target-backend", type=click.Choice(["torch", "onnxruntime"]), default="torch",
+                            + "; ".join(f"for {b.name}: {READS[b.reads]}" for b in backends().values())
+                            + " (a drafter artifact is exported to ONNX on demand, once, into the cache).")
+TARGET_BACKEND = click.option("--target-backend", type=click.Choice(names(runs_target=True)), default="torch",
                               show_default=True,
                               help="Where the target runs (plain decoding and verification): torch, or onnxruntime "
                                    "over its `specpress export target` graph, exported once into the cache. With "
@@ -55,56 +55,34 @@ TARGET_BACKEND = click.option("--target-backend", type=click.Choice(["torch", "o
 
 
 def loop_target(target_backend: str, target, target_dir: Path, dtype: str, compile_target: bool, warn):
-    """The target the loop calls: the torch TargetModel, or an OnnxTarget over its (cached) export."""
-    if target_backend == "torch":
-        return target
-    if compile_target:
-        raise click.UsageError("--compile-target compiles the torch target; drop it with --target-backend onnxruntime")
-    if dtype == "bf16":
-        raise click.UsageError("--target-backend onnxruntime runs an fp32 or fp16 export (onnxruntime's CPU kernels "
-                               "have no bf16); pass --dtype fp32 or fp16")
-    from specpress.export.ondemand import exported_target_for
-    from specpress.export.target import TargetExportOptions
-    from specpress.runtime.backends.onnxruntime import load_target_runner
+    """The target the loop calls: the torch target, or the --target-backend's runner over what it reads
+    (an ONNX export made on demand)."""
+    from specpress.export.ondemand import target_input
+    from specpress.runtime.backends import load_target_runner
 
-    path, _ = exported_target_for(target_dir, TargetExportOptions(dtype=dtype), progress=warn)
-    return load_target_runner(path, "cpu")
+    if compile_target and target_backend != "torch":
+        raise UsageError(f"--compile-target compiles the torch target; drop it with --target-backend {target_backend}")
+    return load_target_runner(target_backend, target_input(target_backend, target_dir, dtype, progress=warn), target)
 
 
 def check_compile(compile_drafter: bool, drafter_dir: Path | None, backend: str = "torch") -> None:
     if compile_drafter and drafter_dir is None:
-        raise click.UsageError("--compile compiles the drafter; pass --drafter too (plain decoding stays eager)")
+        raise UsageError("--compile compiles the drafter; pass --drafter too (plain decoding stays eager)")
     if compile_drafter and backend != "torch":
-        raise click.UsageError(f"--compile compiles a torch drafter's forward; the {backend} backend runs its own "
+        raise UsageError(f"--compile compiles a torch drafter's forward; the {backend} backend runs its own "
                                "graph: drop --compile or use --backend torch")
 
 
 def load_drafter_runner(backend: str, drafter_dir: Path, target, *, strict: bool, warn, compile_drafter: bool,
-                        target_dir: Path | None = None):
+                        target_dir: Path):
     """The --drafter directory as the --backend registry entry runs it, on the target's device. A drafter
     artifact given to a backend that reads ONNX is exported first (once, cached; specpress.export.ondemand)."""
-    from specpress.runtime.backends import is_drafter_artifact, load_runner
-    from specpress.runtime.backends.torch import TorchTarget
+    from specpress.export.ondemand import runner_input
+    from specpress.runtime.backends import load_runner
 
-    if BACKENDS[backend].reads == "onnx" and target_dir is not None and is_drafter_artifact(Path(drafter_dir)):
-        from specpress.export.ondemand import exported_dir_for
-
-        drafter_dir, _ = exported_dir_for(drafter_dir, target_dir, progress=warn)
     opts = {"compile": True} if compile_drafter else {}
-    return load_runner(backend, drafter_dir, target, TorchTarget(target).device, strict=strict, warn=warn, **opts)
-
-
-def drafter_bytes(backend: str, drafter_dir: Path) -> int:
-    """Bytes of the drafter as stored: the artifact's own count, or the files of an exported directory."""
-    if BACKENDS[backend].reads == "drafter":
-        from specpress.models.inspect import inspect_artifact
-
-        return int(inspect_artifact(drafter_dir)["bytes"])
-    if BACKENDS[backend].reads == "onnx" and (Path(drafter_dir) / "manifest.json").is_file():
-        from specpress.manifest import load_manifest
-
-        return load_manifest(drafter_dir).drafter_bytes  # the graphs; the target's shared tensors excluded
-    return sum(p.stat().st_size for p in Path(drafter_dir).expanduser().rglob("*") if p.is_file())
+    return load_runner(backend, runner_input(backend, drafter_dir, target_dir, progress=warn), target,
+                       target.lm_head.weight.device, strict=strict, warn=warn, **opts)
 
 
 def DECODING(fn):  # noqa: N802 - used as a decorator like the option constants above
@@ -184,7 +162,10 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
 @COMPARE_BACKEND
 @TARGET_BACKEND
 @STRICT
-@click.option("--json", "json_out", type=click.Path(path_type=Path), help="Write the full metrics object here.")
+@click.option("--json", "json_out", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
+              type=click.Path(path_type=Path, allow_dash=True),
+              help="Write the full metrics object (outputs and per-prompt rows included) to FILE; bare --json (or -) "
+                   "prints it on stdout. Without it, stdout gets the object without outputs and per_prompt.")
 @click.option("--force", is_flag=True, help="Replace an existing --json file.")
 def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_new_tokens: int, policy: str | None,
           temperature: float, top_k: int, top_p: float, seed: int, dtype: str, backend: str,
@@ -235,6 +216,7 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
 
     from specpress.artifacts import check_output, write_json
     from specpress.machine import LoadMeter, load_warning
+    from specpress.runtime.backends import drafter_bytes
     from specpress.runtime.bench import bench_plain, bench_speculative, default_policy, load_bench_inputs
     from specpress.runtime.compile import compile_errors
     from specpress.runtime.compile import compile_target as compile_target_fn
@@ -244,11 +226,12 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
 
     check_compile(compile_drafter, drafter_dir, backend)
     if compare_dir is not None and drafter_dir is None:
-        raise click.UsageError("--compare-drafter compares against --drafter; pass --drafter too")
+        raise UsageError("--compare-drafter compares against --drafter; pass --drafter too")
     if compare_backend is not None and compare_dir is None:
-        raise click.UsageError("--compare-backend names the backend of --compare-drafter; pass --compare-drafter too")
+        raise UsageError("--compare-backend names the backend of --compare-drafter; pass --compare-drafter too")
     compare_backend = compare_backend or backend
-    if json_out:  # before decoding: a bad path must not cost the measurement
+    to_file = json_out is not None and json_out != Path("-")
+    if to_file:  # before decoding: a bad path must not cost the measurement
         check_output(json_out, force=force, kind="file", flag="--json",
                      inputs={"--target": target_dir, "--prompts": prompts_file, "--drafter": drafter_dir,
                              "--compare-drafter": compare_dir})
@@ -305,9 +288,11 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
         if warning := coverage_warning(result["eval_coverage"], result["calibration_coverage"]):
             console.print("warning: " + warning, style="yellow", highlight=False)
     report(console, result, len(prompts), pol)
-    if json_out:
+    if to_file:
         write_json(json_out, result)  # its directory was made by check_output
         console.print(f"wrote {json_out}")
+    elif json_out is not None:
+        click.echo(json.dumps(result, indent=2))
     else:
         click.echo(json.dumps({k: v for k, v in result.items() if k not in ("outputs", "per_prompt")}, indent=2))
 

@@ -76,9 +76,10 @@ FAMILIES_HELP = "eagle, eagle3, mtp, dflash, lm"
               help="dflash: weight w of the L1 distance between the drafter's and the target's distributions "
                    "per block position, (1 - w)·CE + w·L1 (DSpark trains with 0.9).")
 @click.option("--checkpoint-minutes", type=click.FloatRange(min=0), default=2.0, show_default=True)
-@click.option("--bf16/--fp32", default=True, show_default=True,
-              help="Run the target's and the student's forwards under bfloat16 autocast (about 2x faster on "
-                   "CPUs with AMX / AVX512-BF16); losses, optimizer and weights stay fp32.")
+@click.option("--dtype", type=click.Choice(["bf16", "fp32"]), default="bf16", show_default=True,
+              help="Dtype of the target's and the student's forwards: bf16 runs them under bfloat16 autocast (about "
+                   "2x faster on CPUs with AMX / AVX512-BF16); losses, optimizer and weights stay fp32 either way.")
+@click.option("--bf16/--fp32", "legacy_bf16", default=None, hidden=True, help="Deprecated spelling of --dtype.")
 @click.option("--compile", "compile_teacher", is_flag=True,
               help="Run the target's teacher forward through torch.compile (Inductor, fixed shapes): on the zoo "
                    "target's CPU 42-45 -> 28-31 ms a step, after 15-25 s of compiling (counted by --minutes).")
@@ -89,7 +90,8 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
             optimizer: str | None, batch: int, seq_len: int, hidden: int | None, layers: int | None, ffn: int | None,
             heads: int | None, kv_heads: int | None, draft_vocab: int | None, taps: tuple[int, ...] | None,
             ttt_steps: int | None, block_size: int, anchors: int, gamma: float | None, markov_rank: int | None,
-            mask_token_id: int | None, labels: str, tv_weight: float, checkpoint_minutes: float, bf16: bool,
+            mask_token_id: int | None, labels: str, tv_weight: float, checkpoint_minutes: float, dtype: str,
+            legacy_bf16: bool | None,
             compile_teacher: bool, cache_dir: Path | None) -> None:
     """Train a drafter against a target (or shrink a --from drafter, or fine-tune an --init one) and write it
     to --out.
@@ -115,7 +117,7 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
     regenerate`) with --markov-rank 128 --lr 3e-3 --optimizer muon --gamma 1 (tau 3.27); DSpark's
     --tv-weight 0.9 did worse than CE alone (the Markov head is stored as markov_head.markov_w{1,2}.weight,
     its rank as dflash_config.markov_rank). --compile gave 10 % more steps in one 10-minute run. On
-    GPUs without bf16 (pre-Ampere) pass --fp32.
+    GPUs without bf16 (pre-Ampere) pass --dtype fp32.
 
     Multi-GPU: `torchrun --nproc_per_node N -m specpress.cli distill ...` shards the batches by rank
     (gradients all-reduced; rank 0 writes).
@@ -142,17 +144,20 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
     from specpress.commands.guards import check_not_quantized, check_seq_len, distill_saved, interrupted
     from specpress.compress.config import DistillConfig
     from specpress.compress.distill import distill_from_dirs
-    from specpress.errors import UsageError
+    from specpress.errors import UsageError, deprecated
 
     if steps is None and minutes is None:
         raise UsageError("give a budget: --steps N and/or --minutes M")
+    if legacy_bf16 is not None:
+        dtype = "bf16" if legacy_bf16 else "fp32"
+        deprecated("--bf16 / --fp32", f"use --dtype {dtype}")
     config = DistillConfig(family=family, steps=steps, minutes=minutes, lr=lr, optimizer=optimizer, batch=batch,
                            seq_len=seq_len, seed=seed, hidden=hidden, layers=layers, ffn=ffn, heads=heads,
                            kv_heads=kv_heads, draft_vocab=draft_vocab, taps=taps, ttt_steps=ttt_steps,
                            block_size=block_size, anchors=anchors, gamma=gamma, markov_rank=markov_rank,
                            mask_token_id=mask_token_id, labels=labels, tv_weight=tv_weight,
                            checkpoint_minutes=checkpoint_minutes,
-                           bf16=bf16, compile=compile_teacher)
+                           bf16=dtype == "bf16", compile=compile_teacher)
     inputs = {"--target": target_dir, "--data": data_path, "--from": from_dir, "--init": init_dir,
               "--cache-teacher": cache_dir}
     with claim_output(out, force=force, inputs=inputs, partial=True, resume=resume) as claim:

@@ -62,9 +62,24 @@ def _axes(values: tuple[str, ...]) -> tuple[tuple[str, Any], ...]:
 @click.option("--verbose", is_flag=True, help="Show TensorRT's info messages.")
 def trt(onnx_dir: Path | None, out: Path, target_gpu: str, max_tree: int | None, max_context: int | None,
         axis_specs: tuple[str, ...], flavour: str, probe: bool, force: bool, verbose: bool) -> None:
-    """Build TensorRT engines (one per exported graph) with the tree-attention plugin."""
+    """Build TensorRT engines (one per exported graph) with the tree-attention plugin.
+
+    --onnx is an `export onnx --attention plugin` directory (the standard form parses too). Standard
+    TensorRT builds for the GPU it runs on; TensorRT for RTX builds ahead of time, on any machine, for the
+    --target-gpu list. The engines' profiles cover --max-tree new positions per call over --max-context
+    cached ones (the export's budget by default): larger ranges build slower and take more memory.
+    `bench --backend tensorrt --drafter OUT` runs them (a CUDA GPU; the target stays on torch).
+
+    \b
+    Examples:
+      specpress export onnx --drafter drafters/eagle3 --target $T --out onnx/eagle3-plugin \\
+          --attention plugin --dtype fp16
+      specpress export trt --onnx onnx/eagle3-plugin --out engines/eagle3                # standard TensorRT, this GPU
+      specpress export trt --onnx onnx/eagle3-plugin --out engines/eagle3-rtx --flavour tensorrt_rtx --target-gpu sm89
+      specpress export trt --probe --out /tmp/trt-probe                                  # does the install work?
+    """
     from specpress.artifacts import claim_output
-    from specpress.errors import UsageError
+    from specpress.errors import RequestError, UsageError
     from specpress.export.trt.builder import BuildOptions, read_source_manifest, build_engines
     from specpress.export.trt.profiles import Budget
 
@@ -79,7 +94,7 @@ def trt(onnx_dir: Path | None, out: Path, target_gpu: str, max_tree: int | None,
             save_probe(onnx_dir / "tree_attention_probe.onnx")
         assert onnx_dir is not None
         if not onnx_dir.is_dir():
-            raise UsageError(f"--onnx {onnx_dir} is not a directory; expected an `export onnx` output")
+            raise RequestError(f"--onnx {onnx_dir} is not a directory; expected an `export onnx` output")
         manifest = read_source_manifest(onnx_dir)
         tree = max_tree or _from_manifest(manifest, TREE_KEYS) or 64
         context = max_context or _from_manifest(manifest, CONTEXT_KEYS) or 2048
@@ -92,15 +107,3 @@ def trt(onnx_dir: Path | None, out: Path, target_gpu: str, max_tree: int | None,
 def register(group: click.Group) -> None:
     """Attach `trt` to the `export` group."""
     group.add_command(trt)
-
-
-if __name__ == "__main__":  # `python -m specpress.commands.export_trt ...`, usable before the group is wired
-    import sys
-
-    from specpress.errors import SpecpressError
-
-    try:
-        trt.main(prog_name="specpress export trt", standalone_mode=False)
-    except SpecpressError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(exc.exit_code)

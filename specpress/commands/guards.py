@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specpress.errors import Interrupted, UsageError
+from specpress.errors import Interrupted, RequestError
 from specpress.machine import check_seq_len
 
 __all__ = ["check_seq_len", "interrupted", "distill_saved", "regen_saved", "check_not_quantized"]
@@ -56,6 +56,6 @@ def check_not_quantized(drafter_dir: Path, flag: str) -> None:
     raw = read_drafter_config(drafter_dir)[2]
     step = active_quantize_step((raw.get("specpress") or {}).get("steps"))
     if step is not None:
-        raise UsageError(f"{flag} {drafter_dir} is quantized ({step.get('scheme')}): its weights are integer codes "
-                         f"that cannot be trained; give the float drafter it was made from (its provenance: "
-                         f"`specpress inspect {drafter_dir}`), or one written with quantize --dequantize")
+        raise RequestError(f"{flag} {drafter_dir} is quantized ({step.get('scheme')}): its weights are integer codes "
+                           f"that cannot be trained; give the float drafter it was made from (its provenance: "
+                           f"`specpress inspect {drafter_dir}`), or one written with quantize --dequantize")

@@ -19,9 +19,12 @@ def _fmt_bytes(n: int) -> str:
 
 
 @click.command("inspect")
-@click.argument("path", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def inspect_cmd(path: Path, as_json: bool) -> None:
+@click.argument("path", type=click.Path(path_type=Path), required=False)
+@click.option("--json", "json_out", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
+              type=click.Path(path_type=Path, allow_dash=True),
+              help="Write every field as one JSON object to FILE; bare --json (or -) prints it on stdout.")
+@click.option("--force", is_flag=True, help="Replace an existing --json file.")
+def inspect_cmd(path: Path | None, json_out: Path | None, force: bool) -> None:
     """Show family, architecture, parameters, bytes as stored, dtype and provenance of PATH.
 
     PATH is an artifact directory or a bare config.json. Without weights the model is built on the
@@ -32,13 +35,30 @@ def inspect_cmd(path: Path, as_json: bool) -> None:
     Examples:
       specpress inspect ~/.cache/specpress/zoo/small
       specpress inspect ./eagle3-drafter --json
+      specpress inspect ./eagle3-drafter --json eagle3.json
       specpress inspect ./EAGLE3-LLaMA3.1-Instruct-8B/config.json
     """
+    from specpress.errors import UsageError
     from specpress.models.inspect import inspect_artifact
 
+    if path is None and json_out not in (None, Path("-")):  # `inspect --json PATH`: the flag, then the artifact
+        path, json_out = json_out, Path("-")
+    if path is None:
+        raise UsageError("give the artifact to inspect: specpress inspect PATH")
+    if json_out is not None and json_out != Path("-"):
+        from specpress.artifacts import check_output
+
+        check_output(json_out, force=force, kind="file", flag="--json", inputs={"PATH": path})
     info = inspect_artifact(path)
-    if as_json:
-        click.echo(json.dumps(info, indent=2, default=str))
+    if json_out is not None:
+        text = json.dumps(info, indent=2, default=str)
+        if json_out == Path("-"):
+            click.echo(text)
+        else:
+            from specpress.artifacts import write_file
+
+            write_file(json_out, text + "\n")
+            click.echo(f"wrote {json_out}")
         return
     rows = [("path", info.get("path")), ("family", info.get("family")), ("architecture", info.get("architecture")),
             ("params", f"{info['params']:,}"),

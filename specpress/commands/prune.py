@@ -7,15 +7,42 @@ from pathlib import Path
 import click
 
 
+class KeepCount(click.ParamType):
+    """A count to keep (an integer >= 1); a share 0 < R < 1 is read too, as the deprecated spelling."""
+
+    name = "N"
+
+    def convert(self, value, param, ctx):  # noqa: ANN001, ANN201 - Click's signature
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return value
+        try:
+            return int(value)
+        except ValueError:
+            pass
+        try:
+            share = float(value)
+        except ValueError:
+            share = -1.0
+        if not 0 < share < 1:
+            self.fail(f"{value!r} is not a count to keep (an integer >= 1)", param, ctx)
+        return share
+
+
 @click.command()
 @click.option("--drafter", "drafter_dir", required=True, type=click.Path(path_type=Path),
               help="Drafter artifact directory to prune.")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Pruned drafter directory to write.")
-@click.option("--ffn", type=float, help="Fraction of FFN channels to REMOVE, 0 < R < 1 (same count per layer).")
-@click.option("--heads", type=float,
-              help="Fraction of KV groups to REMOVE, 0 < R < 1 (whole GQA groups; at least one stays).")
-@click.option("--layers", type=int, help="Layers to KEEP (multi-layer drafters: dflash, lm, eagle with >1 layer).")
-@click.option("--vocab", type=int, help="Draft-vocabulary tokens to KEEP (eagle3), most frequent first.")
+@click.option("--ffn", type=KeepCount(),
+              help="FFN channels each layer keeps (intermediate_size after pruning; the same in every layer).")
+@click.option("--kv-heads", type=click.IntRange(min=1),
+              help="KV groups each attention keeps (num_key_value_heads after pruning: whole GQA groups, a KV head "
+                   "and its query heads).")
+@click.option("--layers", type=click.IntRange(min=1),
+              help="Layers to keep (multi-layer drafters: dflash, lm, eagle with >1 layer).")
+@click.option("--vocab", type=click.IntRange(min=1),
+              help="Draft-vocabulary tokens to keep (eagle3), most frequent first.")
+@click.option("--heads", type=click.FloatRange(0, 1, min_open=True, max_open=True), hidden=True,
+              help="Deprecated: the share of KV groups to remove (use --kv-heads).")
 @click.option("--importance", type=click.Choice(["magnitude", "activation", "kl"]), default="magnitude",
               show_default=True, help="magnitude = weights only; activation / kl = measured on --data.")
 @click.option("--vocab-source", type=click.Choice(["target", "data"]), default="target", show_default=True,
@@ -30,27 +57,32 @@ import click
 @click.option("--continuation-tokens", type=click.IntRange(min=1), default=None,
               help="With a prompts file as --data: tokens the target generates greedily per prompt (stopping at "
                    "EOS).  [default: 128]")
-@click.option("--recover-steps", type=int, default=0, show_default=True,
+@click.option("--recover-steps", type=click.IntRange(min=0), default=0, show_default=True,
               help="Distillation steps against the target after pruning (0 = none).")
-@click.option("--recover-lr", type=float, default=1e-4, show_default=True)
-@click.option("--batch", type=int, default=8, show_default=True, help="Windows per calibration / recovery batch.")
-@click.option("--seq-len", type=int, default=128, show_default=True, help="Tokens per window.")
-@click.option("--calib-batches", type=int, default=2, show_default=True,
+@click.option("--recover-lr", type=click.FloatRange(min=0, min_open=True), default=1e-4, show_default=True)
+@click.option("--batch", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Windows per calibration / recovery batch.")
+@click.option("--seq-len", type=click.IntRange(min=2), default=128, show_default=True, help="Tokens per window.")
+@click.option("--calib-batches", type=click.IntRange(min=1), default=2, show_default=True,
               help="Calibration batches for activation / kl importance.")
-@click.option("--vocab-tokens", type=int,  # default: PruneConfig's (kept out of here: it would import torch)
+@click.option("--vocab-tokens", type=click.IntRange(min=1),  # default: PruneConfig's (it imports torch)
               help="Tokens --vocab counts (target predictions or data tokens) to rank the vocabulary.  "
                    "[default: 262144]")
-@click.option("--kl-group", type=int, default=8, show_default=True, help="FFN channels scored together by kl.")
+@click.option("--kl-group", type=click.IntRange(min=1), default=8, show_default=True,
+              help="FFN channels scored together by kl.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--force", is_flag=True, help="Replace an existing --out.")
-def prune(drafter_dir: Path, out: Path, ffn: float | None, heads: float | None, layers: int | None,
-          vocab: int | None, importance: str, vocab_source: str, target_dir: Path | None, data_path: Path | None,
+def prune(drafter_dir: Path, out: Path, ffn: int | float | None, kv_heads: int | None, layers: int | None,
+          vocab: int | None, heads: float | None, importance: str, vocab_source: str,
+          target_dir: Path | None, data_path: Path | None,
           continuation_tokens: int | None, recover_steps: int, recover_lr: float, batch: int, seq_len: int,
           calib_batches: int, vocab_tokens: int | None, kl_group: int,
           seed: int, force: bool) -> None:
     """Remove FFN channels, KV groups, layers or draft-vocabulary tokens: a smaller dense drafter.
 
-    The result is in the family's public layout (smaller config and tensors) and records the step
+    Every size option says what stays, as the pruned drafter's config will (distill's student options
+    --ffn, --kv-heads, --layers say the same). The result is in the family's public layout
+    (smaller config and tensors) and records the step
     in its provenance (`specpress inspect OUT` shows the chain). Importance: weight magnitude,
     activations on --data, or kl, which scores each unit by how much removing it raises
     KL(target || drafter) on the calibration data. --recover-steps then distills the pruned drafter
@@ -67,9 +99,9 @@ def prune(drafter_dir: Path, out: Path, ffn: float | None, heads: float | None, 
     prompts file) and --vocab ranks on the target's continuations of them.
 
     \b
-    Examples:
-      specpress prune --drafter drafters/eagle3 --out drafters/eagle3-ffn50 --ffn 0.5
-      specpress prune --drafter drafters/eagle3 --out drafters/eagle3-p --ffn 0.5 --heads 0.25 --vocab 2048 \\
+    Examples (a zoo EAGLE-3 drafter: 768 FFN channels, 4 KV groups, 4096 draft tokens):
+      specpress prune --drafter drafters/eagle3 --out drafters/eagle3-ffn384 --ffn 384
+      specpress prune --drafter drafters/eagle3 --out drafters/eagle3-p --ffn 384 --kv-heads 3 --vocab 2048 \\
           --importance kl --target ~/.cache/specpress/zoo/small --data zoo:train --recover-steps 200
       specpress prune --drafter drafters/eagle3 --out drafters/eagle3-v1024 --vocab 1024 \\
           --target ~/.cache/specpress/zoo/small --data my_prompts.jsonl --continuation-tokens 128
@@ -81,13 +113,13 @@ def prune(drafter_dir: Path, out: Path, ffn: float | None, heads: float | None, 
     from specpress.compress.data import data_stream
     from specpress.compress.prune import PruneConfig, check_request, prune as prune_drafter
     from specpress.compress.traffic import CONTINUATION_TOKENS, is_prompts_file, traffic_stream
-    from specpress.errors import UsageError
+    from specpress.errors import RequestError, UsageError
     from specpress.models.drafter import build_drafter
     from specpress.models.drafter_io import load_drafter, read_drafter_config, save_drafter
     from specpress.models.target import load_target
     from specpress.models.tokenizer import load_tokenizer
 
-    config = PruneConfig(ffn=ffn, heads=heads, layers=layers, vocab=vocab, importance=importance,
+    config = PruneConfig(ffn=ffn, kv_heads=kv_heads, heads=heads, layers=layers, vocab=vocab, importance=importance,
                          vocab_source=vocab_source, kl_group=kl_group, batch=batch, seq_len=seq_len,
                          calib_batches=calib_batches, seed=seed, recover_steps=recover_steps, recover_lr=recover_lr,
                          **({} if vocab_tokens is None else {"vocab_tokens": vocab_tokens}))
@@ -96,14 +128,15 @@ def prune(drafter_dir: Path, out: Path, ffn: float | None, heads: float | None, 
         raise UsageError("--data needs --target DIR: its tokenizer encodes the data")
     traffic = data_path is not None and is_prompts_file(data_path)
     if continuation_tokens is not None and not traffic:
-        raise UsageError("--continuation-tokens sets how much the target generates per prompt of a prompts file "
-                         "given as --data; --data is not one (a .jsonl of {\"prompt\": ...} or {\"input_ids\": "
-                         "[...]} lines): drop --continuation-tokens or give a prompts file")
+        raise RequestError("--continuation-tokens sets how much the target generates per prompt of a prompts file "
+                           "given as --data; --data is not one (a .jsonl of {\"prompt\": ...} or {\"input_ids\": "
+                           "[...]} lines): drop --continuation-tokens or give a prompts file")
     inputs = {"--drafter": drafter_dir, "--target": target_dir, "--data": data_path}
     with claim_output(out, force=force, inputs=inputs):
         with torch.device("meta"):  # every shape / flag error first, from config.json alone
-            check_request(build_drafter(read_drafter_config(drafter_dir)[1]), config,
-                          has_target=target_dir is not None, has_calib=data_path is not None)
+            shape = build_drafter(read_drafter_config(drafter_dir)[1])
+            counts = check_request(shape, config, has_target=target_dir is not None, has_calib=data_path is not None)
+        say_legacy(config, shape.config, counts)
         if target_dir is not None:
             check_seq_len(target_dir, seq_len, batch, training=recover_steps > 0)
         target = load_target(target_dir) if target_dir is not None else None
@@ -147,3 +180,17 @@ def prune(drafter_dir: Path, out: Path, ffn: float | None, heads: float | None, 
         acc = " ".join(f"{a:.3f}" for a in last.get("agreement", []))
         click.echo(f"  recovered: {last.get('steps')} distillation steps, loss {last.get('final_loss', 0):.4f}, "
                    f"acc@k {acc}")
+
+
+def say_legacy(config, shape, counts: dict[str, int]) -> None:  # noqa: ANN001 - PruneConfig, a drafter config
+    """The deprecation warning for --ffn R / --heads R (shares to remove), with the count that says the same."""
+    from specpress.errors import deprecated
+
+    if isinstance(config.ffn, float):
+        n = shape.intermediate_size
+        deprecated(f"--ffn {config.ffn:g} (the share of FFN channels to remove)",
+                   f"give the channels each layer keeps: --ffn {n - counts['ffn']} (of {n})")
+    if config.heads is not None:
+        n = shape.num_key_value_heads
+        deprecated(f"--heads {config.heads:g} (the share of KV groups to remove)",
+                   f"give the KV groups each attention keeps: --kv-heads {n - counts['heads']} (of {n})")

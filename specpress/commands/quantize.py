@@ -52,10 +52,13 @@ def _fmt(n: int) -> str:
               help="Text, .jsonl or a directory: calibration windows and held-out agreement windows.")
 @click.option("--dequantize", "dequantize_out", is_flag=True,
               help="Write plain float weights (public layout) with the quantization recorded in provenance.")
-@click.option("--float-dtype", type=click.Choice(["auto", "bfloat16", "float16", "float32"]), default="auto",
-              show_default=True,
-              help="Dtype of what stays in floating point (norms, biases, kept Linears). auto: the source's "
-                   "dtype when 16-bit, else bfloat16.")
+@click.option("--dtype", type=click.Choice(["auto", "fp32", "bf16", "fp16"]), default="auto", show_default=True,
+              help="Dtype of what stays in floating point (norms, biases, kept Linears), as stored and as the "
+                   "quantized drafter computes. auto: the source's dtype when 16-bit, else bf16 (half the bytes of "
+                   "those tensors; the measured acceptance is that of the rounded drafter).")
+@click.option("--float-dtype", "legacy_float_dtype", hidden=True,
+              type=click.Choice(["auto", "bfloat16", "float16", "float32", "bf16", "fp16", "fp32"]),
+              help="Deprecated spelling of --dtype.")
 @click.option("--force", is_flag=True, help="Replace an existing --out.")
 @click.option("--calib-batches", type=click.IntRange(min=1), default=8, show_default=True,
               help="Calibration batches (gptq).")
@@ -84,14 +87,14 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
              symmetric: bool | None, activations: str | None, act_calibration: str | None, kv_cache: str | None,
              calib_inputs: str,
              include: str | None, exclude: str | None, target_dir: Path | None,
-             data_path: Path | None, dequantize_out: bool, float_dtype: str, force: bool, calib_batches: int,
-             batch: int, seq_len: int, eval_batches: int, seed: int, recover_steps: int, recover_lr: float,
-             recover_scales: str, recover_batch: int, resume: bool) -> None:
+             data_path: Path | None, dequantize_out: bool, dtype: str, legacy_float_dtype: str | None, force: bool,
+             calib_batches: int, batch: int, seq_len: int, eval_batches: int, seed: int, recover_steps: int,
+             recover_lr: float, recover_scales: str, recover_batch: int, resume: bool) -> None:
     """Quantize a drafter's Linear weights and report bytes and agreement before / after.
 
     Every Linear of the drafter is quantized except the draft lm_head (unless --include lm_head) and
     what --exclude names; embeddings, norms, biases and d2t/t2d stay unquantized (floats stored in
-    --float-dtype, bfloat16 for an fp32 source by default); the target's shared
+    --dtype, bf16 for an fp32 source by default); the target's shared
     embeddings / head are never touched. EAGLE-3's and DFlash's fc IS quantized (--exclude fc keeps it).
     --method gptq calibrates on the activations entering each Linear (needs --target and --data).
     With --target/--data the per-position top-1 agreement with the target is measured on held-out
@@ -105,7 +108,7 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
     Optimizer's drafter default; W4A4 with --activations static); mxfp8 / mxfp4 (OCP MX, activations per block
     at run time by default); nf4 / fp4 (and int8 with --method bnb) through bitsandbytes. Static scales are
     calibrated on real speculative rounds over --target by default (--calib-inputs), with --act-calibration's
-    rule (mse by default; fixed:V needs no data). The in-memory drafter is rounded to --float-dtype too, so
+    rule (mse by default; fixed:V needs no data). The in-memory drafter is rounded to --dtype too, so
     the measured cost is the stored one. The artifact stores packed codes and scales (each scheme's key layout
     is documented in its file under specpress/models/quantized/) and reloads into quantized modules the
     runtime runs directly; --dequantize writes plain float weights instead (weight-only schemes), to deploy
@@ -138,8 +141,13 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
     from specpress.commands.guards import check_seq_len
     from specpress.compress.quantize.pipeline import quantize_from_dirs
     from specpress.compress.quantize.recover import RecoverConfig
+    from specpress.errors import deprecated
     from specpress.models.quantized.scheme import config_for, config_from_dict
 
+    if legacy_float_dtype is not None:
+        short = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(legacy_float_dtype, legacy_float_dtype)
+        deprecated(f"--float-dtype {legacy_float_dtype}", f"use --dtype {short}")
+        dtype = short
     config = config_for(scheme, method, group_size=group_size, symmetric=symmetric, include=_names(include),
                         exclude=_names(exclude), activations=activations, act_calibration=act_calibration,
                         kv_cache=kv_cache)
@@ -155,11 +163,21 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
         if target_dir is not None:
             check_seq_len(target_dir, seq_len, batch if recovery is None else max(batch, recover_batch),
                           training=recovery is not None)
-        rep = quantize_from_dirs(drafter_dir, config, out, target_dir=target_dir, data_path=data_path,
-                                 dequantize_out=dequantize_out, force=force, calib_batches=calib_batches,
-                                 batch=batch, seq_len=seq_len, seed=seed, eval_batches=eval_batches,
-                                 float_dtype=float_dtype, calib_inputs=calib_inputs, recovery=recovery,
-                                 resume=resume, progress=recovery is not None)
+        try:
+            rep = quantize_from_dirs(drafter_dir, config, out, target_dir=target_dir, data_path=data_path,
+                                     dequantize_out=dequantize_out, force=force, calib_batches=calib_batches,
+                                     batch=batch, seq_len=seq_len, seed=seed, eval_batches=eval_batches,
+                                     float_dtype=dtype, calib_inputs=calib_inputs, recovery=recovery,
+                                     resume=resume, progress=recovery is not None)
+        except KeyboardInterrupt:
+            if claim.partial is None:
+                raise
+            from specpress.commands.guards import distill_saved, interrupted
+
+            saved = distill_saved(claim.partial)
+            saved = f"the recovery at {saved}" if saved else \
+                "the quantized drafter" if (claim.partial / "quantized").is_dir() else None
+            raise interrupted(claim.partial, saved) from None
     s = rep.step
     what = f"{config_from_dict(s['config']).storage_label()}, method {s['method']}"
     click.echo(f"{rep.family} drafter quantized ({what}): {len(s['quantized'])} Linears -> {rep.out}"

@@ -21,7 +21,8 @@ def zoo() -> None:
               help="Wall-clock cap on training (the step budget is fixed per size, so runs are deterministic).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--no-resume", is_flag=True, help="Ignore a checkpoint left by an interrupted build.")
-def build(out: Path | None, size: str, minutes: float | None, seed: int, no_resume: bool) -> None:
+@click.option("--force", is_flag=True, help="Build again and replace a zoo target already in --out.")
+def build(out: Path | None, size: str, minutes: float | None, seed: int, no_resume: bool, force: bool) -> None:
     """Train a tokenizer and a small Llama on the Python standard library of this interpreter.
 
     Corpus: the `*.py` files of the running interpreter's standard library, test folders excluded,
@@ -35,7 +36,7 @@ def build(out: Path | None, size: str, minutes: float | None, seed: int, no_resu
     thread count (training runs with deterministic algorithms on); --minutes caps the wall clock.
     Writes an HF-format directory (config.json, model.safetensors, tokenizer.json, README.md model
     card, zoo.json) that transformers' AutoModelForCausalLM loads as is. An interrupted build
-    resumes from its last checkpoint.
+    resumes from its last checkpoint; a finished one is kept (--force builds it again).
 
     \b
     Example:
@@ -45,7 +46,8 @@ def build(out: Path | None, size: str, minutes: float | None, seed: int, no_resu
     from specpress.zoo import build_zoo, default_zoo_dir
 
     target = out or default_zoo_dir(size)
-    report = build_zoo(target, size=size, minutes=minutes, seed=seed, progress=True, resume=not no_resume)
+    report = build_zoo(target, size=size, minutes=minutes, seed=seed, progress=True, resume=not no_resume,
+                       force=force)
     click.echo(f"zoo target written to {report.out}")
     click.echo(f"  params {report.params:,}  steps {report.steps}  val loss {report.val_loss:.3f}  "
                f"perplexity {report.val_perplexity:.2f}")

@@ -14,7 +14,7 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
-from specpress.errors import DataError, UsageError
+from specpress.errors import DataError, RequestError
 
 TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst", ".c", ".h", ".js", ".ts", ".java", ".go", ".rs", ".json", ".toml",
                  ".yaml", ".yml", ".cfg", ".sh")
@@ -115,7 +115,7 @@ def data_stream(data: str | Path, tokenizer: Any | None, eos_ids: Iterable[int],
                         f"the model's tokenizer.json into {target}")
     eos = list(eos_ids)
     if not eos:
-        raise UsageError(f"{target}/config.json has no eos_token_id, needed to join documents; add one")
+        raise RequestError(f"{target}/config.json has no eos_token_id, needed to join documents; add one")
     stream = encode_stream(read_texts(data), tokenizer, eos[0])
     check_ids(stream, vocab_size, data)
     return stream

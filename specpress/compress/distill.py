@@ -51,7 +51,7 @@ from specpress.compress.training import (STATE_FILE, all_reduce_mean, data_finge
                                          lr_at, lr_at_progress, module_fingerprint, partial_dir, Periodic,
                                          save_state, step_generator, world_info)
 from specpress.artifacts import check_new
-from specpress.errors import DataError, UsageError
+from specpress.errors import DataError, RequestError
 from specpress.models.drafter import Drafter, target_fingerprint
 from specpress.models.drafter_io import save_drafter
 from specpress.models.target import TargetModel
@@ -121,16 +121,17 @@ class _Trainer:
         """Validate, build the student and its optimizer, load a matching checkpoint, freeze the target."""
         config, data, target, init, teacher_drafter = self.config, self.data, self.target, self.init, self.teacher_drafter
         if (data.seq_len, data.batch, data.seed) != (config.seq_len, config.batch, config.seed):
-            raise UsageError(f"the sampler draws [{data.batch}, {data.seq_len}] windows with seed {data.seed}, but the "
-                             f"config asks for batch {config.batch}, seq_len {config.seq_len}, seed {config.seed}; "
-                             f"build it with WindowSampler(stream, config.seq_len, config.batch, config.seed)")
+            raise RequestError(f"the sampler draws [{data.batch}, {data.seq_len}] windows with seed {data.seed}, but "
+                               f"the config asks for batch {config.batch}, seq_len {config.seq_len}, seed "
+                               f"{config.seed}; "
+                               f"build it with WindowSampler(stream, config.seq_len, config.batch, config.seed)")
         self.rank, self.world = world_info()
         if config.batch % self.world:
-            raise UsageError(f"batch {config.batch} is not divisible by the {self.world} data-parallel ranks")
+            raise RequestError(f"batch {config.batch} is not divisible by the {self.world} data-parallel ranks")
         for d, what in ((init, "init drafter"), (teacher_drafter, "--from drafter")):
             if d is not None and d.family != config.family:
-                raise UsageError(f"the {what} is a {d.family!r} drafter but --family is {config.family!r}; "
-                                 f"distillation between families is not supported")
+                raise RequestError(f"the {what} is a {d.family!r} drafter but --family is {config.family!r}; "
+                                   f"distillation between families is not supported")
             if d is not None:
                 d.attach_target(target)  # dims / vocab checked against the target (CheckpointError)
         self.dev = dev = target.lm_head.weight.device

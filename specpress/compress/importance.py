@@ -35,7 +35,7 @@ from specpress.compress.data import WindowSampler
 from specpress.compress.losses import TeacherBatch
 from specpress.compress.progress import count_bar
 from specpress.compress.teacher import target_signals
-from specpress.errors import UsageError
+from specpress.errors import RequestError, UsageError
 from specpress.models.drafter import Drafter, families_phrase, get_family
 from specpress.models.forced import input_features, spaced_anchors
 from specpress.models.layers import MLP
@@ -61,12 +61,12 @@ def attentions(d: nn.Module) -> dict[str, TargetAttention]:
 
 
 def layer_stack(d: Drafter) -> tuple[str, nn.ModuleList]:
-    """(path, modules) of the drafter's layer stack; UsageError for families with a single layer."""
+    """(path, modules) of the drafter's layer stack; RequestError for families with a single layer."""
     fam = get_family(d.family)
     if fam.layer_stack is None:
         why = f" ({fam.note})" if fam.note else ""
-        raise UsageError(f"--layers: {d.family} drafters have a single layer{why}; layer pruning applies to "
-                         f"multi-layer drafters: {families_phrase(lambda f: f.layer_stack is not None)}")
+        raise RequestError(f"--layers: {d.family} drafters have a single layer{why}; layer pruning applies to "
+                           f"multi-layer drafters: {families_phrase(lambda f: f.layer_stack is not None)}")
     return fam.layer_stack, d.get_submodule(fam.layer_stack)  # type: ignore[return-value]
 
 
@@ -122,8 +122,8 @@ def draft_steps(d: Drafter, steps: int | None) -> int:
     """Chained draft steps calibration runs: default 1 (every MTP module: num_nextn_predict_layers)."""
     n_mod = d.draft_modules()
     if steps is not None and steps < n_mod:
-        raise UsageError(f"draft_steps {steps} would leave MTP modules unscored; use >= {n_mod} "
-                         f"(num_nextn_predict_layers)")
+        raise RequestError(f"draft_steps {steps} would leave MTP modules unscored; use >= {n_mod} "
+                           f"(num_nextn_predict_layers)")
     return steps or n_mod
 
 
@@ -148,16 +148,16 @@ def _probe(d: Drafter, s: TeacherBatch, k: int) -> Probe:
     if kind == "block":
         bk = d.config.block_size
         if t - bk < 1:
-            raise UsageError(f"calibration windows of {t} tokens are too short for dflash blocks of {bk}; "
-                             f"use --seq-len >= {bk + 2}")
+            raise RequestError(f"calibration windows of {t} tokens are too short for dflash blocks of {bk}; "
+                               f"use --seq-len >= {bk + 2}")
         anchors = spaced_anchors(b, t, bk, ids.device)
         src = anchors[0, :, None] + torch.arange(bk - 1, device=ids.device)  # slot k drafts a+k ~ z_{a+k-1}
         ref = z[:, src]  # [B, N, Bk-1, V]
         return Probe(ids, d.fuse_taps(s.taps), F.log_softmax(ref, -1), ref.argmax(-1), anchors=anchors)
     n = t - k - 1
     if n < 1:
-        raise UsageError(f"calibration windows of {t} tokens are too short for {k} draft steps; "
-                         f"use --seq-len >= {k + 2}")
+        raise RequestError(f"calibration windows of {t} tokens are too short for {k} draft steps; "
+                           f"use --seq-len >= {k + 2}")
     first = input_features(d, s.hidden, s.taps)
     ref = torch.stack([z[:, 1 + i:1 + i + n] for i in range(k)], dim=2)  # [B, n, K, V]: step i drafts x_{j+2+i}
     ref_ids = ref.argmax(-1)
@@ -387,7 +387,7 @@ def vocab_count_stream(source: str, target: TargetModel | None, calib: np.ndarra
     if source != "target":
         return torch.cat([w.flatten() for w in windows]).numpy()
     if target is None:
-        raise UsageError("counting the target's predictions for the draft vocabulary needs the target")
+        raise RequestError("counting the target's predictions for the draft vocabulary needs the target")
     dev = target.lm_head.weight.device
     cpu_fp32 = dev.type == "cpu" and target.lm_head.weight.dtype == torch.float32
     parts: list[Tensor] = []

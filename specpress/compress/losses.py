@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError
 from specpress.models.drafter import Drafter, get_family
 from specpress.models.forced import Forced, input_features
 
@@ -148,7 +148,7 @@ def chain_loss(ctx: LossContext) -> LossOut:
     t = b.ids.shape[1]
     n = t - k - 1
     if n < 1:
-        raise UsageError(f"seq_len {t} is too short for {k} unrolled draft steps; use --seq-len >= {k + 2}")
+        raise RequestError(f"seq_len {t} is too short for {k} unrolled draft steps; use --seq-len >= {k + 2}")
     outs = fam.teacher_forced(s, b.ids, _chain_inputs(ctx, s, n, noise=True), steps=k, span=n).steps
     t_outs = None
     if ctx.teacher is not None:
@@ -219,7 +219,7 @@ def dflash_anchors(batch: int, t: int, block: int, n: int, generator: torch.Gene
     """[B, N] distinct sorted anchors per window in [1, T - block] (every label inside the window)."""
     hi = t - block
     if hi < 1:
-        raise UsageError(f"seq_len {t} is too short for DFlash blocks of {block}; use --seq-len >= {block + 2}")
+        raise RequestError(f"seq_len {t} is too short for DFlash blocks of {block}; use --seq-len >= {block + 2}")
     n = min(n, hi)
     rows = [torch.randperm(hi, generator=generator)[:n].sort().values + 1 for _ in range(batch)]
     return torch.stack(rows)

@@ -1,14 +1,15 @@
 """`prune`: structured pruning into a smaller DENSE drafter, in its family's public layout.
 
-    pruned = prune(drafter, PruneConfig(ffn=0.5, heads=0.5, importance="kl"), target=target, calib=stream)
+    pruned = prune(drafter, PruneConfig(ffn=256, kv_heads=1, importance="kl"), target=target, calib=stream)
 
-Stages run in this order, each scored (importance.py) on the model the previous stage left:
+Every stage says what stays (the pruned drafter's shape, as distill's student options do). Stages run in
+this order, each scored (importance.py) on the model the previous stage left:
 
   layers  keep `layers` layers of the stack (dflash `layers.*`, lm `model.layers.*`, eagle with more than one
           layer, whose layer 0 always stays: it alone has no input norm).
-  heads   remove round(heads x KV) whole GQA groups (a KV head and its query heads: q/k/v rows, o_proj
-          columns), the same count in every attention; the group size and head_dim stay (head_dim explicit).
-  ffn     remove round(ffn x F) channels of every MLP: gate/up rows, down columns.
+  heads   keep `kv_heads` whole GQA groups (a KV head and its query heads: q/k/v rows, o_proj columns) in
+          every attention; the group size and head_dim stay (head_dim explicit).
+  ffn     keep `ffn` channels of every MLP: gate/up rows, down columns.
   vocab   eagle3: keep the `vocab` draft tokens most frequent on the calibration data, among those already in
           the draft vocab (FR-Spec's rule): vocab_source "target" counts the target's greedy next-token
           predictions (what must be drafted to be accepted at T=0), "data" the data's tokens, over
@@ -39,7 +40,7 @@ from specpress.compress.data import WindowSampler
 from specpress.compress.importance import (METHODS, attentions, calibration_signals, calibration_windows, ffn_scores,
                                            fit, head_scores, layer_scores, layer_stack, lowest, make_probes, mlps,
                                            vocab_count_stream)
-from specpress.errors import ConfigError, UsageError
+from specpress.errors import ConfigError, RequestError, UsageError
 from specpress.config import config_kwargs
 from specpress.models.drafter import Drafter, families_phrase, get_family
 from specpress.models.target import TargetModel
@@ -54,10 +55,12 @@ VOCAB_TOKENS = 262144  # tokens the vocab stage counts by default (256 forwards 
 
 @dataclass(frozen=True)
 class PruneConfig:
-    """What one pruning run removes and how it decides. Frozen, validated, strict from_dict (version 1).
+    """What one pruning run keeps and how it decides. Frozen, validated, strict from_dict (version 1).
 
-    ffn / heads: fraction of FFN channels / KV groups to REMOVE, 0 < R < 1; layers / vocab: how many layers /
-    draft tokens to KEEP. importance: magnitude | activation | kl. kl_group: FFN channels scored together by
+    ffn / kv_heads / layers / vocab: how many FFN channels (per MLP) / KV groups (per attention) / layers /
+    draft tokens to KEEP. Deprecated for one release, still read: ffn as a fraction 0 < R < 1 and heads
+    (0 < R < 1), the share of FFN channels / KV groups to REMOVE (`legacy()` names them).
+    importance: magnitude | activation | kl. kl_group: FFN channels scored together by
     kl. Calibration: calib_batches windows batches of [batch, seq_len] drawn with `seed` from the data;
     vocab_tokens: how many tokens of such windows the vocab stage counts (all of them when given windows);
     draft_steps: chained steps it runs (eagle, eagle3, mtp; default 1, every module for mtp).
@@ -65,8 +68,8 @@ class PruneConfig:
     """
 
     version: ClassVar[int] = 1
-    ffn: float | None = None
-    heads: float | None = None
+    ffn: int | float | None = None
+    heads: float | None = None  # deprecated: the share of KV groups to remove (kv_heads says what stays)
     layers: int | None = None
     vocab: int | None = None
     importance: str = "magnitude"
@@ -80,14 +83,20 @@ class PruneConfig:
     seed: int = 0
     recover_steps: int = 0
     recover_lr: float = 1e-4
+    kv_heads: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("ffn", "heads"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1):
-                raise ConfigError(f"--{name} must be the fraction of {'FFN channels' if name == 'ffn' else 'KV groups'}"
-                                  f" to remove, in the open range (0, 1); found {v!r}")
-        for name, lo in (("layers", 1), ("vocab", 1), ("kl_group", 1), ("batch", 1), ("seq_len", 2),
+        f = self.ffn
+        if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float))
+                              or (isinstance(f, float) and not 0 < f < 1) or (isinstance(f, int) and f < 1)):
+            raise ConfigError(f"--ffn must be the FFN channels each layer keeps, an integer >= 1; found {f!r}")
+        h = self.heads
+        if h is not None and (isinstance(h, bool) or not isinstance(h, float) or not 0 < h < 1):
+            raise ConfigError(f"--heads (deprecated: the share of KV groups to remove) must be in the open range "
+                              f"(0, 1); found {h!r}; give the KV groups to keep with --kv-heads N")
+        if h is not None and self.kv_heads is not None:
+            raise ConfigError("--heads is the deprecated spelling of --kv-heads (what stays): give --kv-heads only")
+        for name, lo in (("kv_heads", 1), ("layers", 1), ("vocab", 1), ("kl_group", 1), ("batch", 1), ("seq_len", 2),
                          ("calib_batches", 1), ("vocab_tokens", 1), ("draft_steps", 1), ("recover_steps", 0)):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < lo):
@@ -98,12 +107,24 @@ class PruneConfig:
             raise ConfigError(f"--vocab-source {self.vocab_source!r} is not known; choose {' or '.join(VOCAB_SOURCES)}")
         if not (isinstance(self.recover_lr, (int, float)) and self.recover_lr > 0):
             raise ConfigError(f"--recover-lr must be a positive number, found {self.recover_lr!r}")
-        if all(getattr(self, f) is None for f in ("ffn", "heads", "layers", "vocab")):
-            raise ConfigError("nothing to prune: give at least one of --ffn R, --heads R, --layers N, --vocab N")
+        if all(getattr(self, f) is None for f in ("ffn", "kv_heads", "heads", "layers", "vocab")):
+            raise ConfigError("nothing to prune: give at least one of --ffn N, --kv-heads N, --layers N, --vocab N "
+                              "(what stays)")
 
     @property
     def structural(self) -> bool:
-        return any(getattr(self, f) is not None for f in ("ffn", "heads", "layers"))
+        return any(getattr(self, f) is not None for f in ("ffn", "kv_heads", "heads", "layers"))
+
+    def legacy(self) -> list[tuple[str, str]]:
+        """(old spelling, what to write instead) for each deprecated field this config uses."""
+        out = []
+        if isinstance(self.ffn, float):
+            out.append((f"ffn {self.ffn:g} (the share of FFN channels to remove)",
+                        "give the channels each layer keeps: ffn N (--ffn N)"))
+        if self.heads is not None:
+            out.append((f"heads {self.heads:g} (the share of KV groups to remove)",
+                        "give the KV groups each attention keeps: kv_heads N (--kv-heads N)"))
+        return out
 
     def needs_target(self) -> bool:
         """Whether the run must see the target (calibration signals or recovery)."""
@@ -184,54 +205,73 @@ def _recover(model: Drafter, target: TargetModel, config: PruneConfig, stream: n
     return report.drafter.to(dtype).eval()
 
 
+FLAGS = {"heads": "--kv-heads", "ffn": "--ffn", "layers": "--layers", "vocab": "--vocab"}  # stage -> its option
+
+
+def kept_count(keep: int, n: int, flag: str, what: str) -> int:
+    """`keep` units of `n` stay; RequestError unless 1 <= keep <= n - 1."""
+    if n < 2:
+        raise RequestError(f"{flag}: the drafter has a single {what}; pruning below one {what} is not possible")
+    if not 1 <= keep <= n - 1:
+        raise RequestError(f"{flag} {keep} must be less than the drafter's {n} {what}s (valid range 1..{n - 1}; "
+                           f"it is the number of {what}s to KEEP)")
+    return keep
+
+
 def removed_count(ratio: float, n: int, flag: str, what: str) -> int:
-    """round(ratio * n) units to remove; UsageError unless 1 <= that <= n - 1."""
+    """round(ratio * n) units to remove; RequestError unless 1 <= that <= n - 1."""
     k, lo, hi = int(math.floor(ratio * n + 0.5)), 0.5 / n, (n - 0.5) / n
     if n < 2:
-        raise UsageError(f"{flag}: the drafter has a single {what}; pruning below one {what} is not possible")
+        raise RequestError(f"{flag}: the drafter has a single {what}; pruning below one {what} is not possible")
     if not 1 <= k <= n - 1:
         what_k = f"removes no {what} of {n}" if k < 1 else \
             f"would remove all {n} {what}s, and pruning below one {what} is not possible"
-        raise UsageError(f"{flag} {ratio} {what_k}; valid range [{lo:.4g}, {hi:.4g})")
+        raise RequestError(f"{flag} {ratio} {what_k}; valid range [{lo:.4g}, {hi:.4g})")
     return k
 
 
 def check_request(d: Drafter, config: PruneConfig, *, has_target: bool, has_calib: bool) -> dict[str, int]:
-    """Every impossible request as a UsageError, before any work (a meta-device drafter works too).
+    """Every impossible request as a RequestError, before any work (a meta-device drafter works too).
     Returns the counts: layers / vocab to keep, heads / ffn units to remove per module."""
     c, out = d.config, {}
     quant = [s for s in d.provenance if isinstance(s, Mapping) and s.get("step") == "quantize"]
     if any(getattr(m, "is_quantized", False) for m in d.modules()) or (quant and not quant[-1].get("dequantized")):
-        raise UsageError("this drafter is quantized (its provenance ends in an active quantize step); prune comes "
-                         "before quantize: prune the unquantized drafter, then quantize the result")
+        raise RequestError("this drafter is quantized (its provenance ends in an active quantize step); prune comes "
+                           "before quantize: prune the unquantized drafter, then quantize the result")
     fam = get_family(d.family)
-    for stage in [s for s in ("heads", "ffn") if getattr(config, s) is not None and s not in fam.prunable]:
-        raise UsageError(f"--{stage}: {d.family} drafters support {', '.join('--' + s for s in fam.prunable)}")
+    asked = {"heads": config.kv_heads is not None or config.heads is not None, "ffn": config.ffn is not None}
+    for stage in [s for s in ("heads", "ffn") if asked[s] and s not in fam.prunable]:
+        raise RequestError(f"{FLAGS[stage]}: {d.family} drafters support {', '.join(FLAGS[s] for s in fam.prunable)}")
     if config.layers is not None:
         n = len(layer_stack(d)[1])
         if n < 2:
-            raise UsageError(f"--layers: this {d.family} drafter has a single layer; layer pruning applies to "
-                             f"multi-layer drafters: {families_phrase(lambda f: f.layer_stack is not None)} (with more "
-                             f"than one layer)")
+            raise RequestError(f"--layers: this {d.family} drafter has a single layer; layer pruning applies to "
+                               f"multi-layer drafters: {families_phrase(lambda f: f.layer_stack is not None)} "
+                               f"(with more than one layer)")
         if not config.layers < n:
-            raise UsageError(f"--layers {config.layers} must be less than the drafter's {n} layers "
-                             f"(valid range 1..{n - 1}; it is the number of layers to KEEP)")
+            raise RequestError(f"--layers {config.layers} must be less than the drafter's {n} layers "
+                               f"(valid range 1..{n - 1}; it is the number of layers to KEEP)")
         out["layers"] = config.layers
-    if config.heads is not None:
+    if config.kv_heads is not None:
+        out["heads"] = c.num_key_value_heads - kept_count(config.kv_heads, c.num_key_value_heads, "--kv-heads",
+                                                          "KV group")
+    elif config.heads is not None:
         out["heads"] = removed_count(config.heads, c.num_key_value_heads, "--heads", "KV group")
-    if config.ffn is not None:
+    if isinstance(config.ffn, int):
+        out["ffn"] = c.intermediate_size - kept_count(config.ffn, c.intermediate_size, "--ffn", "FFN channel")
+    elif config.ffn is not None:
         out["ffn"] = removed_count(config.ffn, c.intermediate_size, "--ffn", "FFN channel")
     if config.vocab is not None:
         vocab = get_family(d.family).draft_vocab
         if vocab != "reduced":
             how = "own their vocabulary" if vocab == "own" else "draft through the target's head"
             who = families_phrase(lambda f: f.draft_vocab == "reduced")
-            raise UsageError(f"--vocab: {d.family} drafters {how}; draft-vocabulary pruning is supported for "
-                             f"{who} drafters (their own lm_head, d2t, t2d)")
+            raise RequestError(f"--vocab: {d.family} drafters {how}; draft-vocabulary pruning is supported for "
+                               f"{who} drafters (their own lm_head, d2t, t2d)")
         if not config.vocab <= c.draft_vocab_size:
-            raise UsageError(f"--vocab {config.vocab} is larger than the drafter's draft vocabulary "
-                             f"({c.draft_vocab_size}; the target's vocabulary is {c.vocab_size}); valid range "
-                             f"1..{c.draft_vocab_size}")
+            raise RequestError(f"--vocab {config.vocab} is larger than the drafter's draft vocabulary "
+                               f"({c.draft_vocab_size}; the target's vocabulary is {c.vocab_size}); valid range "
+                               f"1..{c.draft_vocab_size}")
         out["vocab"] = config.vocab
     why = (f"--importance {config.importance}" if config.structural and config.importance != "magnitude" else
            "--recover-steps" if config.recover_steps else f"--vocab (with --vocab-source {config.vocab_source})")
@@ -325,7 +365,7 @@ def slice_ffn(d: Drafter, keep: Mapping[str, Tensor]) -> Drafter:
     """Keep channels keep[path] (sorted ids, the same count for every MLP) of each MLP."""
     sizes = {len(v) for v in keep.values()}
     if set(keep) != set(mlps(d)) or len(sizes) != 1:
-        raise UsageError("slice_ffn needs the kept channels of every MLP, the same count in each")
+        raise RequestError("slice_ffn needs the kept channels of every MLP, the same count in each")
     sd = _state(d)
     for p, idx in keep.items():
         idx = idx.to(sd[f"{p}.gate_proj.weight"].device)
@@ -341,7 +381,7 @@ def slice_heads(d: Drafter, keep: Mapping[str, Tensor]) -> Drafter:
     attn = attentions(d)
     sizes = {len(v) for v in keep.values()}
     if set(keep) != set(attn) or len(sizes) != 1:
-        raise UsageError("slice_heads needs the kept KV groups of every attention, the same count in each")
+        raise RequestError("slice_heads needs the kept KV groups of every attention, the same count in each")
     sd = _state(d)
     for p, groups in keep.items():
         a = attn[p]
@@ -367,11 +407,11 @@ def drop_layers(d: Drafter, keep: Sequence[int]) -> Drafter:
     path, stack = layer_stack(d)
     keep = list(keep)
     if not keep or sorted(set(keep)) != keep or keep[-1] >= len(stack) or keep[0] < 0:
-        raise UsageError(f"layers to keep must be distinct ascending indices in 0..{len(stack) - 1}, got {keep}")
+        raise RequestError(f"layers to keep must be distinct ascending indices in 0..{len(stack) - 1}, got {keep}")
     fam = get_family(d.family)
     gone = [i for i in fam.pinned_layers if i not in keep]
     if gone:
-        raise UsageError(f"a {d.family} drafter's layer(s) {gone} cannot be removed: {fam.note}")
+        raise RequestError(f"a {d.family} drafter's layer(s) {gone} cannot be removed: {fam.note}")
     pre = path + "."
     sd = {}
     for k, v in _state(d).items():
@@ -389,11 +429,11 @@ def shrink_vocab(d: Drafter, target_ids: Tensor) -> Drafter:
     their lm_head rows; d2t / t2d rebuilt (target id = draft id + d2t[draft id])."""
     if get_family(d.family).draft_vocab != "reduced":
         who = families_phrase(lambda f: f.draft_vocab == "reduced")
-        raise UsageError(f"draft-vocabulary pruning is supported for {who} drafters, not {d.family}")
+        raise RequestError(f"draft-vocabulary pruning is supported for {who} drafters, not {d.family}")
     v = d.config.vocab_size
     ids = torch.unique(torch.as_tensor(target_ids, dtype=torch.long).cpu())  # sorted, distinct
     if ids.numel() < 1 or int(ids[0]) < 0 or int(ids[-1]) >= v or not bool(d.t2d.cpu()[ids].all()):
-        raise UsageError("the kept draft tokens must be target ids already in the drafter's draft vocabulary")
+        raise RequestError("the kept draft tokens must be target ids already in the drafter's draft vocabulary")
     old = d.to_target_ids(torch.arange(d.config.draft_vocab_size, device=d.d2t.device)).cpu()
     inv = torch.full((v,), -1, dtype=torch.long)
     inv[old] = torch.arange(old.numel())

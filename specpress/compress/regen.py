@@ -31,7 +31,7 @@ from torch import Tensor
 
 from specpress.artifacts import check_new, write_json
 from specpress.compress.training import data_fingerprint, module_fingerprint
-from specpress.errors import ConfigError, DataError, UsageError
+from specpress.errors import ConfigError, DataError, RequestError
 from specpress.models.target import TargetModel
 from specpress.runtime.sampling import SamplingParams, sample
 
@@ -116,8 +116,8 @@ def _start(out: Path, key: dict[str, Any], resume: bool) -> dict[str, Any]:
     if state.get("key") != key:
         old = state.get("key", {})
         diff = sorted(k for k in set(old) | set(key) if old.get(k) != key.get(k))
-        raise UsageError(f"--resume: {part} was written by a different run (differs in {', '.join(diff)}); "
-                         f"{_START_OVER.format(part=part)}")
+        raise RequestError(f"--resume: {part} was written by a different run (differs in {', '.join(diff)}); "
+                           f"{_START_OVER.format(part=part)}")
     return state
 
 
@@ -127,14 +127,14 @@ _START_OVER = "delete {part} (or run regenerate again with --force instead of --
 def _read_state(out: Path) -> dict[str, Any]:
     part, state_path = _partial(out)
     if not state_path.exists() or not part.exists():
-        raise UsageError(f"--resume: no interrupted run to continue ({part} or its .state is missing); "
-                         f"{_START_OVER.format(part=part)}")
+        raise RequestError(f"--resume: no interrupted run to continue ({part} or its .state is missing); "
+                           f"{_START_OVER.format(part=part)}")
     try:
         state = json.loads(state_path.read_text())
     except (OSError, ValueError, RecursionError) as exc:
-        raise UsageError(f"--resume: cannot read {state_path} ({exc}); {_START_OVER.format(part=part)}") from None
+        raise RequestError(f"--resume: cannot read {state_path} ({exc}); {_START_OVER.format(part=part)}") from None
     if not isinstance(state, dict) or not isinstance(state.get("stats"), dict):
-        raise UsageError(f"--resume: {state_path} is not a regenerate state; {_START_OVER.format(part=part)}")
+        raise RequestError(f"--resume: {state_path} is not a regenerate state; {_START_OVER.format(part=part)}")
     return state
 
 
@@ -151,12 +151,12 @@ def _continue_from(part: Path, state: dict[str, Any]) -> Any:
     with the fix, never padded with NUL bytes or continued."""
     n, done = state.get("bytes"), state.get("done")
     if not isinstance(n, int) or not isinstance(done, int) or n < 0 or done < 0:
-        raise UsageError(f"--resume: {part}.state records no valid length ({n!r} bytes after {done!r} sequences); "
-                         f"{_START_OVER.format(part=part)}")
+        raise RequestError(f"--resume: {part}.state records no valid length ({n!r} bytes after {done!r} sequences); "
+                           f"{_START_OVER.format(part=part)}")
     size = part.stat().st_size
     if size < n:
-        raise UsageError(f"--resume: {part} holds {size:,} bytes but {done} sequence(s) were recorded in its first "
-                         f"{n:,}: it was cut short since; {_START_OVER.format(part=part)}")
+        raise RequestError(f"--resume: {part} holds {size:,} bytes but {done} sequence(s) were recorded in its first "
+                           f"{n:,}: it was cut short since; {_START_OVER.format(part=part)}")
     digest = hashlib.sha256()
     with open(part, "rb") as f:
         left = n
@@ -167,8 +167,8 @@ def _continue_from(part: Path, state: dict[str, Any]) -> Any:
             digest.update(chunk)
             left -= len(chunk)
     if "sha256" in state and digest.hexdigest() != state["sha256"]:
-        raise UsageError(f"--resume: the first {n:,} bytes of {part} are not the {done} sequence(s) the interrupted "
-                         f"run wrote (sha256 differs): it was changed since; {_START_OVER.format(part=part)}")
+        raise RequestError(f"--resume: the first {n:,} bytes of {part} are not the {done} sequence(s) the interrupted "
+                           f"run wrote (sha256 differs): it was changed since; {_START_OVER.format(part=part)}")
     return digest
 
 
@@ -234,7 +234,7 @@ def regenerated_stream(target: TargetModel, tokenizer: Any, stream: np.ndarray, 
 
     out = Path(out).expanduser()
     if tokenizer is None or not target.config.eos_ids:
-        raise UsageError("regenerating training data needs the target's tokenizer.json and an eos_token_id")
+        raise RequestError("regenerating training data needs the target's tokenizer.json and an eos_token_id")
     if not out.is_file():
         log(f"regenerating {cfg.sequences} sequences with the target into {out} (once; later runs reuse it)")
         regenerate(target, tokenizer, stream, cfg, out, resume=_partial(out)[0].exists(), source=source)

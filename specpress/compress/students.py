@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError, UsageError
 from specpress.models.drafter import Drafter, DrafterConfig, build_drafter, get_family
 from specpress.models.family import StudentSpec
 from specpress.models.target import TargetConfig, TargetModel
@@ -32,18 +32,18 @@ def student_config(config: "DistillConfig", t: TargetConfig, teacher: Drafter | 
     fam = get_family(config.family)
     hidden = config.hidden or t.hidden_size
     if fam.draft_vocab != "own" and hidden != t.hidden_size:
-        raise UsageError(f"{fam.name} drafters share the target's embeddings, so their hidden size must be the "
-                         f"target's ({t.hidden_size}), not {hidden}; shrink them with --ffn, --heads, --kv-heads or "
-                         f"--layers")
+        raise RequestError(f"{fam.name} drafters share the target's embeddings, so their hidden size must be the "
+                           f"target's ({t.hidden_size}), not {hidden}; shrink them with --ffn, --heads, --kv-heads or "
+                           f"--layers")
     heads = config.heads or t.num_attention_heads
     assert t.num_key_value_heads is not None
     kv = config.kv_heads or (t.num_key_value_heads if heads % t.num_key_value_heads == 0 else heads)
     same_heads = heads == t.num_attention_heads and hidden == t.hidden_size
     head_dim = t.head_dim if same_heads else None
     if head_dim is None and hidden % heads:
-        raise UsageError(f"hidden size {hidden} is not divisible by {heads} heads; choose --heads that divides it")
+        raise RequestError(f"hidden size {hidden} is not divisible by {heads} heads; choose --heads that divides it")
     if heads % kv:
-        raise UsageError(f"{heads} heads are not a multiple of {kv} KV heads; choose --kv-heads that divides --heads")
+        raise RequestError(f"{heads} heads are not a multiple of {kv} KV heads; choose --kv-heads that divides --heads")
     shape = dict(vocab_size=t.vocab_size, hidden_size=hidden, intermediate_size=config.ffn or t.intermediate_size,
                  num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim, rms_norm_eps=t.rms_norm_eps,
                  max_position_embeddings=t.max_position_embeddings, rope=t.rope)
@@ -61,7 +61,7 @@ def draft_vocab_by_frequency(stream: np.ndarray, vocab_size: int, n: int,
     if allowed is not None:
         ok = allowed.cpu().numpy().astype(bool)
         if int(ok.sum()) < n:
-            raise UsageError(f"a draft vocabulary of {n} cannot be drawn from the {int(ok.sum())} allowed ids")
+            raise RequestError(f"a draft vocabulary of {n} cannot be drawn from the {int(ok.sum())} allowed ids")
         counts[~ok] = -1.0
     order = np.lexsort((np.arange(vocab_size), -counts))
     return torch.from_numpy(np.sort(order[:n])).long()

@@ -1,4 +1,4 @@
-"""One ONNX graph per computation a DrafterRunner call needs, per family, built from the module's weights.
+"""One ONNX graph per computation a drafter runner call needs, per family, built from the module's weights.
 
 Graph I/O (B = 1; dims: tokens T, past P, total = P + T (+ C for dflash), context C, block Bk, words W):
 
@@ -29,7 +29,7 @@ from typing import Any, Callable
 from onnx import TensorProto
 from torch import Tensor, nn
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError
 from specpress.export.blocks import Ctx, decoder_layer, linear, mlp, np_of, rms_norm, rotary, self_attention
 from specpress.export.graph import NP_TYPES
 from specpress.manifest import GraphRole
@@ -268,7 +268,7 @@ def export_family(name: str) -> ExportFamily:
     try:
         return EXPORTS[name]
     except KeyError:
-        raise UsageError(f"no ONNX export for drafter family {name!r}; exportable: {', '.join(EXPORTS)}") from None
+        raise RequestError(f"no ONNX export for drafter family {name!r}; exportable: {', '.join(EXPORTS)}") from None
 
 
 def build_graphs(drafter: Any, new: NewCtx) -> tuple[dict[str, Ctx], dict[str, GraphRole]]:

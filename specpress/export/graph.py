@@ -66,7 +66,7 @@ class Graph:
 
     def shared_init(self, array: np.ndarray, key: str) -> str:
         """An initializer shared with the target (embeddings, head): a stable name, stored beside the
-        graphs in one file that every graph of the export references (see export/save.py)."""
+        graphs in one file that every graph of the export references (see `_write_shared` in export/onnx.py)."""
         name = f"shared.{key}"
         if name not in self.shared:
             t = numpy_helper.from_array(np.ascontiguousarray(array), name)

@@ -1,9 +1,11 @@
-"""Export on demand: `--backend onnxruntime --drafter <drafter artifact>` runs the drafter's ONNX export,
-made once into `$SPECPRESS_CACHE/onnx/<key>` and reused while the drafter, the target and the options
-are unchanged (key: the drafter's config + weight bytes, the target's config + weight file sizes and
-times, the export options and the specpress version). `--target-backend onnxruntime` likewise runs the
-target's `export target`, made once into `$SPECPRESS_CACHE/onnx-target/<key>`. The command calls these,
-never the backend.
+"""Export on demand: what a backend reads, made from what the user gave. `--backend onnxruntime --drafter
+<drafter artifact>` runs the drafter's ONNX export, made once into `$SPECPRESS_CACHE/onnx/<key>` and reused
+while the drafter, the target and the options are unchanged (key: the drafter's config + weight bytes, the
+target's config + weight file sizes and times, the export options and the specpress version).
+`--target-backend onnxruntime` likewise runs the target's `export target`, made once into
+`$SPECPRESS_CACHE/onnx-target/<key>`. `runner_input` / `target_input` decide it from the backend's `reads`
+(runtime/backends registry); the commands and the sweep call them, never the backend (export/ validates
+through the runtime, so the runtime does not import export/).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Callable
 
 from specpress import __version__
 from specpress.artifacts import artifact_kind
-from specpress.errors import SpecpressError
+from specpress.errors import SpecpressError, UsageError
 from specpress.export.onnx import ExportOptions, export_from_dirs
 from specpress.export.target import TargetExportOptions, export_target_from_dir
 from specpress.manifest import open_export, open_target_export
@@ -72,6 +74,32 @@ def exported_target_for(target_dir: str | Path, options: TargetExportOptions = T
     forced = dataclasses.replace(options, force=True)
     return _reuse_or_export(out, f"target {target_dir}", open_target_export,
                             lambda o: export_target_from_dir(target_dir, o, forced, progress), progress)
+
+
+def runner_input(backend: str, drafter_dir: str | Path, target_dir: str | Path,
+                 progress: Callable[[str], None] = lambda s: None) -> Path:
+    """What `--backend` reads for `--drafter drafter_dir`: a drafter artifact given to a backend that reads an
+    ONNX export is exported first (once, cached); any other directory as it is (the backend checks it)."""
+    from specpress.runtime.backends import get_backend, is_drafter_artifact
+
+    path = Path(drafter_dir).expanduser()
+    if get_backend(backend).reads == "onnx" and is_drafter_artifact(path):
+        return exported_dir_for(path, target_dir, progress=progress)[0]
+    return path
+
+
+def target_input(backend: str, target_dir: str | Path, dtype: str,
+                 progress: Callable[[str], None] = lambda s: None) -> Path:
+    """What `--target-backend` reads for the target: the directory itself, or for a backend that reads ONNX
+    the target's `export target` in `dtype` (once, cached; fp32 or fp16)."""
+    from specpress.runtime.backends import get_backend
+
+    if get_backend(backend).reads != "onnx":
+        return Path(target_dir)
+    if dtype == "bf16":
+        raise UsageError(f"--target-backend {backend} runs an fp32 or fp16 export (onnxruntime's CPU kernels have no "
+                         f"bf16); pass --dtype fp32 or fp16")
+    return exported_target_for(target_dir, TargetExportOptions(dtype=dtype), progress=progress)[0]
 
 
 def _stderr(message: str) -> None:

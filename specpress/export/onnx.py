@@ -25,7 +25,7 @@ from onnx.external_data_helper import set_external_data
 
 from specpress import __version__
 from specpress.artifacts import atomic_dir
-from specpress.errors import UsageError
+from specpress.errors import RequestError, UsageError
 from specpress.export import ops
 from specpress.export.blocks import Ctx
 from specpress.export.families import build_graphs, cache_dims
@@ -98,8 +98,8 @@ def require_onnxruntime() -> Any:
     try:
         import onnxruntime
     except ImportError as exc:
-        raise UsageError(f"exporting validates every graph with onnxruntime, which is not installed ({exc}); "
-                         f"pip install 'specpress[ort]'") from None
+        raise RequestError(f"exporting validates every graph with onnxruntime, which is not installed ({exc}); "
+                           f"pip install 'specpress[ort]'") from None
     return onnxruntime
 
 
@@ -163,8 +163,8 @@ def export_onnx(drafter: Any, out: str | Path, options: ExportOptions = ExportOp
                 progress: Callable[[str], None] = lambda s: None, *, target: Any = None) -> ExportReport:
     """Export `drafter` (attached to `target`, a TargetModel) to `out`; see the module docstring."""
     if target is None:
-        raise UsageError("export_onnx validates the export on real drafting rounds, which the target verifies: "
-                         "pass target=<the TargetModel the drafter is attached to>")
+        raise RequestError("export_onnx validates the export on real drafting rounds, which the target verifies: "
+                           "pass target=<the TargetModel the drafter is attached to>")
     ort = require_onnxruntime()
     t0 = time.perf_counter()
     o = options

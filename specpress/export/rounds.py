@@ -29,12 +29,13 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError
 from specpress.export.families import graph_role
 from specpress.export.validate import ExportValidationError, check, errors_of, reference, worst
 from specpress.models.drafter import get_family
-from specpress.runtime.backends.onnxruntime import load_runner
-from specpress.runtime.backends.torch import TorchDrafterRunner, as_target_runner
+from specpress.runtime.backends.base import AnyDrafter, TargetRunner
+from specpress.runtime.backends.onnxruntime.runner import load_runner
+from specpress.runtime.backends.torch.runner import TorchTarget, drafter_runner
 from specpress.runtime.drafting import draft_slots, make_session
 from specpress.runtime.loop import target_capacity
 from specpress.runtime.policy import DynamicPolicy, Policy, TreePolicy, parse_policy
@@ -109,12 +110,14 @@ class _Recorded:
 
 
 def round_prompts(target: Any, n: int = PROMPTS, length: int = PROMPT_LEN) -> list[list[int]]:
-    """n prompts of `length` tokens: seed ids spread over the vocabulary, continued greedily by the target."""
+    """n prompts of `length` tokens: seed ids spread over the vocabulary, continued greedily by the target
+    (a TargetModel)."""
     from specpress.runtime.plain import decode_plain
 
     v = target.config.vocab_size
     seeds = [1 + (v - 2) * (i + 1) // (n + 1) for i in range(n)]
-    return [[s] + decode_plain(target, [s], length - 1, eos_ids=()).tokens[:length - 1] for s in seeds]
+    runner = TorchTarget(target)
+    return [[s] + decode_plain(runner, [s], length - 1, eos_ids=()).tokens[:length - 1] for s in seeds]
 
 
 def ranks_read(policy: Policy) -> int:
@@ -149,19 +152,19 @@ def _same(a: Any, b: Any) -> bool:
 
 
 @torch.inference_mode()
-def lockstep(target: Any, first: Any, second: Any, prompt: Sequence[int], new_tokens: int, policy: Policy,
-             judge: Callable[[bool], None], follow: bool = False, max_rounds: int | None = None) -> list[int]:
-    """Decode `prompt` at temperature 0 with one draft session per runner (DrafterRunner) in lockstep: each
+def lockstep(tgt: TargetRunner, first: AnyDrafter, second: AnyDrafter, prompt: Sequence[int], new_tokens: int,
+             policy: Policy, judge: Callable[[bool], None], follow: bool = False,
+             max_rounds: int | None = None) -> list[int]:
+    """Decode `prompt` at temperature 0 with one draft session per drafter runner in lockstep: each
     round both propose under the same root, `judge(same_tree)` is told whether they drafted the same tree,
     the first tree is verified and both sessions accept its result. Trees that differ end the prompt, or
     with `follow` (feature and block sessions only: their accept re-feeds the committed tokens and keeps
     nothing of their own proposal) the second session follows the first's committed path. Stops after
     `new_tokens` tokens or `max_rounds` rounds. Returns the emitted tokens."""
-    tgt = as_target_runner(target)
     kind = get_family(first.family).session
     if follow and kind not in ("feature", "block"):
-        raise UsageError(f"{kind} sessions keep their own fed draft slots after accept; they cannot follow "
-                         f"another session's tree (follow=False)")
+        raise RequestError(f"{kind} sessions keep their own fed draft slots after accept; they cannot follow "
+                           f"another session's tree (follow=False)")
     params, dev = SamplingParams(), tgt.device
     capacity = target_capacity(tgt, len(prompt), new_tokens, policy)
     cache = tgt.new_cache(capacity)
@@ -215,5 +218,5 @@ def validate_rounds(ref: Any, target: Any, export_dir: str | Path, *, policy: st
 
     for prompt in prompts:
         log.logits.clear()
-        lockstep(target, TorchDrafterRunner(ref), runner, prompt, new_tokens, pol, judge, max_rounds=rounds)
+        lockstep(TorchTarget(target), drafter_runner(ref), runner, prompt, new_tokens, pol, judge, max_rounds=rounds)
     return RoundsReport(name, len(prompts), counts["rounds"], counts["agree"], counts["ties"], log.errors)

@@ -110,11 +110,12 @@ def decode_agreement(target: Any, onnx_target: Any, tolerance: float) -> dict[st
     """Greedy decoding of DECODE_PROMPTS prompts through `onnx_target` (an OnnxTarget) and the torch target.
     A prompt whose tokens differ is a near tie when, at the first differing token, the torch logits of the
     two choices are within max(NEAR_TIE_REL, `tolerance`) of the row's largest |logit|; otherwise it differs."""
+    from specpress.runtime.backends.torch.runner import TorchTarget
     from specpress.runtime.plain import decode_plain
 
     agree = near = differ = 0
     for p in round_prompts(target, DECODE_PROMPTS):
-        a = decode_plain(target, p, DECODE_TOKENS, eos_ids=()).tokens
+        a = decode_plain(TorchTarget(target), p, DECODE_TOKENS, eos_ids=()).tokens
         b = decode_plain(onnx_target, p, DECODE_TOKENS, eos_ids=()).tokens
         if a == b:
             agree += 1
@@ -133,7 +134,7 @@ def decode_agreement(target: Any, onnx_target: Any, tolerance: float) -> dict[st
 def export_target(target: Any, out: str | Path, options: TargetExportOptions = TargetExportOptions(),
                   progress: Callable[[str], None] = lambda s: None) -> TargetExportReport:
     """Export `target` (a TargetModel, fp32) to `out`; see the module docstring."""
-    from specpress.runtime.backends.onnxruntime import load_target_runner
+    from specpress.runtime.backends.onnxruntime.runner import load_target_runner
 
     ort = require_onnxruntime()
     t0 = time.perf_counter()

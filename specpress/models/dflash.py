@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Mapping
 import torch
 from torch import Tensor, nn
 
-from specpress.errors import ConfigError, UsageError
+from specpress.errors import ConfigError, RequestError
 from specpress.models import forced
 from specpress.models.drafter import Drafter, LlamaDrafterConfig, as_int_tuple, register_family
 from specpress.models.family import DistillDefaults, StudentSpec
@@ -164,8 +164,8 @@ class DFlashDrafter(Drafter):
     def make_block(self, anchor_ids: Tensor, block_size: int | None = None) -> Tensor:
         """anchor_ids [B] -> block ids [B, Bk] = [anchor, MASK x (Bk-1)] (Bk defaults to block_size)."""
         if self.config.mask_token_id is None:
-            raise UsageError("this dflash drafter's config has no mask_token_id (dflash_config.mask_token_id); "
-                             "set one (any token id works, e.g. the pad id) before drafting")
+            raise RequestError("this dflash drafter's config has no mask_token_id (dflash_config.mask_token_id); "
+                               "set one (any token id works, e.g. the pad id) before drafting")
         n = block_size or self.config.block_size
         block = anchor_ids.new_full((anchor_ids.shape[0], n), self.config.mask_token_id)
         block[:, 0] = anchor_ids
@@ -288,14 +288,14 @@ def student_config(shape: Mapping[str, Any], spec: StudentSpec, target: TargetCo
         bad = [i for i in spec.taps if not 1 <= i <= target.num_hidden_layers]
         if bad:
             n = target.num_hidden_layers
-            raise UsageError(f"--taps {bad} out of range for dflash: HF hidden_states indices 1..{n} "
-                             f"(the output of layer i-1; {n} = the final normed hidden)")
+            raise RequestError(f"--taps {bad} out of range for dflash: HF hidden_states indices 1..{n} "
+                               f"(the output of layer i-1; {n} = the final normed hidden)")
         ids = tuple(sorted({i - 1 for i in spec.taps}))
     else:
         ids = tuple(sorted(set(default_target_layer_ids(target.num_hidden_layers, n_layers))))
     mask = spec.mask_token_id if spec.mask_token_id is not None else 0
     if not 0 <= mask < target.vocab_size:
-        raise UsageError(f"--mask-token-id {mask} is outside the target's vocabulary 0..{target.vocab_size - 1}")
+        raise RequestError(f"--mask-token-id {mask} is outside the target's vocabulary 0..{target.vocab_size - 1}")
     return DFlashConfig(**shape, num_hidden_layers=n_layers, num_target_layers=target.num_hidden_layers,
                         block_size=spec.block_size, mask_token_id=mask, target_layer_ids=ids,
                         markov_rank=spec.markov_rank or 0)

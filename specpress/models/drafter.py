@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Self
 import torch
 from torch import Tensor, nn
 
-from specpress.errors import CheckpointError, ConfigError, UsageError
+from specpress.errors import CheckpointError, ConfigError, RequestError
 from specpress.config import config_kwargs
 from specpress.models.family import REQUIRED_TRAITS, TRAITS, Family
 from specpress.models.io import load_into
@@ -240,8 +240,8 @@ class Drafter(nn.Module):
     @property
     def shared(self) -> SharedModules:
         if self._shared is None:
-            raise UsageError(f"this {self.family} drafter borrows the target's embeddings/head: call "
-                             f"drafter.attach_target(target) (or load_drafter(path, target=...)) first")
+            raise RequestError(f"this {self.family} drafter borrows the target's embeddings/head: call "
+                               f"drafter.attach_target(target) (or load_drafter(path, target=...)) first")
         return self._shared
 
     def _mismatch(self, what: str, mine: Any, theirs: Any) -> None:
@@ -267,7 +267,7 @@ class Drafter(nn.Module):
         """TargetOutput.taps -> [B, T, len(self.taps) * H_t], concatenated in self.taps order."""
         missing = [i for i in self.taps if i not in taps]
         if missing:
-            raise UsageError(f"target taps {missing} were not computed; run the target with taps=drafter.taps")
+            raise RequestError(f"target taps {missing} were not computed; run the target with taps=drafter.taps")
         return torch.cat([taps[i] for i in self.taps], dim=-1)
 
     def embed(self, ids: Tensor) -> Tensor:
@@ -304,7 +304,7 @@ class Drafter(nn.Module):
         for p in self.parameters():
             if p.is_floating_point():
                 return p
-        raise UsageError(f"{self.family} drafter has no floating-point parameters")
+        raise RequestError(f"{self.family} drafter has no floating-point parameters")
 
     # -- checkpoint names -------------------------------------------------------------------------
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, Sequence
 
 import torch
 from torch import nn
 
 from specpress.artifacts import atomic_dir, write_json
-from specpress.errors import CheckpointError, ConfigError
+from specpress.errors import CheckpointError, ConfigError, RequestError
 from specpress.models.drafter import Drafter, get_family
 from specpress.models.io import check_finite, read_config, read_weights, save_weights, tensor_index
 from specpress.models.layers import Rotary
@@ -161,6 +161,20 @@ def load_drafter(path: str | Path, target: "TargetModel | None" = None, *,
     model.attach_target(target)
     model.fingerprint_mismatch = fingerprint_diff(saved, model.target_fingerprint)
     return model
+
+
+def load_drafter_for(target: "TargetModel", path: str | Path, *, strict: bool = False,
+                     warn: Callable[[str], None] = print) -> Drafter:
+    """`load_drafter(path, target)` for decoding against `target`: a drafter built for another target (its
+    recorded fingerprint differs) warns through `warn`, or fails with `strict`, since acceptance will suffer."""
+    drafter = load_drafter(path, target)
+    if drafter.fingerprint_mismatch:
+        msg = (f"drafter {path} was built for a different target (differs in "
+               f"{', '.join(drafter.fingerprint_mismatch)}); acceptance will suffer")
+        if strict:
+            raise RequestError(msg + "; drop --strict to run it anyway")
+        warn("warning: " + msg)
+    return drafter
 
 
 def fingerprint_diff(saved: dict | None, current: dict | None) -> list[str]:

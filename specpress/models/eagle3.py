@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Mapping
 import torch
 from torch import Tensor, nn
 
-from specpress.errors import CheckpointError, ConfigError, UsageError
+from specpress.errors import CheckpointError, ConfigError, RequestError
 from specpress.models import forced
 from specpress.models.drafter import Drafter, LlamaDrafterConfig, as_int_tuple, register_family
 from specpress.models.family import DistillDefaults, StudentSpec
@@ -117,8 +117,8 @@ class Eagle3Drafter(Drafter):
         if self.config.target_layer_ids is not None:
             return self.config.target_layer_ids
         if self._shared is None:
-            raise UsageError("this eagle3 drafter uses the default taps (2, L//2, L-3) of its target: "
-                             "attach_target(target) first")
+            raise RequestError("this eagle3 drafter uses the default taps (2, L//2, L-3) of its target: "
+                               "attach_target(target) first")
         return default_taps(self._shared.target_config.num_hidden_layers)
 
     def check_target(self, target: TargetConfig) -> None:
@@ -162,7 +162,7 @@ class Eagle3Drafter(Drafter):
         """Use target ids [Vd] (distinct, ascending) as the draft vocabulary: sets d2t and t2d."""
         ids = torch.as_tensor(target_ids, dtype=torch.long, device=self.d2t.device)
         if ids.shape != self.d2t.shape or (ids.numel() > 1 and not bool((ids[1:] > ids[:-1]).all())):
-            raise UsageError(f"draft vocab must be {self.config.draft_vocab_size} distinct ascending target ids")
+            raise RequestError(f"draft vocab must be {self.config.draft_vocab_size} distinct ascending target ids")
         self.d2t.copy_(ids - torch.arange(ids.numel(), device=ids.device))
         self.t2d.zero_()
         self.t2d[ids] = True
@@ -267,15 +267,15 @@ def student_config(shape: Mapping[str, Any], spec: StudentSpec, target: TargetCo
     """A fresh student for distill: one layer, `spec.draft_vocab` draft tokens (default the --from drafter's,
     else min(V, 32000)) within the teacher's, reading `spec.taps`."""
     if spec.layers not in (None, 1):
-        raise UsageError(f"eagle3 drafters have exactly one layer (midlayer); --layers {spec.layers} is not possible")
+        raise RequestError(f"eagle3 drafters have exactly one layer (midlayer); --layers {spec.layers} is not possible")
     n = spec.draft_vocab
     if n is None:
         n = teacher.draft_vocab_size if teacher is not None else min(target.vocab_size, MAX_DRAFT_VOCAB)
     if teacher is not None and n > teacher.draft_vocab_size:
-        raise UsageError(f"--draft-vocab {n} is larger than the --from drafter's draft vocabulary "
-                         f"({teacher.draft_vocab_size}); the student's must be a subset of it")
+        raise RequestError(f"--draft-vocab {n} is larger than the --from drafter's draft vocabulary "
+                           f"({teacher.draft_vocab_size}); the student's must be a subset of it")
     if n > target.vocab_size:
-        raise UsageError(f"--draft-vocab {n} is larger than the target's vocabulary ({target.vocab_size})")
+        raise RequestError(f"--draft-vocab {n} is larger than the target's vocabulary ({target.vocab_size})")
     return Eagle3Config(**shape, draft_vocab_size=n, target_layer_ids=spec.taps)
 
 

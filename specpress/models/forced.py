@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError
 from specpress.models.kv import KVCache
 
 if TYPE_CHECKING:
@@ -154,8 +154,8 @@ def chain(d: "Drafter", ids: Tensor, feats: Tensor | None, *, steps: int = 1, sp
     t = ids.shape[1]
     n = t - steps - 1 if span is None else span
     if n < 1 or n + steps > t:
-        raise UsageError(f"windows of {t} tokens are too short for {steps} chained draft steps; "
-                         f"use --seq-len >= {steps + 2}")
+        raise RequestError(f"windows of {t} tokens are too short for {steps} chained draft steps; "
+                           f"use --seq-len >= {steps + 2}")
     return Forced(steps=unroll(d, feats[:, :n], ids, steps, n))  # type: ignore[arg-type]
 
 
@@ -183,7 +183,7 @@ def block_inputs(d: "Drafter", ids: Tensor, anchors: Tensor, block: int) -> tupl
 def spaced_anchors(batch: int, t: int, block: int, device: torch.device) -> Tensor:
     """[B, N] anchors every `block` tokens from 1 (non-overlapping blocks, every label inside the window)."""
     if t - block < 1:
-        raise UsageError(f"windows of {t} tokens are too short for blocks of {block}; use --seq-len >= {block + 2}")
+        raise RequestError(f"windows of {t} tokens are too short for blocks of {block}; use --seq-len >= {block + 2}")
     return torch.arange(1, t - block + 1, block, device=device).expand(batch, -1)
 
 

@@ -11,7 +11,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError
 
 
 class KVCache:
@@ -36,8 +36,8 @@ class KVCache:
     def reserve(self, t: int) -> int:
         """Check that `t` more tokens fit; return the current length (the slot the first one takes)."""
         if self.length + t > self.capacity:
-            raise UsageError(f"KV cache holds {self.capacity} tokens; {self.length + t} needed "
-                             f"(allocate a larger cache with new_cache(max_len))")
+            raise RequestError(f"KV cache holds {self.capacity} tokens; {self.length + t} needed "
+                               f"(allocate a larger cache with new_cache(max_len))")
         return self.length
 
     def crop(self, length: int) -> None:

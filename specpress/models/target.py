@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from specpress.errors import CheckpointError, ConfigError, UsageError
+from specpress.errors import CheckpointError, ConfigError, RequestError
 from specpress.models.kv import Fp8KVCache, KVCache
 from specpress.models.layers import (MLP, RMSNorm, RopeConfig, Rotary, apply_rotary, attention, resolve_mask,
                                      resolve_positions)
@@ -264,8 +264,8 @@ class TargetModel(nn.Module):
         c = self.config
         assert c.num_key_value_heads is not None and c.head_dim is not None
         if max_len > c.max_context:
-            raise UsageError(f"requested {max_len} tokens but the model's context is {c.max_context} "
-                             f"(max_position_embeddings / sliding_window); use a shorter prompt or fewer new tokens")
+            raise RequestError(f"requested {max_len} tokens but the model's context is {c.max_context} "
+                               f"(max_position_embeddings / sliding_window); use a shorter prompt or fewer new tokens")
         w = self.lm_head.weight
         cls = Fp8KVCache if getattr(self, "kv_cache_format", "none") == "fp8" else KVCache  # an lm drafter's
         return cls(c.num_hidden_layers, batch, c.num_key_value_heads, max_len, c.head_dim, w.dtype, w.device)

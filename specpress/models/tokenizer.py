@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specpress.errors import CheckpointError, UsageError
+from specpress.errors import CheckpointError, RequestError
 
 
 def load_tokenizer(model_dir: str | Path):  # -> tokenizers.Tokenizer
@@ -12,8 +12,8 @@ def load_tokenizer(model_dir: str | Path):  # -> tokenizers.Tokenizer
 
     f = Path(model_dir).expanduser() / "tokenizer.json"
     if not f.is_file():
-        raise UsageError(f"{model_dir} has no tokenizer.json, needed to encode text; copy the model's "
-                         f"tokenizer.json into it")
+        raise RequestError(f"{model_dir} has no tokenizer.json, needed to encode text; copy the model's "
+                           f"tokenizer.json into it")
     try:
         return Tokenizer.from_file(str(f))
     except Exception as exc:  # tokenizers raises a plain Exception subclass for bad files

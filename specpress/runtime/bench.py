@@ -9,7 +9,7 @@ import torch
 
 from specpress.models.target import TargetModel, load_target
 from specpress.models.tokenizer import load_tokenizer
-from specpress.runtime.backends.base import TargetRunner
+from specpress.runtime.backends.base import AnyDrafter, TargetRunner
 from specpress.runtime.coverage import eval_coverage
 from specpress.runtime.metrics import compare_metrics, plain_metrics, spec_metrics
 from specpress.runtime.plain import check_fits, decode_plain
@@ -25,29 +25,13 @@ def load_bench_inputs(target_dir: str | Path, prompts_file: str | Path, dtype: s
     return target, prompts
 
 
-def load_drafter_for(target: TargetModel, drafter_dir: str | Path, *, strict: bool = False,
-                     warn: Callable[[str], None] = print) -> Any:
-    """Load a drafter against `target`; a drafter built for another target warns, or fails with strict."""
-    from specpress.errors import UsageError
-    from specpress.models.drafter_io import load_drafter
-
-    drafter = load_drafter(drafter_dir, target)
-    if drafter.fingerprint_mismatch:
-        msg = (f"drafter {drafter_dir} was built for a different target (differs in "
-               f"{', '.join(drafter.fingerprint_mismatch)}); acceptance will suffer")
-        if strict:
-            raise UsageError(msg + "; drop --strict to run it anyway")
-        warn("warning: " + msg)
-    return drafter
-
-
 def default_policy(family: str) -> str:
     from specpress.models.drafter import get_family
 
     return get_family(family).default_policy
 
 
-def bench_plain(target: TargetModel | TargetRunner, prompts: list[Prompt], max_new_tokens: int, *,
+def bench_plain(target: TargetRunner, prompts: list[Prompt], max_new_tokens: int, *,
                 params: SamplingParams = SamplingParams(), seed: int = 0, config: dict[str, Any] | None = None,
                 warmup_prompts: int = 0, on_prompt: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Decode every prompt with the target alone; returns the bench JSON object. `warmup_prompts` are
@@ -75,14 +59,15 @@ def sampling_config(params: SamplingParams) -> dict[str, Any]:
     return {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p}
 
 
-def bench_speculative(target: TargetModel | TargetRunner, drafter: Any, prompts: list[Prompt], max_new_tokens: int, policy: Any,
-                      *, params: SamplingParams = SamplingParams(), seed: int = 0, drafter_bytes: int = 0,
+def bench_speculative(target: TargetRunner, drafter: AnyDrafter, prompts: list[Prompt], max_new_tokens: int,
+                      policy: Any, *, params: SamplingParams = SamplingParams(), seed: int = 0, drafter_bytes: int = 0,
                       config: dict[str, Any] | None = None, warmup_prompts: int = 0, plain_warmup_prompts: int = 0,
-                      compare: Any = None, compare_bytes: int = 0, compare_label: dict[str, Any] | None = None,
+                      compare: AnyDrafter | None = None, compare_bytes: int = 0,
+                      compare_label: dict[str, Any] | None = None,
                       on_prompt: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Speculative decoding of every prompt, with plain decoding of the same prompt interleaved
     (alternating which goes first) as the same-process baseline; at temperature 0 each output is
-    checked against plain greedy decoding. `drafter` (and `compare`): a DrafterRunner or a drafter module.
+    checked against plain greedy decoding. `target`, `drafter` (and `compare`): runners (runtime/backends/base.py).
 
     Before timing, the first prompt is decoded for 8 tokens both ways; `warmup_prompts` more are decoded
     speculatively in full (a compiled drafter meets every shape it will see, so no compilation is timed)
@@ -93,11 +78,10 @@ def bench_speculative(target: TargetModel | TargetRunner, drafter: Any, prompts:
     "eval_coverage" (and compare's): the share of the emitted tokens in a reduced draft vocabulary
     (runtime/coverage.py), None when the drafter drafts the target's whole vocabulary.
     """
-    from specpress.runtime.backends.torch import as_drafter_runner
     from specpress.runtime.drafting import check_policy
     from specpress.runtime.loop import speculative_generate, target_capacity
 
-    drafters = [as_drafter_runner(d) for d in ([drafter] if compare is None else [drafter, compare])]
+    drafters = [drafter] if compare is None else [drafter, compare]
     for d in drafters:
         check_policy(d.family, policy)
     for i, p in enumerate(prompts):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError
 
 
 def compile_drafter(drafter) -> None:  # drafter: any registered Drafter (an nn.Module)
@@ -30,7 +30,7 @@ def compile_target(target) -> None:  # target: TargetModel
 
 @contextmanager
 def compile_errors(enabled: bool, what: str = "the drafter", flag: str = "--compile") -> Iterator[None]:
-    """Turn a failure inside torch.compile (compiling `what`) into a UsageError that says how to run without it."""
+    """Turn a failure inside torch.compile (compiling `what`) into a RequestError that says how to run without it."""
     if not enabled:
         yield
         return
@@ -41,5 +41,5 @@ def compile_errors(enabled: bool, what: str = "the drafter", flag: str = "--comp
         yield
     except (TorchDynamoException, CppCompileError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError(f"{flag} failed while compiling {what} ({type(exc).__name__}: {first}); "
-                         f"Inductor needs a working C++ compiler on CPU. Run without {flag}.") from exc
+        raise RequestError(f"{flag} failed while compiling {what} ({type(exc).__name__}: {first}); "
+                           f"Inductor needs a working C++ compiler on CPU. Run without {flag}.") from exc

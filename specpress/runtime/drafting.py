@@ -1,8 +1,9 @@
 """Draft sessions: a drafter's state across rounds, and how it turns a root token into a draft tree.
 
-A session calls the drafter only through a `DrafterRunner` (runtime/backends/base.py), whatever backend
-runs it. It sees three events: `start` (after the target's prefill), `propose` (draft a tree under the
-root, the last committed token) and `accept` (after verification: keep the accepted path).
+A session calls the drafter only through its runner protocol (runtime/backends/base.py: FeatureDrafter,
+TokenDrafter, BlockDrafter), whatever backend runs it. It sees three events: `start` (after the target's
+prefill), `propose` (draft a tree under the root, the last committed token) and `accept` (after
+verification: keep the accepted path).
 
 - FeatureSession (eagle, eagle3, mtp): drafter position j reads (feature of token j, token j+1) and
   predicts token j+2. The features of committed tokens come from the target; draft steps feed back the
@@ -16,16 +17,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Generic, Sequence, TypeVar
 
 import torch
 from torch import Tensor
 
 from specpress.device import wall_ms
-from specpress.errors import UsageError
+from specpress.errors import RequestError
 from specpress.models.drafter import get_family
 from specpress.models.target import TargetOutput
-from specpress.runtime.backends.base import DraftCache, DrafterRunner
+from specpress.runtime.backends.base import AnyDrafter, BlockDrafter, DraftCache, FeatureDrafter, TokenDrafter
 from specpress.runtime.policy import BlockPolicy, ChainPolicy, DynamicPolicy, MTPPolicy, Policy, TreePolicy
 from specpress.runtime.sampling import SamplingParams, process_logits
 from specpress.runtime.tree import DraftTree, DynamicTreeBuilder, tree_for_policy
@@ -51,8 +52,8 @@ def check_policy(family: str, policy: Policy) -> None:
     if not isinstance(policy, allowed):
         names = {ChainPolicy: "chain:K", TreePolicy: "tree:[...]", DynamicPolicy: "dynamic:depth=D,topk=K,budget=N",
                  MTPPolicy: "mtp:K", BlockPolicy: "block:B"}
-        raise UsageError(f"policy {policy} cannot run with a {family} drafter; use one of "
-                         f"{', '.join(names[a] for a in allowed)}")
+        raise RequestError(f"policy {policy} cannot run with a {family} drafter; use one of "
+                           f"{', '.join(names[a] for a in allowed)}")
 
 
 def draft_slots(policy: Policy) -> int:
@@ -132,13 +133,16 @@ def _expand_dynamic(policy: DynamicPolicy, root: int, root_logits: Tensor, root_
     return Proposal(draft.tree, None, fed)
 
 
-class DraftSession(ABC):
-    """A drafter's state across rounds. It calls the drafter only through `self.runner` (a DrafterRunner)."""
+R = TypeVar("R", FeatureDrafter, TokenDrafter, BlockDrafter)
 
-    runner: DrafterRunner
+
+class DraftSession(ABC, Generic[R]):
+    """A drafter's state across rounds. It calls the drafter only through `self.runner`, of its kind's protocol."""
+
+    runner: R
     forward_ms: float = 0.0  # wall time spent inside drafter forwards so far (the rest of drafting is overhead)
 
-    def __init__(self, runner: DrafterRunner, capacity: int) -> None:
+    def __init__(self, runner: R, capacity: int) -> None:
         self.runner = runner
         self.family = runner.family
         self.taps = tuple(runner.taps)  # target taps the session needs from every target forward
@@ -153,15 +157,6 @@ class DraftSession(ABC):
         self.forward_ms += wall_ms(dev) - t0
         return out
 
-    def _features(self, out: TargetOutput, rows: list[int] | None = None) -> Tensor:
-        """[T, F]: the drafter's input features from a target forward, for all positions or `rows` only.
-        Rows are picked before the taps are fused: fusing is row-wise, and after a verify forward only the
-        accepted path's rows are needed."""
-        if not self.taps:
-            return out.hidden[0] if rows is None else out.hidden[0, rows]
-        taps = out.taps if rows is None else {i: t[:, rows] for i, t in out.taps.items()}
-        return self._timed(self.runner.fuse_taps, taps)[0]
-
     @abstractmethod
     def start(self, prompt: Sequence[int], out: TargetOutput, first: int) -> None: ...
 
@@ -173,10 +168,20 @@ class DraftSession(ABC):
     def accept(self, proposal: Proposal, result: VerifyResult, out: TargetOutput) -> None: ...
 
 
-class FeatureSession(DraftSession):
+def features(session: "FeatureSession | BlockSession", out: TargetOutput, rows: list[int] | None = None) -> Tensor:
+    """[T, F]: the drafter's input features from a target forward, for all positions or `rows` only.
+    Rows are picked before the taps are fused: fusing is row-wise, and after a verify forward only the
+    accepted path's rows are needed."""
+    if not session.taps:
+        return out.hidden[0] if rows is None else out.hidden[0, rows]
+    taps = out.taps if rows is None else {i: t[:, rows] for i, t in out.taps.items()}
+    return session._timed(session.runner.fuse_taps, taps)[0]
+
+
+class FeatureSession(DraftSession[FeatureDrafter]):
     """eagle / eagle3 / mtp: inputs are (feature of token j, token j+1) pairs."""
 
-    def __init__(self, runner: DrafterRunner, capacity: int) -> None:
+    def __init__(self, runner: FeatureDrafter, capacity: int) -> None:
         super().__init__(runner, capacity)
         self.pending_feats: Tensor | None = None  # [P, F]
         self.pending_ids: list[int] = []
@@ -188,7 +193,7 @@ class FeatureSession(DraftSession):
         return logits[0], g[0]
 
     def start(self, prompt: Sequence[int], out: TargetOutput, first: int) -> None:
-        self.pending_feats = self._features(out)
+        self.pending_feats = features(self, out)
         self.pending_ids = list(prompt[1:]) + [first]
 
     def propose(self, root: int, policy: Policy, params: SamplingParams,
@@ -209,14 +214,14 @@ class FeatureSession(DraftSession):
     def accept(self, proposal: Proposal, result: VerifyResult, out: TargetOutput) -> None:
         # Drop the draft slots; the accepted tokens are fed again with the target's own features.
         self.cache.crop(self.context)
-        self.pending_feats = self._features(out, list(result.accepted))
+        self.pending_feats = features(self, out, list(result.accepted))
         self.pending_ids = list(result.tokens)
 
 
-class LMSession(DraftSession):
+class LMSession(DraftSession[TokenDrafter]):
     """An independent small LM (classic draft-model speculative decoding)."""
 
-    def __init__(self, runner: DrafterRunner, capacity: int) -> None:
+    def __init__(self, runner: TokenDrafter, capacity: int) -> None:
         super().__init__(runner, capacity)
         self.pending: list[int] = []
         self.context = 0
@@ -247,15 +252,15 @@ class LMSession(DraftSession):
         self.pending = list(result.tokens[len(kept):])
 
 
-class BlockSession(DraftSession):
+class BlockSession(DraftSession[BlockDrafter]):
     """DFlash: the committed context is injected as K/V; the block [root, MASK...] is drafted in one pass."""
 
-    def __init__(self, runner: DrafterRunner, capacity: int) -> None:
+    def __init__(self, runner: BlockDrafter, capacity: int) -> None:
         super().__init__(runner, capacity)
         self.pending_feats: Tensor | None = None
 
     def start(self, prompt: Sequence[int], out: TargetOutput, first: int) -> None:
-        self.pending_feats = self._features(out)
+        self.pending_feats = features(self, out)
 
     def propose(self, root: int, policy: Policy, params: SamplingParams,
                 generator: torch.Generator | None) -> Proposal:
@@ -264,10 +269,13 @@ class BlockSession(DraftSession):
         return Proposal(DraftTree.chain(len(drafts), [root] + drafts), None, {})
 
     def accept(self, proposal: Proposal, result: VerifyResult, out: TargetOutput) -> None:
-        self.pending_feats = self._features(out, list(result.accepted))
+        self.pending_feats = features(self, out, list(result.accepted))
 
 
-def make_session(runner: DrafterRunner, capacity: int) -> DraftSession:
-    """The session of the drafter's kind (its family descriptor's `session`)."""
-    sessions = {"feature": FeatureSession, "lm": LMSession, "block": BlockSession}
-    return sessions[get_family(runner.family).session](runner, capacity)
+SESSIONS: dict[str, type[DraftSession]] = {"feature": FeatureSession, "lm": LMSession, "block": BlockSession}
+
+
+def make_session(runner: AnyDrafter, capacity: int) -> DraftSession:
+    """The session of the drafter's kind (its family descriptor's `session`); the runner is of that kind's
+    protocol (the backends build their runners by the same key)."""
+    return SESSIONS[get_family(runner.family).session](runner, capacity)

@@ -9,20 +9,19 @@
         session.accept(proposal, result, out)  # the drafter keeps its side consistent
 
 Every round emits len(accepted) tokens: the accepted drafts plus the target's own next token.
-The loop sees a `TargetRunner` and a `DrafterRunner` (runtime/backends/base.py), nothing of torch modules.
+The loop sees a `TargetRunner` and a drafter runner (runtime/backends/base.py), nothing of torch modules
+and no backend: wrap modules with `runtime.backends.torch.runner` (`TorchTarget`, `drafter_runner`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 
 from specpress.device import wall_ms
-from specpress.models.target import TargetModel
-from specpress.runtime.backends.base import DrafterRunner, TargetRunner
-from specpress.runtime.backends.torch import as_drafter_runner, as_target_runner
+from specpress.runtime.backends.base import AnyDrafter, TargetRunner
 from specpress.runtime.drafting import DraftSession, check_policy, draft_slots, make_session
 from specpress.runtime.plain import check_fits
 from specpress.runtime.policy import Policy
@@ -53,7 +52,7 @@ class SpecGeneration:
     total_ms: float = 0.0
 
 
-def target_capacity(target: TargetModel | TargetRunner, prompt_len: int, max_new_tokens: int, policy: Policy,
+def target_capacity(target: TargetRunner, prompt_len: int, max_new_tokens: int, policy: Policy,
                     label: str = "prompt") -> int:
     """Target cache slots a speculative decode of `prompt_len` + `max_new_tokens` needs: the last round may
     verify a whole tree (num_draft_tokens + the root) past the budget. A clear error when it does not fit."""
@@ -61,14 +60,10 @@ def target_capacity(target: TargetModel | TargetRunner, prompt_len: int, max_new
 
 
 @torch.inference_mode()
-def speculative_generate(target: TargetModel | TargetRunner, drafter: DrafterRunner | Any, prompt: Sequence[int],
-                         max_new_tokens: int, policy: Policy, params: SamplingParams = SamplingParams(),
+def speculative_generate(target: TargetRunner, drafter: AnyDrafter, prompt: Sequence[int], max_new_tokens: int,
+                         policy: Policy, params: SamplingParams = SamplingParams(),
                          generator: torch.Generator | None = None, eos_ids: Sequence[int] | None = None) -> SpecGeneration:
-    """Decode with `drafter` proposing and `target` verifying; the output distribution is the target's.
-
-    target: a TargetRunner or a TargetModel; drafter: a DrafterRunner or a drafter module (both wrapped
-    in the torch runners)."""
-    target, drafter = as_target_runner(target), as_drafter_runner(drafter)
+    """Decode with `drafter` proposing and `target` verifying; the output distribution is the target's."""
     check_policy(drafter.family, policy)
     eos = set(target.config.eos_ids if eos_ids is None else eos_ids)
     capacity = target_capacity(target, len(prompt), max_new_tokens, policy)

@@ -8,10 +8,8 @@ from typing import Sequence
 
 import torch
 
-from specpress.errors import UsageError
-from specpress.models.target import TargetModel
+from specpress.errors import RequestError
 from specpress.runtime.backends.base import TargetRunner
-from specpress.runtime.backends.torch import as_target_runner
 from specpress.runtime.sampling import SamplingParams, sample
 
 
@@ -26,7 +24,7 @@ class Generation:
         return self.prefill_ms + sum(self.step_ms)
 
 
-def check_fits(target: TargetModel | TargetRunner, prompt_len: int, max_new_tokens: int, label: str = "prompt",
+def check_fits(target: TargetRunner, prompt_len: int, max_new_tokens: int, label: str = "prompt",
                slack: int = 0) -> int:
     """Cache capacity needed; a clear error when the prompt plus budget exceeds the context.
 
@@ -36,18 +34,17 @@ def check_fits(target: TargetModel | TargetRunner, prompt_len: int, max_new_toke
     ctx = target.config.max_context
     if prompt_len >= ctx or need > ctx:
         extra = f" (+{slack} for the drafts)" if slack else ""
-        raise UsageError(f"{label} has {prompt_len} tokens; with --max-new-tokens {max_new_tokens}{extra} it needs "
-                         f"{need} positions but the model's context is {ctx}; shorten it or lower --max-new-tokens")
+        raise RequestError(f"{label} has {prompt_len} tokens; with --max-new-tokens {max_new_tokens}{extra} it needs "
+                           f"{need} positions but the model's context is {ctx}; shorten it or lower --max-new-tokens")
     return need
 
 
 @torch.inference_mode()
-def decode_plain(target: TargetModel | TargetRunner, prompt: Sequence[int], max_new_tokens: int,
+def decode_plain(target: TargetRunner, prompt: Sequence[int], max_new_tokens: int,
                  params: SamplingParams = SamplingParams(), generator: torch.Generator | None = None,
                  eos_ids: Sequence[int] | None = None) -> Generation:
     """Greedy (temperature 0) or sampled decoding; stops after EOS or `max_new_tokens` tokens.
     Each token is `sampling.sample` of the last logits, as the speculative loop picks its first token."""
-    target = as_target_runner(target)
     eos = set(target.config.eos_ids if eos_ids is None else eos_ids)
     cache = target.new_cache(check_fits(target, len(prompt), max_new_tokens))
     dev = target.device

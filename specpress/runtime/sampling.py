@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError, UsageError
 
 
 def _check(temperature: float, top_k: int, top_p: float) -> None:
@@ -84,5 +84,5 @@ def sample(logits: Tensor, params: SamplingParams, generator: torch.Generator | 
     if params.greedy:
         return logits.argmax(-1)
     if generator is None:
-        raise UsageError("sampling at temperature > 0 needs an explicit torch.Generator (pass generator=)")
+        raise RequestError("sampling at temperature > 0 needs an explicit torch.Generator (pass generator=)")
     return sample_from(params.probs(logits), generator)

@@ -26,7 +26,7 @@ from typing import Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError
 from specpress.runtime.policy import (BlockPolicy, ChainPolicy, DynamicPolicy, MTPPolicy, Policy, TreePolicy,
                                       validate_choices)
 
@@ -47,16 +47,16 @@ class DraftTree:
         parents = tuple(int(p) for p in self.parents)
         put(self, "parents", parents)
         if not parents or parents[0] != -1:
-            raise UsageError(f"a draft tree needs a root with parent -1 at index 0, found parents {list(parents)}")
+            raise RequestError(f"a draft tree needs a root with parent -1 at index 0, found parents {list(parents)}")
         for i, p in enumerate(parents[1:], start=1):
             if not 0 <= p < i:
-                raise UsageError(f"node {i} has parent {p}; parents must come before children (0 <= parent < i)")
+                raise RequestError(f"node {i} has parent {p}; parents must come before children (0 <= parent < i)")
         for name in ("tokens", "ranks"):
             value = getattr(self, name)
             if value is not None:
                 value = tuple(int(t) for t in (value.tolist() if isinstance(value, Tensor) else value))
                 if len(value) != len(parents):
-                    raise UsageError(f"{name} has {len(value)} entries for a tree of {len(parents)} nodes")
+                    raise RequestError(f"{name} has {len(value)} entries for a tree of {len(parents)} nodes")
                 put(self, name, value)
 
     # ---- constructors -------------------------------------------------------------------------
@@ -88,7 +88,7 @@ class DraftTree:
     def to_choices(self) -> list[list[int]]:
         """The `eagle_choices` paths of nodes 1..N-1 (needs ranks)."""
         if self.ranks is None:
-            raise UsageError("this tree has no sibling ranks (built from parents alone); it has no choices form")
+            raise RequestError("this tree has no sibling ranks (built from parents alone); it has no choices form")
         return [[self.ranks[j] for j in self.path(i)[1:]] for i in range(1, self.size)]
 
     # ---- structure ----------------------------------------------------------------------------
@@ -134,7 +134,7 @@ class DraftTree:
     def token_tensor(self, device: Device = None) -> Tensor:
         """tokens [N] long."""
         if self.tokens is None:
-            raise UsageError("this draft tree has no tokens yet; fill them with with_tokens(...)")
+            raise RequestError("this draft tree has no tokens yet; fill them with with_tokens(...)")
         return torch.tensor(self.tokens, dtype=torch.long, device=device)
 
     def positions(self, past: int, device: Device = None) -> Tensor:
@@ -311,13 +311,13 @@ class DynamicTreeBuilder:
     def _topk(self, logprobs: Tensor) -> tuple[list[list[int]], list[list[float]]]:
         """[r, V] -> (target token ids [r][k], log-probs [r][k] clamped to <= 0)."""
         if logprobs.shape[-1] < self.topk:
-            raise UsageError(f"topk={self.topk} exceeds the drafter's vocabulary of {logprobs.shape[-1]}")
+            raise RequestError(f"topk={self.topk} exceeds the drafter's vocabulary of {logprobs.shape[-1]}")
         top = torch.topk(logprobs.float(), self.topk, dim=-1)
         ids = top.indices if self.token_map is None else self.token_map[top.indices]
         values = top.values.tolist()
         # topk ranks NaN above every number, so a NaN anywhere in a row shows up in its first value.
         if any(math.isnan(row[0]) for row in values):
-            raise UsageError("the drafter returned NaN log-probabilities")
+            raise RequestError("the drafter returned NaN log-probabilities")
         return ids.tolist(), [[min(v, 0.0) for v in row] for row in values]
 
     def _add(self, tokens: list[int], scores: list[float], parents: list[int]) -> list[int]:
@@ -348,10 +348,10 @@ class DynamicTreeBuilder:
     def expand(self, logprobs: Tensor) -> None:
         """Take the drafter's log-probs [k, V] for the frontier just returned by next_frontier()."""
         if self._expansions >= self.depth:
-            raise UsageError(f"expand() called after all {self.depth} expansions")
+            raise RequestError(f"expand() called after all {self.depth} expansions")
         k = self.topk
         if logprobs.shape[0] != k:
-            raise UsageError(f"expected log-probs for the {k} frontier nodes, found shape {tuple(logprobs.shape)}")
+            raise RequestError(f"expected log-probs for the {k} frontier nodes, found shape {tuple(logprobs.shape)}")
         for cand in self._frontier:
             slot = self._slot[cand] = len(self._fed_cands)
             self._fed_cands.append(cand)

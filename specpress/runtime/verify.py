@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError
 from specpress.runtime.sampling import SamplingParams, process_logits
 from specpress.runtime.tree import DraftTree
 
@@ -53,10 +53,10 @@ class VerifyResult:
 
 def _check(tree: DraftTree, logits: Tensor) -> tuple[int, ...]:
     if tree.tokens is None:
-        raise UsageError("verification needs a draft tree with tokens (DraftTree.with_tokens)")
+        raise RequestError("verification needs a draft tree with tokens (DraftTree.with_tokens)")
     if logits.dim() != 2 or logits.shape[0] != tree.size:
-        raise UsageError(f"target logits must be [N, V] = [{tree.size}, V] for the tree's nodes, "
-                         f"found {tuple(logits.shape)}")
+        raise RequestError(f"target logits must be [N, V] = [{tree.size}, V] for the tree's nodes, "
+                           f"found {tuple(logits.shape)}")
     return tree.tokens
 
 
@@ -102,10 +102,10 @@ def verify_sampling(tree: DraftTree, logits: Tensor, params: SamplingParams, gen
     """
     tokens = _check(tree, logits)
     if params.greedy:
-        raise UsageError("verify_sampling needs temperature > 0; use verify_greedy (or verify) at temperature 0")
+        raise RequestError("verify_sampling needs temperature > 0; use verify_greedy (or verify) at temperature 0")
     if draft_probs is not None and draft_probs.shape != logits.shape:
-        raise UsageError(f"draft_probs must match the target logits' shape {tuple(logits.shape)}, "
-                         f"found {tuple(draft_probs.shape)}")
+        raise RequestError(f"draft_probs must match the target logits' shape {tuple(logits.shape)}, "
+                           f"found {tuple(draft_probs.shape)}")
     node, accepted = 0, [0]
     while True:
         p = process_logits(logits[node], params.temperature, params.top_k, params.top_p)  # [V]
@@ -138,8 +138,8 @@ def _try_children(p: Tensor, kids: tuple[int, ...], tokens: tuple[int, ...], q: 
         tried.add(x)
         px, qx = float(p[x]), float(q[x])
         if qx <= 0.0:
-            raise UsageError(f"draft token {x} has draft probability {qx}; a drafted token needs q(x) > 0 "
-                             f"(draft_probs row = the distribution the children were sampled from)")
+            raise RequestError(f"draft token {x} has draft probability {qx}; a drafted token needs q(x) > 0 "
+                               f"(draft_probs row = the distribution the children were sampled from)")
         if _uniform(generator) * qx < px:
             return child
         residual = (p - q).clamp(min=0.0)
@@ -158,5 +158,5 @@ def verify(tree: DraftTree, logits: Tensor, params: SamplingParams, generator: t
     if params.greedy:
         return verify_greedy(tree, logits)
     if generator is None:
-        raise UsageError("sampling verification needs an explicit torch.Generator (pass generator=)")
+        raise RequestError("sampling verification needs an explicit torch.Generator (pass generator=)")
     return verify_sampling(tree, logits, params, generator, draft_probs)

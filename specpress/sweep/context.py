@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from specpress.errors import DataError, UsageError
+from specpress.errors import DataError, RequestError
 from specpress.sweep.recipe import DataSource, Recipe
 
 AGREEMENT_WINDOWS = (8, 128)  # [batch, seq_len] of each agreement batch
@@ -60,7 +60,7 @@ def resolve_target(recipe: Recipe, log: Callable[[str], None] = print) -> Path:
         return ensure_zoo(spec.zoo)
     assert spec.path is not None
     if not (spec.path / "config.json").is_file():
-        raise UsageError(f"target {spec.path} is not a model directory (no config.json); fix `target:` in the recipe")
+        raise RequestError(f"target {spec.path} is not a model directory (no config.json); fix `target:` in the recipe")
     return spec.path
 
 
@@ -126,7 +126,7 @@ def resolve_drafter(recipe: Recipe, target_dir: Path, log: Callable[[str], None]
     if spec.distill is None:
         assert spec.path is not None
         if not (spec.path / "config.json").is_file():
-            raise UsageError(f"drafter {spec.path} is not a drafter directory (no config.json); fix `drafter:`")
+            raise RequestError(f"drafter {spec.path} is not a drafter directory (no config.json); fix `drafter:`")
         return spec.path
     from specpress.compress.data import WindowSampler
     from specpress.compress.distill import distill, split_stream
@@ -245,8 +245,8 @@ def open_context(recipe: Recipe, out: Path, target_dir: Path, base_dir: Path, ba
         prompts = load_prompts(spec.path, tok, target.config.vocab_size)
     else:
         if tok is None:
-            raise UsageError(f"held-out prompts need the target's tokenizer.json ({target_dir} has none); give "
-                             f"`prompts:` a .jsonl of {{\"input_ids\": [...]}} lines")
+            raise RequestError(f"held-out prompts need the target's tokenizer.json ({target_dir} has none); give "
+                               f"`prompts:` a .jsonl of {{\"input_ids\": [...]}} lines")
         from specpress.runtime.heldout import heldout_code_prompts
 
         prompts = heldout_code_prompts(tok, spec.heldout_n, spec.heldout_tokens, spec.heldout_seed)

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError, UsageError
 from specpress.sweep import results as R
 from specpress.sweep.executors import ExecutorSpec
 from specpress.sweep.grid import Point
@@ -70,8 +70,8 @@ class Sweep:
         for p in self.ctx.policies:
             try:
                 check_policy(family, parse_policy(p))
-            except UsageError as exc:
-                raise UsageError(f"{self.recipe.source or 'recipe'}: policies: {exc}") from None
+            except RequestError as exc:
+                raise RequestError(f"{self.recipe.source or 'recipe'}: policies: {exc}") from None
 
     def _prepare(self) -> None:
         """Tokenize the shared data streams once, here, so workers memory-map them (and errors come early)."""
@@ -262,7 +262,7 @@ class Sweep:
             key = R.run_key("base", *run[0])
             brec = R.latest(R.read_results(self.out))[key]
             if brec["status"] != "ok":
-                raise UsageError(f"the base drafter's run failed ({brec['error']}); nothing to compare against")
+                raise RequestError(f"the base drafter's run failed ({brec['error']}); nothing to compare against")
             cands, unsized = [], []
             for p in self.recipe.points[1:]:
                 try:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from specpress.errors import ConfigError, UsageError
+from specpress.errors import ConfigError, RequestError
 from specpress.sweep.grid import Point
 
 KINDS = ("local", "ray")
@@ -181,6 +181,6 @@ def require_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise UsageError(f"--executor ray needs Ray, which is not installed; install it with {RAY_INSTALL} "
-                         f"(or pip install ray), or use --executor local") from None
+        raise RequestError(f"--executor ray needs Ray, which is not installed; install it with {RAY_INSTALL} "
+                           f"(or pip install ray), or use --executor local") from None
     return ray

@@ -3,16 +3,17 @@
 A grid entry is one of
 
     {quantize: {scheme: int4, group_size: [32, 64], method: [rtn, gptq]}}    a stage; list values expand
-    {prune: {ffn: [0.25, 0.5], recover_steps: 100}}                          (a product over every list)
-    {chain: [{prune: {ffn: 0.5}}, {quantize: {scheme: [int8, int4]}}]}       stages in order; products chain
-    [{prune: {ffn: 0.5}}, {quantize: {scheme: int4}}]                        the same, written as a list
+    {prune: {ffn: [576, 384], recover_steps: 100}}                           (a product over every list)
+    {chain: [{prune: {ffn: 384}}, {quantize: {scheme: [int8, int4]}}]}       stages in order; products chain
+    [{prune: {ffn: 384}}, {quantize: {scheme: int4}}]                        the same, written as a list
 
 with an optional `id` for an entry that expands to a single point. Every stage's fields are validated by
 building its config (quantize: `config_for`, prune: `PruneConfig`); a combination of a product that does
 not exist (nf4 with gptq, fp8 with a group size) is skipped and reported, an explicit one is an error.
 `include` / `exclude` (quantize) are lists of module names and never expand. Quantization comes last in a
 chain: prune refuses quantized drafters. Point ids are built from the settings (`int4-g64-gptq`,
-`ffn50-r100`, `ffn50+int4-g64`); `base` (no steps) is reserved and always measured.
+`ffn384-r100`, `ffn384+int4-g64`, `kv2`; the deprecated prune shares keep their old ids, `ffn50` for
+`ffn: 0.5`); `base` (no steps) is reserved and always measured.
 """
 
 from __future__ import annotations
@@ -140,8 +141,10 @@ def _pct(r: float) -> str:
 def prune_label(cfg: Any) -> str:
     from specpress.compress.prune import VOCAB_TOKENS
 
-    parts = [f"{name}{_pct(getattr(cfg, name))}" for name in ("ffn", "heads") if getattr(cfg, name) is not None]
-    parts += [f"{name}{getattr(cfg, name)}" for name in ("layers", "vocab") if getattr(cfg, name) is not None]
+    parts = [f"{name}{_pct(getattr(cfg, name))}" for name in ("ffn", "heads")  # deprecated: shares removed
+             if isinstance(getattr(cfg, name), float)]
+    counts = (("ffn", "ffn"), ("kv_heads", "kv"), ("layers", "layers"), ("vocab", "vocab"))  # what stays
+    parts += [f"{label}{getattr(cfg, name)}" for name, label in counts if isinstance(getattr(cfg, name), int)]
     s = "-".join(parts)
     if cfg.structural and cfg.importance != "magnitude":
         s += f"-{cfg.importance}"

@@ -20,7 +20,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError
 from specpress.sweep.executors import (ExecutorSpec, OnResult, OnStatus, Todo, WorkerSetup, died_records,
                                        measure_in_worker, require_ray)
 
@@ -67,9 +67,9 @@ class RayExecutor:
         gpus = r.gpus if r.gpus is not None else (1.0 if have.get("GPU", 0) > 0 else 0.0)
         for name, want, key in (("cpus", r.cpus, "CPU"), ("gpus", gpus, "GPU")):
             if want > have.get(key, 0):
-                raise UsageError(f"executor.resources.{name} is {want:g} per point but the Ray cluster has "
-                                 f"{have.get(key, 0):g} {key}(s) in all; lower it in the recipe or join a larger "
-                                 f"cluster (--address)")
+                raise RequestError(f"executor.resources.{name} is {want:g} per point but the Ray cluster has "
+                                   f"{have.get(key, 0):g} {key}(s) in all; lower it in the recipe or join a larger "
+                                   f"cluster (--address)")
         opts: dict[str, Any] = {"num_cpus": r.cpus, "num_gpus": gpus, "max_retries": self.spec.retries,
                                 "retry_exceptions": False, "max_calls": 0}
         if r.memory_gb:
@@ -108,7 +108,7 @@ class RayExecutor:
                         recs = died_records(p, runs, f"{type(exc).__name__}: the Ray task for this point {how}: "
                                                      f"{str(exc).strip().splitlines()[0][:300]}")
                     if isinstance(recs, tuple):
-                        raise UsageError(f"a Ray worker on {recs[1]} cannot read {setup.out / probe}: {SHARED_FS}")
+                        raise RequestError(f"a Ray worker on {recs[1]} cannot read {setup.out / probe}: {SHARED_FS}")
                     failed += any(r.get("status") != "ok" for r in recs)
                     on_result(p, runs, recs)
         except BaseException:  # Ctrl-C or an error: nothing keeps running for a driver that stopped
@@ -128,7 +128,7 @@ class RayExecutor:
             ok, host = ray.get(ref, timeout=PROBE_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
             ray.cancel(ref, force=True)
-            raise UsageError(f"no Ray worker with {self._label} started within {PROBE_TIMEOUT_S} s; check the "
-                             f"cluster (`ray status`) or lower executor.resources") from None
+            raise RequestError(f"no Ray worker with {self._label} started within {PROBE_TIMEOUT_S} s; check the "
+                               f"cluster (`ray status`) or lower executor.resources") from None
         if not ok:
-            raise UsageError(f"a Ray worker on {host} cannot read {out}/{probe}: {SHARED_FS}")
+            raise RequestError(f"a Ray worker on {host} cannot read {out}/{probe}: {SHARED_FS}")

@@ -7,7 +7,7 @@
         # target itself (`specpress regenerate`), regenerated once and cached; recipes/dflash.yaml
     grid:                            # see grid.py; the base drafter is always measured too
       - quantize: {scheme: [int8, fp8]}
-      - prune: {ffn: 0.5, recover_steps: 100}
+      - prune: {ffn: 384, recover_steps: 100}   # what stays: 384 FFN channels (PruneConfig)
     policies: [chain:4]              # default: the drafter family's default policy
     prompts: {heldout: {n: 100, tokens: 64}}   # or a .jsonl file ({"prompt"} / {"input_ids"} per line)
     temperatures: [0]                # default [0]
@@ -40,8 +40,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from specpress.errors import ConfigError
-from specpress.runtime.backends import BACKENDS
+from specpress.errors import ConfigError, UsageError
+from specpress.runtime import backends
 from specpress.sweep.executors import parse_executor
 from specpress.sweep.grid import Point, expand_grid
 
@@ -262,8 +262,19 @@ def _prompts(v: Any, base: Path) -> PromptSpec:
                       heldout_seed=_int(h.get("seed", 0), "prompts.heldout.seed", 0))
 
 
+def _warn_legacy(points: tuple[Point, ...], where: str) -> None:
+    """One deprecation warning per old spelling the grid's prune steps use (they still run, for one release)."""
+    from specpress.errors import deprecated
+
+    seen = set()
+    for step in (s for p in points for s in p.steps if s.kind == "prune"):
+        for old, new in step.config().legacy():
+            if old not in seen:
+                seen.add(old)
+                deprecated(f"{where}: prune {old}", new)
+
+
 def _policies(v: Any) -> tuple[str, ...]:
-    from specpress.errors import UsageError
     from specpress.runtime.policy import parse_policy
 
     out = []
@@ -292,8 +303,9 @@ def _backends(v: Any) -> tuple[str, ...]:
     out = []
     for i, b in enumerate(_list(v, "backends", "[torch]")):
         b = _str(b, f"backends[{i}]")
-        if b not in BACKENDS:
-            raise ConfigError(f"backends[{i}]: {b!r} is not a backend sweeps can run; backends: {', '.join(BACKENDS)}")
+        if b not in backends.names():
+            raise ConfigError(f"backends[{i}]: {b!r} is not a backend sweeps can run; backends: "
+                              f"{', '.join(backends.names())}")
         if b not in out:
             out.append(b)
     return tuple(out)
@@ -308,6 +320,7 @@ def parse_recipe(obj: Any, base_dir: Path, source: Path | None = None) -> Recipe
         if ver != RECIPE_VERSION:
             raise ConfigError(f"version {ver!r} is not readable; this specpress reads recipe version {RECIPE_VERSION}")
         points, skipped = expand_grid(d["grid"])
+        _warn_legacy(points, where)
         dtype = _str(d.get("dtype", "fp32"), "dtype")
         if dtype not in DTYPES:
             raise ConfigError(f"dtype {dtype!r} is not known; choose one of {', '.join(DTYPES)}")

@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Iterable
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError
 from specpress.sweep.recipe import Recipe
 
 RESULTS = "results.jsonl"
@@ -36,25 +36,25 @@ def guard_out(out: Path, recipe: Recipe, *, resume: bool, force: bool) -> None:
     points/ stay and are reused when their key matches)."""
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} exists and is not a directory")
+        raise RequestError(f"--out {out} exists and is not a directory")
     rfile = out / RECIPE
     if out.is_dir() and any(out.iterdir()):
         if not rfile.is_file():  # --force clears a sweep's outputs; it never writes into a foreign directory
             from specpress.artifacts import dir_listing
 
-            raise UsageError(f"--out {out} is not empty and holds no {RECIPE}: not a sweep output directory (it "
-                             f"holds {dir_listing(out)}); --force replaces only a sweep's outputs: remove it by hand "
-                             f"or choose another --out")
+            raise RequestError(f"--out {out} is not empty and holds no {RECIPE}: not a sweep output directory (it "
+                               f"holds {dir_listing(out)}); --force replaces only a sweep's outputs: remove it by hand "
+                               f"or choose another --out")
         else:
             old = json.loads(rfile.read_text())
             n = len(read_results(out))
             if old.get("hash") != recipe.hash() and not force:
-                raise UsageError(f"--out {out} holds results of a different recipe ({old.get('source')}, hash "
-                                 f"{old.get('hash')}; this one is {recipe.hash()}); choose another --out, or pass "
-                                 f"--force to discard them")
+                raise RequestError(f"--out {out} holds results of a different recipe ({old.get('source')}, hash "
+                                   f"{old.get('hash')}; this one is {recipe.hash()}); choose another --out, or pass "
+                                   f"--force to discard them")
             if old.get("hash") == recipe.hash() and n and not (resume or force):
-                raise UsageError(f"--out {out} already holds {n} result(s) of this recipe; pass --resume to continue "
-                                 f"(finished runs are skipped) or --force to start over")
+                raise RequestError(f"--out {out} already holds {n} result(s) of this recipe; pass --resume to continue "
+                                   f"(finished runs are skipped) or --force to start over")
         if force:
             for name in OUTPUTS:
                 p = out / name
@@ -89,7 +89,7 @@ def read_results(out: Path) -> list[dict[str, Any]]:
             recs.append(json.loads(line))
         except json.JSONDecodeError:
             if i != len(lines) - 1:
-                raise UsageError(f"{f}:{i + 1} is not valid JSON; fix or remove that line") from None
+                raise RequestError(f"{f}:{i + 1} is not valid JSON; fix or remove that line") from None
     return recs
 
 

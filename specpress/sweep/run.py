@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from specpress.artifacts import write_json
-from specpress.runtime.backends import BACKENDS, load_runner
-from specpress.runtime.backends.torch import TorchDrafterRunner, TorchTarget
-from specpress.runtime.bench import bench_speculative, load_drafter_for
+from specpress.models.drafter_io import load_drafter_for
+from specpress.runtime.backends import load_runner
+from specpress.runtime.backends.torch.runner import TorchTarget, drafter_runner
+from specpress.runtime.bench import bench_speculative
 from specpress.runtime.coverage import calibration_coverage
 from specpress.runtime.sampling import SamplingParams
 from specpress.sweep.context import SweepContext, file_digest, open_context
@@ -194,21 +195,20 @@ def measure_point(ctx: SweepContext, point: Point, runs: list[RunSpec], *, log: 
               "build_s": build_s, "agreement_s": agreement_s,
               "calibration_coverage": calibration_coverage(info["provenance"])}
     records = []
-    runners = {"torch": TorchDrafterRunner(drafter)}  # the module acc@k measured; other backends load per run
+    runners = {"torch": drafter_runner(drafter)}  # the module acc@k measured; other backends load per run
+    target = TorchTarget(ctx.target)
     for run in runs:
         policy, temperature, backend = run
         t2 = time.monotonic()
         rec = {**_base_record(point, run, ctx), **shared}
         try:
             if backend not in runners:
-                path = art
-                if BACKENDS[backend].reads == "onnx":  # exported once, cached (specpress.export.ondemand)
-                    from specpress.export.ondemand import exported_dir_for
+                from specpress.export.ondemand import runner_input  # an ONNX export made once, cached
 
-                    path = exported_dir_for(art, ctx.target_dir)[0]
-                runners[backend] = load_runner(backend, path, ctx.target, TorchTarget(ctx.target).device)
+                runners[backend] = load_runner(backend, runner_input(backend, art, ctx.target_dir), ctx.target,
+                                               target.device)
             res = bench_speculative(
-                ctx.target, runners[backend], ctx.prompts, ctx.recipe.max_new_tokens, parse_policy(policy),
+                target, runners[backend], ctx.prompts, ctx.recipe.max_new_tokens, parse_policy(policy),
                 params=SamplingParams(temperature), seed=ctx.recipe.seed, drafter_bytes=int(info["bytes"]),
                 config={"point": point.id, "drafter": str(art), "target": str(ctx.target_dir), "backend": backend},
                 on_prompt=(lambda i, r=run: on_prompt(r, i)) if on_prompt else None)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError, UsageError
 from specpress.zoo.card import ZOO_FORMAT, ZOO_VERSION, model_card, zoo_json
 from specpress.zoo.corpus import CorpusFile, corpus_fingerprint, corpus_files, split_stats
 from specpress.zoo.tokenizer import EOS_ID, encode_documents, tokenizer_files, train_tokenizer
@@ -162,12 +162,14 @@ def ensure_zoo(size: str = "small", *, progress: bool = True) -> Path:
     return out
 
 
-def _check_out(out: Path) -> None:
+def _check_out(out: Path, force: bool) -> None:
     if out.exists() and not out.is_dir():
-        raise UsageError(f"{out} exists and is not a directory; choose another --out")
+        raise RequestError(f"{out} exists and is not a directory; choose another --out")
     if out.is_dir() and any(out.iterdir()) and not is_zoo_dir(out):
-        raise UsageError(f"{out} exists and is not a zoo directory (no zoo.json); choose another --out "
-                         "or remove it")
+        raise RequestError(f"{out} exists and is not a zoo directory (no zoo.json); choose another --out "
+                           "or remove it")
+    if is_zoo_dir(out) and not force:
+        raise RequestError(f"{out} already holds a zoo target; pass --force to build it again and replace it")
 
 
 def _clear_partial(partial: Path) -> None:
@@ -175,13 +177,13 @@ def _clear_partial(partial: Path) -> None:
         return
     foreign = [p.name for p in partial.iterdir() if p.name not in _PARTIAL_FILES and not p.name.startswith(".")]
     if foreign:
-        raise UsageError(f"{partial} holds files a zoo build did not write ({', '.join(sorted(foreign)[:3])}); "
-                         "remove it by hand")
+        raise RequestError(f"{partial} holds files a zoo build did not write ({', '.join(sorted(foreign)[:3])}); "
+                           "remove it by hand")
     shutil.rmtree(partial)
 
 
 def build_zoo(out: Path, *, size: str = "small", minutes: float | None = None, seed: int = 0,
-              progress: bool = True, resume: bool = True, preset: ZooPreset | None = None,
+              progress: bool = True, resume: bool = True, force: bool = False, preset: ZooPreset | None = None,
               steps: int | None = None, max_files: int | None = None,
               stdlib: Path | None = None) -> ZooReport:
     """Build the zoo target into `out` and return its report.
@@ -189,7 +191,7 @@ def build_zoo(out: Path, *, size: str = "small", minutes: float | None = None, s
     size: a name in PRESETS (ignored when `preset` is given). minutes: optional wall-clock cap on
     training on top of the preset's fixed step budget (`steps` overrides that budget). max_files /
     stdlib: a smaller or different corpus (tests). resume: continue from `<out>.partial/` when it
-    was left by a build with the same settings.
+    was left by a build with the same settings. force: replace a zoo target already in `out` (else refused).
     """
     from specpress.models.target import TargetModel, save_target
     from specpress.zoo.progress import Reporter
@@ -201,7 +203,7 @@ def build_zoo(out: Path, *, size: str = "small", minutes: float | None = None, s
     if minutes is not None and minutes <= 0:
         raise UsageError(f"--minutes must be positive, got {minutes}")
     out = Path(out).expanduser().absolute()
-    _check_out(out)
+    _check_out(out, force)
     partial = out.with_name(out.name + ".partial")
     say = Reporter(enabled=progress)
     t_start = time.monotonic()

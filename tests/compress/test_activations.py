@@ -11,13 +11,23 @@ from drafters_common import V, make, random_eos_target
 from torch import nn
 
 from specpress.compress.data import WindowSampler
-from specpress.compress.quantize import config_for, quantize
-from specpress.compress.quantize.activations import InputStats, choose_amax, collect_inputs
-from specpress.compress.quantize.calibrate import DrafterCalibration, RoundsCalibration, calibration_loop
-from specpress.errors import ConfigError, UsageError
+from specpress.compress.quantize.activations import (
+    InputStats,
+    choose_amax,
+    collect_inputs,
+)
+from specpress.compress.quantize.api import quantize
+from specpress.compress.quantize.calibrate import (
+    DrafterCalibration,
+    RoundsCalibration,
+    calibration_loop,
+)
+from specpress.errors import ConfigError, RequestError
 from specpress.models.drafter_io import load_drafter, save_drafter
 from specpress.models.quantized import activations as A
 from specpress.models.quantized.modules import quantized_modules
+from specpress.models.quantized.scheme import config_for
+from specpress.runtime.backends.torch.runner import TorchTarget, drafter_runner
 from specpress.runtime.loop import speculative_generate
 from specpress.runtime.plain import decode_plain
 from specpress.runtime.policy import parse_policy
@@ -115,13 +125,13 @@ def test_static_scales_calibrate_save_load_and_stay_lossless(tmp_path):
     for name, m in quantized_modules(back).items():
         assert m.act_mode == "static" and torch.equal(m.input_scale, mods[name].input_scale)
     policy, prompt = parse_policy("chain:3"), [5, 9, 13, 2, 44]
-    plain = decode_plain(target, prompt, 12)
-    assert speculative_generate(target, back, prompt, 12, policy).tokens == plain.tokens
+    plain = decode_plain(TorchTarget(target), prompt, 12)
+    assert speculative_generate(TorchTarget(target), drafter_runner(back), prompt, 12, policy).tokens == plain.tokens
 
 
 def test_static_without_data_is_refused_unless_fixed():
     lin = nn.Sequential(nn.Linear(32, 8))
-    with pytest.raises(UsageError, match="--activations static calibrates"):
+    with pytest.raises(RequestError, match="--activations static calibrates"):
         quantize(lin, config_for("fp8", activations="static"))
     quantize(lin, config_for("fp8", activations="static", act_calibration="weights"))
     m = lin[0]
@@ -225,8 +235,9 @@ def test_fp8_kv_cache_rounds_what_is_cached_stays_lossless_and_exports(family, t
     back = load_drafter(save_drafter(d, tmp_path / "q"), target)
     assert back.kv_cache_format == "fp8"
     prompt = [5, 9, 13, 2, 44, 7]
-    plain = decode_plain(target, prompt, 10)
-    assert speculative_generate(target, back, prompt, 10, parse_policy(POLICY[family])).tokens == plain.tokens
+    plain = decode_plain(TorchTarget(target), prompt, 10)
+    assert speculative_generate(TorchTarget(target), drafter_runner(back), prompt, 10,
+                                parse_policy(POLICY[family])).tokens == plain.tokens
     rep = export_onnx(back, tmp_path / "onnx", ExportOptions(), target=target)
     assert max(e["max_rel"] for g in rep.errors.values() for e in g.values()) <= rep.tolerance
 

@@ -9,14 +9,16 @@ import pytest
 import torch
 from torch import nn
 
-from specpress.compress.quantize import config_for, quantize
+from specpress.compress.quantize.api import quantize
 from specpress.models.drafter import build_drafter
 from specpress.models.drafter_io import load_drafter, save_drafter
 from specpress.models.eagle3 import Eagle3Config
 from specpress.models.quantized import bnb_cpu
 from specpress.models.quantized.bnb import Bnb4bitLinear
 from specpress.models.quantized.modules import quantized_modules
+from specpress.models.quantized.scheme import config_for
 from specpress.models.target import TargetConfig, TargetModel
+from specpress.runtime.backends.torch.runner import TorchTarget, drafter_runner
 from specpress.runtime.loop import speculative_generate
 from specpress.runtime.plain import decode_plain
 from specpress.runtime.policy import parse_policy
@@ -102,7 +104,8 @@ def test_nf4_drafter_runs_the_kernel_and_stays_lossless(tmp_path):
     assert sum(note == bnb_cpu.NAME for note in notes.values()) >= 5, notes  # N = 32 or 64: fc, q, o, down, head
     prompts = [[3, 17, 5, 40, 22, 9, 11], [50, 2, 2, 8, 31]]
     with _Ops() as log:
-        got = [speculative_generate(target, d, p, 16, parse_policy("dynamic:depth=3,topk=2,budget=6"),
+        got = [speculative_generate(TorchTarget(target), drafter_runner(d), p, 16,
+                                    parse_policy("dynamic:depth=3,topk=2,budget=6"),
                                     eos_ids=()).tokens for p in prompts]
     assert OP in log.ops
-    assert got == [decode_plain(target, p, 16, eos_ids=()).tokens for p in prompts]
+    assert got == [decode_plain(TorchTarget(target), p, 16, eos_ids=()).tokens for p in prompts]

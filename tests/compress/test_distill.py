@@ -16,7 +16,7 @@ from specpress.compress.distill import distill
 from specpress.compress.losses import dflash_gamma, top1
 from specpress.models.forced import block_inputs, unroll, unrolled_mask
 from specpress.compress.students import draft_vocab_by_frequency, init_student
-from specpress.errors import CheckpointError, ConfigError, DataError, UsageError
+from specpress.errors import CheckpointError, ConfigError, DataError, RequestError
 from specpress.models.drafter_io import load_drafter
 from specpress.models.target import TargetConfig, TargetModel
 
@@ -240,7 +240,7 @@ def test_deterministic_and_resume_equals_uninterrupted(target, tmp_path, optimiz
     step = loaded.provenance[-1]
     assert step["step"] == "distill" and step["steps"] == 10 and step["config"]["family"] == "eagle3"
     assert len(step["agreement"]) == 3 and step["data"]["tokens"] == len(STREAM)
-    with pytest.raises(UsageError, match="already exists"):
+    with pytest.raises(RequestError, match="already exists"):
         distill(target, c, sampler(c), tmp_path / "b")
 
 
@@ -349,7 +349,7 @@ def test_cli_end_to_end_and_bad_input(tmp_path):
     tokens = d.provenance[-1]["data"]["tokens"]  # the training part of the data (held-out windows excluded)
     assert f"{3 * 2 * 16 / tokens:.1f} passes over {tokens:,} training tokens" in res.output
     res = CliRunner().invoke(cli, args)
-    assert isinstance(res.exception, UsageError) and "--force" in str(res.exception)
+    assert isinstance(res.exception, RequestError) and "--force" in str(res.exception)
     empty = tmp_path / "empty.txt"
     empty.write_text("   \n")
     res = CliRunner().invoke(cli, [*args[:5], "--data", str(empty), "--out", str(tmp_path / "x"), "--steps", "1"])
@@ -398,7 +398,7 @@ def test_cli_init_fine_tunes_an_existing_drafter(tmp_path):
     assert b.provenance[-1]["data"]["init"] == str(tmp_path / "a")
     assert not torch.equal(a.markov_head.markov_w1.weight, b.markov_head.markov_w1.weight)  # trained further
     res = CliRunner().invoke(cli, [*base, "--out", str(tmp_path / "c"), "--init", str(tmp_path / "a"), "--layers", "3"])
-    assert isinstance(res.exception, UsageError) and "layers" in str(res.exception)
+    assert isinstance(res.exception, RequestError) and "layers" in str(res.exception)
     assert not (tmp_path / "c").exists()
 
 
@@ -407,9 +407,9 @@ def test_bad_inputs_are_clear(target):
         DistillConfig(family="eagle")
     with pytest.raises(ConfigError, match="unknown key.*'stepz'"):
         DistillConfig.from_dict({"family": "eagle", "stepz": 3})
-    with pytest.raises(UsageError, match="hidden size must be the target's"):
+    with pytest.raises(RequestError, match="hidden size must be the target's"):
         distill(target, cfg("eagle", hidden=16), sampler(cfg("eagle")), None)
-    with pytest.raises(UsageError, match="sampler"):
+    with pytest.raises(RequestError, match="sampler"):
         distill(target, cfg("eagle"), WindowSampler(STREAM, 12, 4, 0), None)
     with pytest.raises(DataError, match="fewer than one window"):
         WindowSampler(STREAM[:10], 24, 4, 0)
@@ -420,7 +420,7 @@ def test_bad_inputs_are_clear(target):
     wrong = build_drafter(Eagle3Config(**{**SHAPE, "vocab_size": 50}, draft_vocab_size=24), other)
     with pytest.raises(CheckpointError, match="vocab_size"):
         distill(target, cfg("eagle3"), sampler(cfg("eagle3")), None, teacher_drafter=wrong)
-    with pytest.raises(UsageError, match="between families"):
+    with pytest.raises(RequestError, match="between families"):
         distill(target, cfg("eagle"), sampler(cfg("eagle")), None, init=make("mtp", target))
 
 
@@ -481,7 +481,7 @@ def test_init_drafter_keeps_its_shape_and_trains_every_mtp_module(target):
     for k in (L, L + 1):  # both modules moved: the chain ran step 0 on module 0 and step 1 on module 1
         key = f"model.layers.{k}.eh_proj.weight"
         assert not torch.equal(after[key], before[key]), key
-    with pytest.raises(UsageError, match="drop ffn"):
+    with pytest.raises(RequestError, match="drop ffn"):
         distill(target, cfg("mtp", ffn=8), sampler(cfg("mtp")), None, init=init)
 
 
@@ -499,7 +499,7 @@ def test_eagle3_taps_choose_the_fused_target_layers(target):
     c = cfg("dflash", steps=2, taps=[2, L])
     rep = distill(target, c, sampler(c), None)
     assert rep.drafter.config.target_layer_ids == (1, L - 1) and rep.drafter.taps == (2, L)
-    with pytest.raises(UsageError, match=r"--taps \[0\] out of range for dflash"):
+    with pytest.raises(RequestError, match=r"--taps \[0\] out of range for dflash"):
         distill(target, cfg("dflash", steps=1, taps=[0, 2]), sampler(c), None)
     with pytest.raises(ConfigError, match="non-empty list of layer indices"):
         cfg("eagle3", taps=())

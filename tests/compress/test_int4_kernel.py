@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_quantize import _Ops  # records the aten ops a block dispatches
 from torch import nn
 
 import specpress.runtime.loop as loop
-from specpress.compress.quantize import config_for, quantize
+from specpress.compress.quantize.api import quantize
 from specpress.models.drafter import build_drafter
 from specpress.models.drafter_io import load_drafter, save_drafter
 from specpress.models.eagle3 import Eagle3Config
@@ -18,12 +19,12 @@ from specpress.models.quantized import int4_cpu, primitives as P
 from specpress.models.quantized.integer import IntLinear
 from specpress.models.quantized.modules import QuantizedLinear, quantized_modules
 from specpress.models.quantized.restore import replace_module
+from specpress.models.quantized.scheme import config_for
 from specpress.models.target import TargetConfig, TargetModel
+from specpress.runtime.backends.torch.runner import TorchTarget, drafter_runner
 from specpress.runtime.loop import speculative_generate
 from specpress.runtime.plain import decode_plain
 from specpress.runtime.policy import parse_policy
-
-from test_quantize import _Ops  # records the aten ops a block dispatches
 
 OP = "aten._weight_int4pack_mm_for_cpu.default"
 
@@ -158,7 +159,8 @@ def _drafts(d, target: TargetModel, policy: str, monkeypatch) -> tuple[list[list
         return session
 
     monkeypatch.setattr(loop, "make_session", recording)
-    outs = [speculative_generate(target, d, p, 24, parse_policy(policy), eos_ids=()).tokens for p in PROMPTS]
+    outs = [speculative_generate(TorchTarget(target), drafter_runner(d), p, 24, parse_policy(policy),
+                                 eos_ids=()).tokens for p in PROMPTS]
     monkeypatch.setattr(loop, "make_session", make)
     return outs, rounds
 
@@ -203,7 +205,7 @@ def test_quantized_drafter_drafts_what_the_kernel_arithmetic_drafts(group_size, 
     assert OP in log.ops
     ref_outs, ref_rounds = _drafts(twins["reference"], target, policy, monkeypatch)
     deq_outs, _ = _drafts(twins["dequantized"], target, policy, monkeypatch)
-    plain = [decode_plain(target, p, 24, eos_ids=()).tokens for p in PROMPTS]
+    plain = [decode_plain(TorchTarget(target), p, 24, eos_ids=()).tokens for p in PROMPTS]
     assert outs == ref_outs == deq_outs == plain  # lossless every way: the target verifies
     assert len(rounds) == len(ref_rounds) > 10
     same = sum(a == b for a, b in zip(rounds, ref_rounds)) / len(rounds)

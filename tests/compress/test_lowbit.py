@@ -8,10 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from specpress.compress.quantize import config_for, quantize
+from specpress.compress.quantize.api import quantize
 from specpress.errors import ConfigError
 from specpress.models.quantized import primitives as P
 from specpress.models.quantized.lowbit import LowBitLinear, quantize_lowbit
+from specpress.models.quantized.scheme import config_for
 
 
 @pytest.mark.parametrize("bits", [2, 3, 4])

@@ -8,19 +8,21 @@ import json
 import numpy as np
 import pytest
 import torch
+from cli_common import run_main
 from drafters_common import FAMILIES, SHAPE, L, V, make, run, save_with_tokenizer, tiny_target
 
 from specpress.compress.data import WindowSampler
 from specpress.compress.importance import (calibration_signals, ffn_scores, fit, head_scores, layer_scores,
                                            make_probes, mlps)
 from specpress.compress.prune import PruneConfig, prune, shrink_vocab, slice_ffn
-from specpress.errors import ConfigError, UsageError
+from specpress.errors import ConfigError, RequestError
 from specpress.models.drafter import build_drafter
 from specpress.models.drafter_io import load_drafter, save_drafter
 from specpress.models.eagle3 import Eagle3Config
 from specpress.models.inspect import inspect_artifact
 from specpress.models.lm import LMConfig, LMDrafter
 from specpress.models.target import TargetConfig, TargetModel
+from specpress.runtime.backends.torch.runner import TorchTarget, drafter_runner
 from specpress.runtime.loop import speculative_generate
 from specpress.runtime.plain import decode_plain
 from specpress.runtime.policy import parse_policy
@@ -28,12 +30,12 @@ from specpress.runtime.policy import parse_policy
 STREAM = torch.randint(1, V, (600,), generator=torch.Generator().manual_seed(7))
 SMALL = dict(batch=2, seq_len=16)  # calibration windows
 # What each family can prune (lm: the 2-KV-head oracle below; the shared lm config has one KV head).
-REQUESTS = {
-    "eagle": dict(ffn=0.5, heads=0.5),
-    "eagle3": dict(ffn=0.5, heads=0.5, vocab=12, vocab_tokens=512),  # the default 262k: ~45 s on a tiny target
-    "mtp": dict(ffn=0.5, heads=0.5),
-    "dflash": dict(ffn=0.5, heads=0.5, layers=1),
-    "lm": dict(ffn=0.5, heads=0.5, layers=5),
+REQUESTS = {  # what stays: 20 of the 40 FFN channels, 1 of the 2 KV groups
+    "eagle": dict(ffn=20, kv_heads=1),
+    "eagle3": dict(ffn=20, kv_heads=1, vocab=12, vocab_tokens=512),  # the default 262k: ~45 s on a tiny target
+    "mtp": dict(ffn=20, kv_heads=1),
+    "dflash": dict(ffn=20, kv_heads=1, layers=1),
+    "lm": dict(ffn=20, kv_heads=1, layers=5),
 }
 
 
@@ -78,7 +80,7 @@ def test_smaller_dense_model_saves_and_reloads(family, target, tmp_path):
     assert {k: v.shape for k, v in p.state_dict().items()} == {k: v.shape for k, v in fresh.items()}
     step = p.provenance[-1]
     assert step["step"] == "prune" and step["params_after"] < step["params_before"]
-    assert step["bytes_after"] < step["bytes_before"] and step["config"]["ffn"] == 0.5
+    assert step["bytes_after"] < step["bytes_before"] and step["config"]["ffn"] == 20
     out = save_drafter(p, tmp_path / "after")
     assert (out / "model.safetensors").stat().st_size < (before / "model.safetensors").stat().st_size
     info = inspect_artifact(out)
@@ -227,7 +229,7 @@ def _windows(n: int) -> list[torch.Tensor]:
 def test_shrink_vocab_refuses_tokens_outside_the_draft_vocab(target):
     d = make("eagle3", target)
     outside = int((~d.t2d).nonzero()[0])
-    with pytest.raises(UsageError, match="already in the drafter's draft vocabulary"):
+    with pytest.raises(RequestError, match="already in the drafter's draft vocabulary"):
         shrink_vocab(d, torch.tensor([outside]))
 
 
@@ -324,8 +326,9 @@ def test_speculative_loop_stays_lossless_with_pruned_drafter(family, target):
     p = prune(d, PruneConfig(**REQUESTS[family], importance="kl", **SMALL), target=target, calib=STREAM)
     accepted = 0
     for prompt in ([5, 9, 13, 2, 44, 7], [30, 31, 32, 33]):
-        ref = decode_plain(target, prompt, 20, eos_ids=()).tokens
-        got = speculative_generate(target, p, prompt, 20, parse_policy(LOOP[family]), eos_ids=())
+        ref = decode_plain(TorchTarget(target), prompt, 20, eos_ids=()).tokens
+        got = speculative_generate(TorchTarget(target), drafter_runner(p), prompt, 20, parse_policy(LOOP[family]),
+                                   eos_ids=())
         assert got.tokens == ref
         accepted += sum(r.accepted for r in got.rounds)
     if family == "lm":
@@ -348,10 +351,15 @@ def test_steps_compose_and_inspect_shows_the_chain(target, tmp_path):
 
 
 def test_bad_inputs_are_clear(target):
-    with pytest.raises(ConfigError, match=r"--ffn .*\(0, 1\)"):
-        PruneConfig(ffn=0.0)
-    with pytest.raises(ConfigError, match=r"--heads .*\(0, 1\)"):
+    for bad in (0, 0.0, 1.5, True):
+        with pytest.raises(ConfigError, match=r"--ffn must be the FFN channels each layer keeps, an integer >= 1"):
+            PruneConfig(ffn=bad)
+    with pytest.raises(ConfigError, match=r"--heads .*\(0, 1\).*--kv-heads N"):
         PruneConfig(heads=1.0)
+    with pytest.raises(ConfigError, match="--kv-heads must be an integer >= 1"):
+        PruneConfig(kv_heads=0)
+    with pytest.raises(ConfigError, match="give --kv-heads only"):
+        PruneConfig(kv_heads=1, heads=0.5)
     with pytest.raises(ConfigError, match="nothing to prune"):
         PruneConfig()
     with pytest.raises(ConfigError, match="--importance.*magnitude, activation, kl"):
@@ -361,26 +369,33 @@ def test_bad_inputs_are_clear(target):
     with pytest.raises(ConfigError, match="--layers must be an integer >= 1"):
         PruneConfig(layers=0)
     e3, eagle, mtp = make("eagle3", target), make("eagle", target), make("mtp", target)
-    with pytest.raises(UsageError, match="--heads 0.9 would remove all 2 KV groups.*below one"):
+    with pytest.raises(RequestError, match=r"--kv-heads 2 must be less than the drafter's 2 KV groups \(valid range"):
+        prune(e3, PruneConfig(kv_heads=2))
+    with pytest.raises(RequestError, match=r"--ffn 40 must be less than the drafter's 40 FFN channels \(valid "
+                                           r"range 1..39"):
+        prune(e3, PruneConfig(ffn=40))
+    with pytest.raises(RequestError, match="--kv-heads: the drafter has a single KV group"):
+        prune(prune(e3, PruneConfig(kv_heads=1)), PruneConfig(kv_heads=1))
+    with pytest.raises(RequestError, match="--heads 0.9 would remove all 2 KV groups.*below one"):
         prune(e3, PruneConfig(heads=0.9))
-    with pytest.raises(UsageError, match="--heads: the drafter has a single KV group"):
+    with pytest.raises(RequestError, match="--heads: the drafter has a single KV group"):
         prune(prune(e3, PruneConfig(heads=0.5)), PruneConfig(heads=0.5))
-    with pytest.raises(UsageError, match=r"--ffn 0.001 removes no FFN channel of 40.*valid range"):
+    with pytest.raises(RequestError, match=r"--ffn 0.001 removes no FFN channel of 40.*valid range"):
         prune(e3, PruneConfig(ffn=0.001))
     for d in (e3, mtp, eagle):
-        with pytest.raises(UsageError, match="--layers: .*single layer.*multi-layer drafters"):
+        with pytest.raises(RequestError, match="--layers: .*single layer.*multi-layer drafters"):
             prune(d, PruneConfig(layers=1))
-    with pytest.raises(UsageError, match=r"--layers 2 must be less than the drafter's 2 layers \(valid range 1..1"):
+    with pytest.raises(RequestError, match=r"--layers 2 must be less than the drafter's 2 layers \(valid range 1..1"):
         prune(make("dflash", target), PruneConfig(layers=2))
-    with pytest.raises(UsageError, match=r"--vocab 30 is larger than the drafter's draft vocabulary \(24.*1..24"):
+    with pytest.raises(RequestError, match=r"--vocab 30 is larger than the drafter's draft vocabulary \(24.*1..24"):
         prune(e3, PruneConfig(vocab=30), target=target, calib=STREAM)
-    with pytest.raises(UsageError, match="--vocab: eagle drafters.*supported for eagle3"):
+    with pytest.raises(RequestError, match="--vocab: eagle drafters.*supported for eagle3"):
         prune(eagle, PruneConfig(vocab=10), target=target, calib=STREAM)
-    with pytest.raises(UsageError, match="--importance kl needs calibration by the target: give --target DIR"):
+    with pytest.raises(RequestError, match="--importance kl needs calibration by the target: give --target DIR"):
         prune(e3, PruneConfig(ffn=0.5, importance="kl"))
-    with pytest.raises(UsageError, match="--importance activation needs calibration data"):
+    with pytest.raises(RequestError, match="--importance activation needs calibration data"):
         prune(e3, PruneConfig(ffn=0.5, importance="activation"), target=target)
-    with pytest.raises(UsageError, match="--vocab.*needs calibration data"):
+    with pytest.raises(RequestError, match="--vocab.*needs calibration data"):
         prune(e3, PruneConfig(vocab=10, vocab_source="data"))
 
 
@@ -402,7 +417,7 @@ def test_cli_end_to_end_compose_recover_and_errors(tmp_path):
     tdir, data, t = _target_dir(tmp_path)
     src = save_drafter(make("eagle3", t), tmp_path / "e3")
     out = tmp_path / "p1"
-    args = ["prune", "--drafter", str(src), "--out", str(out), "--ffn", "0.5", "--heads", "0.5", "--vocab", "12",
+    args = ["prune", "--drafter", str(src), "--out", str(out), "--ffn", "20", "--kv-heads", "1", "--vocab", "12",
             "--vocab-tokens", "512", "--importance", "kl", "--target", str(tdir), "--data", str(data), "--batch", "2", "--seq-len", "16"]
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 0, res.output + repr(res.exception)
@@ -410,9 +425,9 @@ def test_cli_end_to_end_compose_recover_and_errors(tmp_path):
     d = load_drafter(out, t)
     assert d.config.draft_vocab_size == 12 and d.provenance[-1]["calibration"]["source"] == str(data)
     res = CliRunner().invoke(cli, args)
-    assert isinstance(res.exception, UsageError) and "--force" in str(res.exception)
+    assert isinstance(res.exception, RequestError) and "--force" in str(res.exception)
     out2 = tmp_path / "p2"
-    res = CliRunner().invoke(cli, ["prune", "--drafter", str(out), "--out", str(out2), "--ffn", "0.25",
+    res = CliRunner().invoke(cli, ["prune", "--drafter", str(out), "--out", str(out2), "--ffn", "15",
                                    "--target", str(tdir), "--data", str(data), "--batch", "2", "--seq-len", "16",
                                    "--recover-steps", "2"])
     assert res.exit_code == 0, res.output + repr(res.exception)
@@ -421,20 +436,36 @@ def test_cli_end_to_end_compose_recover_and_errors(tmp_path):
     assert [s["step"] for s in steps] == ["prune", "prune", "distill"] and steps[-1]["steps"] == 2
     assert steps[1]["config"]["recover_steps"] == 2 and steps[1]["shape_after"]["intermediate_size"] == 15
     assert load_drafter(out2, t).config.intermediate_size == 15
-    bad = [("--ffn", "1.5", r"--ffn must be .*\(0, 1\)"), ("--layers", "1", "single layer"),
-           ("--vocab", "99", "larger than the drafter's draft vocabulary")]
-    for flag, value, msg in bad:
-        res = CliRunner().invoke(cli, ["prune", "--drafter", str(src), "--out", str(tmp_path / "x"), flag, value])
-        assert res.exception is not None and __import__("re").search(msg, str(res.exception)), (flag, res.output)
-    res = CliRunner().invoke(cli, ["prune", "--drafter", str(src), "--out", str(tmp_path / "y"), "--ffn", "0.5",
-                                   "--importance", "kl"])
-    assert isinstance(res.exception, UsageError) and "--target DIR and --data PATH" in str(res.exception)
+    bad = [("--ffn", "1.5", 2, r"'1.5' is not a count to keep"), ("--kv-heads", "0", 2, r"0 is not in the range x>=1"),
+           ("--recover-steps", "-1", 2, r"-1 is not in the range x>=0"), ("--layers", "1", 1, "single layer"),
+           ("--vocab", "99", 1, "larger than the drafter's draft vocabulary"),
+           ("--ffn", "40", 1, "--ffn 40 must be less than the drafter's 40 FFN channels")]
+    for flag, value, code, msg in bad:
+        res = run_main("prune", "--drafter", src, "--out", tmp_path / "x", flag, value)
+        assert res.exit_code == code and __import__("re").search(msg, res.stderr), (flag, res.stderr)
+    res = run_main("prune", "--drafter", src, "--out", tmp_path / "y", "--ffn", "20", "--importance", "kl")
+    assert res.exit_code == 2 and "--target DIR and --data PATH" in res.stderr  # the command line alone is wrong
+
+
+def test_the_deprecated_shares_still_prune_the_same_and_say_the_count(tmp_path):
+    """--ffn R / --heads R (shares to remove) work for one release: the same weights as the counts they stand
+    for, and a warning that names those counts."""
+    t = tiny_target()
+    src = save_drafter(make("eagle3", t), tmp_path / "e3")
+    new = run_main("prune", "--drafter", src, "--out", tmp_path / "new", "--ffn", "30", "--kv-heads", "1")
+    old = run_main("prune", "--drafter", src, "--out", tmp_path / "old", "--ffn", "0.25", "--heads", "0.5")
+    assert new.exit_code == old.exit_code == 0, (new.stderr, old.stderr)
+    assert "warning: --ffn 0.25 (the share of FFN channels to remove) is deprecated" in old.stderr
+    assert "--ffn 30 (of 40)" in old.stderr and "--kv-heads 1 (of 2)" in old.stderr and "warning" not in new.stderr
+    a, b = load_drafter(tmp_path / "new", t), load_drafter(tmp_path / "old", t)
+    assert a.config == b.config and all(torch.equal(x, y) for x, y in zip(a.state_dict().values(),
+                                                                        b.state_dict().values(), strict=True))
 
 
 def test_a_quantized_drafter_is_refused(target):
     d = make("eagle3", target)
     d.provenance = ({"step": "quantize", "scheme": "int8"},)
-    with pytest.raises(UsageError, match="quantized.*prune the unquantized drafter, then quantize"):
+    with pytest.raises(RequestError, match="quantized.*prune the unquantized drafter, then quantize"):
         prune(d, PruneConfig(ffn=0.5))
     d.provenance = ({"step": "quantize", "scheme": "int8", "dequantized": True},)
     assert prune(d, PruneConfig(ffn=0.5)).config.intermediate_size == 20

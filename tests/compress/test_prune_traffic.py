@@ -13,6 +13,7 @@ from specpress.cli import cli
 from specpress.compress.traffic import is_prompts_file, traffic_stream
 from specpress.models.drafter_io import load_drafter, save_drafter
 from specpress.models.target import save_target
+from specpress.runtime.backends.torch.runner import TorchTarget
 from specpress.runtime.plain import decode_plain
 
 
@@ -39,7 +40,7 @@ def test_prompts_file_is_recognized_by_its_lines(tmp_path):
 def plain_continuation(target, prompt, n):
     """decode_plain's greedy tokens up to (not including) the first EOS: what the stream holds."""
     eos = set(target.config.eos_ids)
-    toks = decode_plain(target, prompt, n).tokens
+    toks = decode_plain(TorchTarget(target), prompt, n).tokens
     return toks[:next((i for i, t in enumerate(toks) if t in eos), len(toks))]
 
 
@@ -66,7 +67,8 @@ def test_prune_ranks_the_vocabulary_on_the_prompts_continuations(tmp_path):
                                    "--continuation-tokens", "24", "--seq-len", "16", "--batch", "2",
                                    "--vocab-tokens", "512"])
     assert res.exit_code == 0, (res.output, res.exception)
-    generated = Counter(t for r in rows for t in decode_plain(target, r, 24).tokens if t % 2 == 1 and t < 48)
+    generated = Counter(t for r in rows for t in decode_plain(TorchTarget(target), r,
+                                                              24).tokens if t % 2 == 1 and t < 48)
     kept = set(load_drafter(out, target).to_target_ids(torch.arange(4)).tolist())
     assert generated.most_common(1)[0][0] == 41  # (a vocabulary ranked on nothing would keep the lowest ids)
     assert 41 in kept  # what the target emits, not the prompts' tokens

@@ -11,11 +11,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from specpress.compress.quantize.api import quantize, select_modules
 from specpress.compress.quantize.gptq import gptq_codes
-from specpress.errors import ConfigError, UsageError
+from specpress.errors import ConfigError, RequestError
 from specpress.models.quantized import primitives as P
 from specpress.models.quantized.bnb import Bnb4bitLinear, Bnb8bitLinear, BnbConfig
-from specpress.models.quantized.fp8 import Fp8Linear, Fp8Config
-from specpress.models.quantized.integer import GPTQConfig, IntLinear, IntConfig
+from specpress.models.quantized.fp8 import Fp8Config, Fp8Linear
+from specpress.models.quantized.integer import GPTQConfig, IntConfig, IntLinear
 from specpress.models.quantized.scheme import config_for, config_from_dict
 
 SHAPES = [(64, 128), (96, 256), (256, 512)]
@@ -253,7 +253,7 @@ def test_gptq_lazy_blocks_are_exact_and_sequential_groups_share_inputs():
 
 
 def test_gptq_needs_calibration():
-    with pytest.raises(UsageError, match="--target DIR and --data PATH"):
+    with pytest.raises(RequestError, match="--target DIR and --data PATH"):
         quantize(nn.Sequential(nn.Linear(64, 8)), GPTQConfig(bits=4, group_size=32))
 
 
@@ -299,14 +299,14 @@ def test_bad_layers_are_named():
         quantize(_copy(model), BnbConfig(quant_type="nf4", blocksize=64))
     with pytest.raises(ConfigError, match="matches no Linear.*0, 1"):
         select_modules(model, IntConfig(include=("lm_head",)))
-    with pytest.raises(UsageError, match="cannot be quantized"):
+    with pytest.raises(RequestError, match="cannot be quantized"):
         quantize(_copy(model).double(), BnbConfig(quant_type="nf4", blocksize=32))
     q = quantize(_copy(model), IntConfig(bits=8, group_size=None))
-    with pytest.raises(UsageError, match="already quantized"):
+    with pytest.raises(RequestError, match="already quantized"):
         quantize(q, IntConfig(bits=4, group_size=32))
 
 
 def test_fp8_without_torch_support_is_refused(monkeypatch):
     monkeypatch.delattr(torch, "float8_e4m3fn")
-    with pytest.raises(UsageError, match="no float8_e4m3fn"):
+    with pytest.raises(RequestError, match="no float8_e4m3fn"):
         quantize(nn.Sequential(nn.Linear(32, 8)), Fp8Config())

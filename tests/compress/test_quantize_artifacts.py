@@ -9,22 +9,32 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from drafters_common import FAMILIES, V, make, random_eos_target, run, save_with_tokenizer, tiny_target
+from drafters_common import (
+    FAMILIES,
+    V,
+    make,
+    random_eos_target,
+    run,
+    save_with_tokenizer,
+    tiny_target,
+)
 
 from specpress.cli import cli
 from specpress.compress.data import WindowSampler
-from specpress.compress.quantize import config_for, quantize
+from specpress.compress.quantize.api import quantize
 from specpress.compress.quantize.calibrate import DrafterCalibration
-from specpress.errors import CheckpointError, UsageError
+from specpress.errors import CheckpointError, RequestError
 from specpress.models.drafter import build_drafter
 from specpress.models.drafter_io import load_drafter, save_drafter
-from specpress.models.quantized.integer import IntLinear
-from specpress.models.quantized.modules import quantized_modules
 from specpress.models.eagle3 import Eagle3Config
 from specpress.models.inspect import inspect_artifact
 from specpress.models.io import tensor_index
 from specpress.models.lm import LMConfig, LMDrafter
+from specpress.models.quantized.integer import IntLinear
+from specpress.models.quantized.modules import quantized_modules
+from specpress.models.quantized.scheme import config_for
 from specpress.models.target import TargetModel
+from specpress.runtime.backends.torch.runner import TorchTarget, drafter_runner
 from specpress.runtime.loop import speculative_generate
 from specpress.runtime.plain import decode_plain
 from specpress.runtime.policy import parse_policy
@@ -81,8 +91,9 @@ def test_every_family_quantizes_and_stays_lossless(family, method, target):
         m.register_forward_hook(lambda mod, args, out: calls.append(out.dtype))
     accepted = 0
     for prompt in PROMPTS:
-        ref = decode_plain(target, prompt, 24, eos_ids=()).tokens
-        got = speculative_generate(target, d, prompt, 24, parse_policy(POLICY[family]), eos_ids=())
+        ref = decode_plain(TorchTarget(target), prompt, 24, eos_ids=()).tokens
+        got = speculative_generate(TorchTarget(target), drafter_runner(d), prompt, 24, parse_policy(POLICY[family]),
+                                   eos_ids=())
         assert got.tokens == ref, (family, prompt)
         accepted += sum(r.accepted for r in got.rounds)
     assert calls and set(calls) == {torch.float32}, "the quantized modules never ran"
@@ -206,7 +217,7 @@ def test_cli_end_to_end(tmp_path):
     res = CliRunner().invoke(cli, ["inspect", str(out)])
     assert res.exit_code == 0 and "quantized" in res.output and "fc  " in res.output and "bits/param" in res.output
     res = CliRunner().invoke(cli, [*args, *small])
-    assert isinstance(res.exception, UsageError) and "--force" in str(res.exception)
+    assert isinstance(res.exception, RequestError) and "--force" in str(res.exception)
 
     gptq = tmp_path / "e3-gptq"
     res = CliRunner().invoke(cli, [*args[:4], str(gptq), *args[5:], "--method", "gptq", "--asymmetric", *small])
@@ -216,7 +227,7 @@ def test_cli_end_to_end(tmp_path):
 
     deq = tmp_path / "e3-deq"
     res = CliRunner().invoke(cli, [*args[:4], str(deq), *args[5:], "--dequantize", "--include", "lm_head",
-                                   "--float-dtype", "float32"])
+                                   "--dtype", "fp32"])
     assert res.exit_code == 0, res.output + repr(res.exception)
     assert "acceptance cost not measured" in res.output
     keys = set(tensor_index(deq))
@@ -234,9 +245,9 @@ def test_cli_bad_input(tmp_path):
     src = save_drafter(make("eagle3", t), tmp_path / "e3")
     base = ["quantize", "--drafter", str(src), "--out", str(tmp_path / "o")]
     res = CliRunner().invoke(cli, [*base, "--scheme", "int4", "--method", "gptq", "--group-size", "8"])
-    assert isinstance(res.exception, UsageError) and "--target DIR and --data PATH" in str(res.exception)
+    assert isinstance(res.exception, RequestError) and "--target DIR and --data PATH" in str(res.exception)
     res = CliRunner().invoke(cli, [*base, "--scheme", "int4", "--target", str(tdir)])
-    assert isinstance(res.exception, UsageError) and "go together" in str(res.exception)
+    assert isinstance(res.exception, RequestError) and "go together" in str(res.exception)
     res = CliRunner().invoke(cli, [*base, "--scheme", "int4"])  # group size 64 vs in_features 96, 64, 32, 40
     assert "does not divide fc's in_features 96; use --group-size 8" in str(res.exception)
     res = CliRunner().invoke(cli, [*base, "--scheme", "nf4", "--method", "gptq"])
@@ -246,4 +257,4 @@ def test_cli_bad_input(tmp_path):
     q = tmp_path / "q"
     assert CliRunner().invoke(cli, [*base[:4], str(q), "--scheme", "int8"]).exit_code == 0
     res = CliRunner().invoke(cli, ["quantize", "--drafter", str(q), "--out", str(tmp_path / "qq"), "--scheme", "int8"])
-    assert isinstance(res.exception, UsageError) and "already quantized" in str(res.exception)
+    assert isinstance(res.exception, RequestError) and "already quantized" in str(res.exception)

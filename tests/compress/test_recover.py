@@ -10,19 +10,28 @@ import numpy as np
 import pytest
 import torch
 from drafters_common import V, make, randomize, saved_target_and_drafter, tiny_target
-from export.test_hf_encodings import CFG, CONFIGS, IDS  # every registry cell, on a drafter all of them fit
+from export.test_hf_encodings import (  # every registry cell, on a drafter all of them fit
+    CFG,
+    CONFIGS,
+    IDS,
+)
 
 from specpress.compress.agreement import batch_loss
 from specpress.compress.data import WindowSampler
-from specpress.compress.quantize import config_for, quantize
+from specpress.compress.quantize.api import quantize
 from specpress.compress.quantize.fakequant import FakeQuantLinear, freeze, wrap
 from specpress.compress.quantize.recover import RecoverConfig, recover, source_weights
-from specpress.errors import CheckpointError, ConfigError, UsageError
+from specpress.errors import CheckpointError, ConfigError, RequestError
 from specpress.models.drafter import build_drafter
 from specpress.models.drafter_io import load_drafter, save_drafter
 from specpress.models.quantized import primitives as P
 from specpress.models.quantized.modules import quantized_modules
-from specpress.models.quantized.scheme import facet, scheme_of, scheme_of_module
+from specpress.models.quantized.scheme import (
+    config_for,
+    facet,
+    scheme_of,
+    scheme_of_module,
+)
 from specpress.models.target import load_target
 
 PATTERN = np.random.default_rng(0).integers(1, V, size=23)
@@ -177,7 +186,7 @@ def test_recovery_config_and_misuse_are_clear(target):
     with pytest.raises(ConfigError, match="unknown key"):
         RecoverConfig.from_dict({"steps": 3, "stepz": 1})
     assert RecoverConfig.from_dict(RecoverConfig(steps=3).to_dict()) == RecoverConfig(steps=3)
-    with pytest.raises(UsageError, match="quantize it first"):
+    with pytest.raises(RequestError, match="quantize it first"):
         recover(make("eagle3", target), target, WindowSampler(STREAM, 24, 4, 0), RecoverConfig(steps=2))
 
 
@@ -247,7 +256,8 @@ def test_quantize_resume_continues_an_interrupted_recovery(tmp_path, monkeypatch
 
     monkeypatch.setattr(TrainProgress, "update", ctrl_c)
     res = CliRunner().invoke(cli, args(tmp_path / "q"))
-    assert res.exit_code != 0 and not (tmp_path / "q").exists()  # click turns Ctrl-C into "Aborted!"
+    assert res.exit_code == 130 and not (tmp_path / "q").exists()
+    assert "the recovery at step 2 of 4 saved" in str(res.exception) and "--resume" in str(res.exception)
     part = tmp_path / "q.partial"
     assert (part / "state.pt").is_file() and (part / "quantized" / "config.json").is_file()
     monkeypatch.setattr(TrainProgress, "update", real)

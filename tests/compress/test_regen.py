@@ -10,7 +10,8 @@ import torch
 from drafters_common import random_eos_target, save_with_tokenizer
 
 from specpress.compress.regen import RegenConfig, card_path, continue_batch, prompt_windows, regenerate
-from specpress.errors import ConfigError, UsageError
+from specpress.errors import ConfigError, RequestError
+from specpress.runtime.backends.torch.runner import TorchTarget
 from specpress.runtime.plain import decode_plain
 from specpress.runtime.sampling import SamplingParams
 
@@ -23,7 +24,7 @@ def test_greedy_batch_equals_plain_decoding_row_by_row():
     prompts = torch.from_numpy(prompt_windows(stream, RegenConfig(sequences=6, prompt_tokens=9)))
     rows = continue_batch(target, prompts, 24, GREEDY, None, target.config.eos_ids)
     for p, row in zip(prompts.tolist(), rows):
-        plain = decode_plain(target, p, 24).tokens
+        plain = decode_plain(TorchTarget(target), p, 24).tokens
         assert row == [t for t in plain if t not in target.config.eos_ids]
     assert len(rows) == 6
 
@@ -31,7 +32,7 @@ def test_greedy_batch_equals_plain_decoding_row_by_row():
 def test_eos_cuts_a_row_and_the_rest_keep_going():
     target = random_eos_target()
     prompts = torch.tensor([[3, 4, 5], [7, 8, 9]])
-    plain = [decode_plain(target, p, 10, eos_ids=()).tokens for p in prompts.tolist()]
+    plain = [decode_plain(TorchTarget(target), p, 10, eos_ids=()).tokens for p in prompts.tolist()]
     stop = next(t for t in plain[0][2:] if t not in plain[1])  # ends row 0 early, never row 1
     rows = continue_batch(target, prompts, 10, GREEDY, None, (stop,))
     assert rows == [plain[0][:plain[0].index(stop)], plain[1]]
@@ -72,7 +73,7 @@ def test_interrupted_run_resumes_to_the_same_file(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         regenerate(target, tok, stream, cfg, out, on_batch=stop_after_first)
     assert not out.exists() and out.with_name("cut.jsonl.partial").exists()
-    with pytest.raises(UsageError, match="batch"):  # a different run cannot continue it
+    with pytest.raises(RequestError, match="batch"):  # a different run cannot continue it
         regenerate(target, tok, stream, RegenConfig(sequences=7, prompt_tokens=6, new_tokens=8, batch=2), out,
                    resume=True)
     resumed = regenerate(target, tok, stream, cfg, out, resume=True)
@@ -88,10 +89,10 @@ def test_existing_output_is_kept_and_bad_settings_are_refused(tmp_path):
     target, tok, stream = _inputs(tmp_path)
     out = tmp_path / "d.jsonl"
     out.write_text("keep me\n")
-    with pytest.raises(UsageError, match="--force"):
+    with pytest.raises(RequestError, match="--force"):
         regenerate(target, tok, stream, RegenConfig(sequences=2, new_tokens=2), out)
     assert out.read_text() == "keep me\n"
-    with pytest.raises(UsageError, match="no interrupted run"):
+    with pytest.raises(RequestError, match="no interrupted run"):
         regenerate(target, tok, stream, RegenConfig(sequences=2, new_tokens=2), tmp_path / "e.jsonl", resume=True)
     with pytest.raises(ConfigError, match="new_tokens"):
         RegenConfig(new_tokens=0)

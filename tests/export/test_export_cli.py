@@ -11,7 +11,7 @@ pytest.importorskip("onnxruntime")
 from click.testing import CliRunner
 
 from specpress.cli import cli
-from specpress.errors import CheckpointError, UsageError
+from specpress.errors import CheckpointError, RequestError
 from specpress.export.onnx import ExportOptions, export_onnx
 from specpress.manifest import load_manifest
 
@@ -53,13 +53,13 @@ def test_export_onnx_command_writes_a_validated_directory(dirs):
 
 def test_refusals_name_the_fix(dirs, exported, monkeypatch):
     root, tdir, ddir = dirs
-    with pytest.raises(UsageError, match="opset >= 23"):
+    with pytest.raises(RequestError, match="opset >= 23"):
         ExportOptions(opset=21)
-    with pytest.raises(UsageError, match="bf16"):
+    with pytest.raises(RequestError, match="bf16"):
         ExportOptions(dtype="bf16")
     ExportOptions(attention="plugin", opset=18)  # the plugin form's function body needs only opset 18
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
-    with pytest.raises(UsageError, match=r"specpress\[ort\]"):
+    with pytest.raises(RequestError, match=r"specpress\[ort\]"):
         from specpress.export.onnx import require_onnxruntime
 
         require_onnxruntime()

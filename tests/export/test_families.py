@@ -10,15 +10,16 @@ import pytest
 import torch
 from drafters_common import CONFIGS, SHAPE, randomize
 
-from specpress.errors import CheckpointError, UsageError
+from specpress.errors import CheckpointError, RequestError
 from specpress.export.blocks import Ctx
 from specpress.export.families import EXPORTS, build_graphs, cache_dims, export_family
 from specpress.export.graph import Graph
-from specpress.manifest import CALLS, GraphRole, format1_role, load_manifest, manifest_from_dict
+from specpress.manifest import CALLS, GraphRole, load_manifest, manifest_from_dict
 from specpress.models import forced
 from specpress.models.drafter import BUILTIN_FAMILIES, build_drafter, family_names, register_family, unregister_family
 from specpress.models.eagle import EagleConfig, EagleDrafter
 from specpress.models.family import DistillDefaults
+from specpress.runtime.backends.base import BlockDrafter, FeatureDrafter, TokenDrafter
 
 # every exportable shape of the test drafters: dflash with and without its Markov head, MTP with two modules
 CASES = ["eagle", "eagle3", "mtp", "mtp2", "dflash", "dflash_markov", "lm"]
@@ -63,11 +64,11 @@ def test_every_family_is_exportable_or_refused_by_name(unexported):
     refused = [f for f in family_names() if f not in EXPORTS]
     assert refused == ["unexported"]
     for name in refused:
-        with pytest.raises(UsageError, match=f"no ONNX export for drafter family '{name}'; exportable: "
+        with pytest.raises(RequestError, match=f"no ONNX export for drafter family '{name}'; exportable: "
                                              f"eagle, eagle3, mtp, dflash, lm"):
             export_family(name)
     d = build_drafter(UnexportedConfig(**SHAPE))
-    with pytest.raises(UsageError, match="no ONNX export for drafter family 'unexported'"):
+    with pytest.raises(RequestError, match="no ONNX export for drafter family 'unexported'"):
         built(d)  # refused before any graph is built
 
 
@@ -94,28 +95,22 @@ def test_roles_describe_the_built_graphs(name, target):
     assert all(calls.count(c) == 1 for c in ("fuse", "lm", "block", "markov") if c in calls)
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_format1_manifests_get_the_roles_export_writes(name, target):
-    """Exports written before roles were recorded load with the roles a fresh export writes."""
-    d = drafter(name, target)
-    _, roles = built(d)
-    layers = cache_dims(d)[0]
-    assert {g: format1_role(g, layers) for g in roles} == roles
-
-
-def test_format1_manifest_loads_and_drives_the_same_graphs(exported, target, tmp_path):
-    from specpress.runtime.backends.onnxruntime import load_runner
+def test_manifest_roles_are_checked_and_a_format1_manifest_is_refused(exported, target):
+    from specpress.runtime.backends.onnxruntime.runner import load_runner
 
     _, path, _ = exported("eagle3")
     raw = json.loads((path / "manifest.json").read_text())
+    assert manifest_from_dict(json.loads(json.dumps(raw))).graphs == load_manifest(path).graphs
     old = json.loads(json.dumps(raw))
     old["format_version"] = 1
     for g in old["graphs"]:
         del g["role"]
-    assert manifest_from_dict(old).graphs == load_manifest(path).graphs
-    del old["graphs"][0]["file"]
-    with pytest.raises(CheckpointError, match=r"graphs\[0\]: missing key\(s\) file"):
+    with pytest.raises(CheckpointError, match="format_version 1.*re-export with `specpress export onnx`"):
         manifest_from_dict(old)
+    del raw["graphs"][0]["file"]
+    with pytest.raises(CheckpointError, match=r"graphs\[0\]: missing key\(s\) file"):
+        manifest_from_dict(raw)
+    raw = json.loads((path / "manifest.json").read_text())
     raw["graphs"][0]["role"]["cache_layers"] = ["0"]
     with pytest.raises(CheckpointError, match=r"graphs.0..role: cache_layers must be a list of layer indices"):
         manifest_from_dict(raw)
@@ -128,30 +123,20 @@ def test_format1_manifest_loads_and_drives_the_same_graphs(exported, target, tmp
     assert runner.fuse_taps(taps).shape[-1] == runner.info.hidden_size
 
 
-def test_format1_role_refuses_unknown_graph_names():
-    assert format1_role("step.1", 2) == GraphRole("feature", (1,))
-    assert format1_role("block", 3) == GraphRole("block", (0, 1, 2))
-    for bad in ("draft", "step.x", "fuse.1"):
-        with pytest.raises(CheckpointError, match=f"graph '{bad}' of a format-1 manifest has no known role"):
-            format1_role(bad, 2)
-
-
-@pytest.mark.parametrize("name, calls", [
-    ("lm", ("fuse_taps", "feature_step", "block_drafts")),
-    ("eagle", ("fuse_taps", "lm_step", "block_drafts")),
-    ("dflash", ("feature_step", "lm_step")),
-])
-def test_exported_runner_refuses_calls_its_graphs_do_not_serve(name, calls, exported, target):
-    from specpress.runtime.backends.onnxruntime import load_runner
+@pytest.mark.parametrize("name, protocol", [("lm", TokenDrafter), ("eagle", FeatureDrafter), ("eagle3", FeatureDrafter),
+                                            ("mtp", FeatureDrafter), ("dflash", BlockDrafter)])
+def test_exported_runner_offers_the_calls_its_graphs_serve(name, protocol, exported, target):
+    """The runner of an export is the protocol of the calls its graphs serve (the manifest's roles, not the
+    family's name), and offers no other kind's call."""
+    from specpress.runtime.backends.onnxruntime.runner import load_runner
 
     _, path, _ = exported(name)
     runner = load_runner(path, target, "cpu")
-    ids = torch.tensor([[1, 2]])
-    cache = runner.new_cache(8)
-    args = {"fuse_taps": ({},), "feature_step": (torch.zeros(1, 2, 4), ids, cache, None, None),
-            "lm_step": (ids, cache, None, None), "block_drafts": (None, 1, 4, cache)}
-    said = {"fuse_taps": "take no fused taps", "feature_step": "have no feature step",
-            "lm_step": "are not standalone language models", "block_drafts": "do not draft blocks"}
-    for call in calls:
-        with pytest.raises(NotImplementedError, match=f"{name} drafters {said[call]}"):
-            getattr(runner, call)(*args[call])
+    assert isinstance(runner, protocol)
+    calls = {"feature_step", "lm_step", "block_drafts"} - {c for c in ("feature_step", "lm_step", "block_drafts")
+                                                           if hasattr(protocol, c)}
+    assert not any(hasattr(runner, c) for c in calls), (name, [c for c in calls if hasattr(runner, c)])
+    if name == "eagle":  # no taps: the target's last hidden state goes in as it is
+        with pytest.raises(RequestError, match="eagle drafters take no fused taps"):
+            runner.fuse_taps({})
+

@@ -4,31 +4,28 @@
   model parses our `quantization_config` and its own compressors decompress every quantized Linear to the
   dense weight specpress's module computes with, exactly.
 - speculators (cannot be installed next to the project: it pins transformers <= 5.19 and pulls CUDA
-  torch): its own config classes validate our config.json, run in a separate interpreter named by
-  SPECPRESS_SPECULATORS_PYTHON (default /tmp/hf-venv/bin/python); marked `speculators`, skipped when absent.
-  Make that venv with: python3 -m venv /tmp/hf-venv; echo <project venv site-packages> >
-  /tmp/hf-venv/lib/python3.11/site-packages/zz_main.pth; /tmp/hf-venv/bin/pip install --no-deps
-  speculators==0.9.0 pydantic-settings python-dotenv; /tmp/hf-venv/bin/pip install -c <torch/transformers/
-  numpy pins> openai "datasets<=5.0.1" hs-connectors==0.9.0
+  torch): its own config classes validate our config.json, in the side interpreter (tests/export/side.py;
+  .ci/run builds it); marked `speculators`. Its models load and run our EAGLE-3 exports in
+  test_speculators_loads.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from drafters_common import make
-from specpress.compress.quantize import config_for, quantize
-from specpress.models.quantized.modules import quantized_modules
+from safetensors.torch import load_file
+from side import need_side
+
+from specpress.compress.quantize.api import quantize
 from specpress.export.hf import export_hf
-from specpress.models.formats.speculators import rename_out
 from specpress.models.drafter_io import save_drafter
+from specpress.models.formats.speculators import rename_out
+from specpress.models.quantized.modules import quantized_modules
+from specpress.models.quantized.scheme import config_for
 
 SCHEMES = {"int4": dict(group_size=8), "int4-asym": dict(group_size=8, symmetric=False), "int8": {},
            "int8-asym": dict(group_size=8, symmetric=False), "fp8": {}, "int3": dict(group_size=8),
@@ -86,11 +83,6 @@ def test_transformers_loads_a_compressed_lm_drafter(target, target_dir, tmp_path
     assert (ref - ours).abs().max() < 1e-4
 
 
-def speculators_python() -> str | None:
-    exe = os.environ.get("SPECPRESS_SPECULATORS_PYTHON", "/tmp/hf-venv/bin/python")
-    return exe if Path(exe).is_file() else None
-
-
 VALIDATE = r"""
 import json, sys
 from speculators import SpeculatorModelConfig
@@ -112,13 +104,10 @@ for path in sys.argv[1:]:
 """
 
 
-@pytest.mark.slow
 @pytest.mark.speculators
 def test_speculators_config_classes_validate_our_config(target, target_dir, tmp_path):
-    """Run with: pytest -m speculators tests/export/test_hf_clients.py (one interpreter start, ~40 s)."""
-    exe = speculators_python()
-    if exe is None:
-        pytest.skip("no interpreter with speculators: set SPECPRESS_SPECULATORS_PYTHON (see module docstring)")
+    """One interpreter start (~15 s)."""
+    exe = need_side()
     made = {f: exported(f, "int4", target, target_dir, tmp_path / f) for f in ("eagle3", "dflash")}
     r = subprocess.run([exe, "-c", VALIDATE, *(str(out / "config.json") for _, out in made.values())],
                        capture_output=True, text=True, timeout=600)

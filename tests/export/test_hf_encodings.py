@@ -12,7 +12,7 @@ import pytest
 import torch
 from drafters_common import randomize
 
-from specpress.compress.quantize import quantize
+from specpress.compress.quantize.api import quantize
 from specpress.errors import ConfigError
 from specpress.export.hf import export_hf
 from specpress.models.drafter import build_drafter

@@ -20,7 +20,7 @@ import torch
 from drafters_common import randomize
 from safetensors.torch import load_file
 
-from specpress.compress.quantize import config_for, quantize
+from specpress.compress.quantize.api import quantize
 from specpress.export.hf import export_hf
 from specpress.models.drafter import build_drafter
 from specpress.models.drafter_io import save_drafter
@@ -28,6 +28,7 @@ from specpress.models.lm import LMConfig
 from specpress.models.quantized import minifloat as M
 from specpress.models.quantized.activations import per_token_amax
 from specpress.models.quantized.modules import quantized_modules
+from specpress.models.quantized.scheme import config_for
 
 CFG = LMConfig(vocab_size=61, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
                num_key_value_heads=2, max_position_embeddings=64)

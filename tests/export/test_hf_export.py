@@ -7,14 +7,16 @@ import json
 
 import pytest
 import torch
+from drafters_common import IDS, L, make, run
 from safetensors.torch import load_file, save_file
 
-from drafters_common import IDS, L, make, run
-from specpress.compress.quantize import config_for, quantize
-from specpress.errors import CheckpointError, ConfigError, UsageError
+from specpress.compress.quantize.api import quantize
+from specpress.errors import CheckpointError, ConfigError, RequestError, UsageError
 from specpress.export.hf import export_hf
 from specpress.models.drafter_io import load_drafter, save_drafter
+from specpress.models.quantized.scheme import config_for
 from specpress.models.target import save_target
+from specpress.runtime.backends.torch.runner import TorchTarget, drafter_runner
 
 SCHEMES = {  # name -> config_for(...) kwargs
     "int4": dict(scheme="int4", group_size=8),
@@ -130,7 +132,8 @@ def test_same_decoding_through_the_loop(target, target_dir, tmp_path):
     prompt = IDS[0].tolist()
     runs = []
     for path in (src, tmp_path / "served"):
-        g = speculative_generate(target, load_drafter(path, target), prompt, 24, parse_policy("chain:3"), eos_ids=())
+        g = speculative_generate(TorchTarget(target), drafter_runner(load_drafter(path, target)), prompt, 24,
+                                 parse_policy("chain:3"), eos_ids=())
         runs.append((g.tokens, [r.accepted for r in g.rounds]))
     assert runs[0] == runs[1]
     accepted = runs[0][1]
@@ -150,22 +153,23 @@ def test_refuses_what_a_format_cannot_hold(target, target_dir, tmp_path):
         export_hf(drafter_dir("mtp", target, tmp_path, "int4-asym"), tmp_path / "y", "modelopt")
     with pytest.raises(ConfigError, match="no layout for specpress's 'mtp'"):
         export_hf(drafter_dir("mtp", target, tmp_path, None), tmp_path / "z", "speculators", verifier="x/y")
-    with pytest.raises(UsageError, match="not quantized"):
+    with pytest.raises(RequestError, match="not quantized"):
         export_hf(drafter_dir("eagle3", target, tmp_path / "f", None), tmp_path / "w", "modelopt")
     assert not any((tmp_path / n).exists() for n in "xyzw")
 
 
 def test_verifier_must_match_the_drafters_target(target, tmp_path):
     from drafters_common import SHAPE
+
     from specpress.models.target import TargetConfig, TargetModel
 
     other = save_target(TargetModel(TargetConfig(**SHAPE, num_hidden_layers=L + 1)), tmp_path / "other")
     src = drafter_dir("eagle3", target, tmp_path, None)
     with pytest.raises(CheckpointError, match="does not match the target.*num_hidden_layers"):
         export_hf(src, tmp_path / "x", "speculators", verifier=str(other))
-    with pytest.raises(UsageError, match="--verifier"):
+    with pytest.raises(UsageError, match="--target NAME_OR_PATH is required"):
         export_hf(src, tmp_path / "x", "speculators")
-    with pytest.raises(UsageError, match="lm_head"):  # dflash stores the verifier's head: needs a local dir
+    with pytest.raises(RequestError, match="lm_head"):  # dflash stores the verifier's head: needs a local dir
         export_hf(drafter_dir("dflash", target, tmp_path, None), tmp_path / "x", "speculators", verifier="org/m")
 
 
@@ -211,7 +215,7 @@ def test_cli_command(target, target_dir, tmp_path):
 
     src = drafter_dir("eagle3", target, tmp_path, "int4")
     r = CliRunner().invoke(hf, ["--drafter", str(src), "--out", str(tmp_path / "o"), "--format", "speculators",
-                                "--verifier", str(target_dir), "--policy", "dynamic:depth=4,topk=2,budget=6"])
+                                "--target", str(target_dir), "--policy", "dynamic:depth=4,topk=2,budget=6"])
     assert r.exit_code == 0, r.output
     assert "speculators eagle3, int4 as compressed-tensors" in r.output and "nearest chain" in r.output
     assert "group size 8" in r.output  # not a group size vLLM's kernels take: flagged
@@ -254,7 +258,7 @@ def test_speculators_eagle3_stores_the_verifiers_embedding(target, target_dir, t
     t = load_file(str(out / "model.safetensors"))
     assert torch.equal(t["embed_tokens.weight"], target.model.embed_tokens.weight)
     assert_same(load_drafter(src, target), load_drafter(out, target))  # still read back as before
-    with pytest.raises(UsageError, match="embed_tokens.*local target directory"):
+    with pytest.raises(RequestError, match="embed_tokens.*local target directory"):
         export_hf(src, tmp_path / "x", "speculators", verifier="org/some-model")
     assert not (tmp_path / "x").exists()
 
@@ -274,10 +278,10 @@ def test_modelopt_fp8_weight_scale_is_one_dimensional(family, target, tmp_path):
         assert s.dtype == torch.float32 and tuple(s.shape) == (w.shape[0],), k
 
 
-def test_help_and_notes_do_not_promise_sglang_a_quantized_route(target, tmp_path):
-    """SGLang 0.5.x (python/sglang/srt/layers/quantization/modelopt_quant.py ModelOptFp8Config) serves
-    static per-tensor FP8 only, and its EAGLE-3 `fc` (models/llama_eagle3.py) is a plain Linear: neither
-    export is for SGLang when quantized, and the help says so with SGLang's rule."""
+def test_help_and_notes_do_not_promise_sglang_a_quantized_modelopt_route(target, tmp_path):
+    """SGLang 0.5.23 (srt/layers/quantization/modelopt_quant.py ModelOptFp8Config) serves static per-tensor FP8
+    only: the ModelOpt layout is not its route when quantized (the notes say so); its route is --for sglang,
+    which the help names with the version its rules were read from."""
     from click.testing import CliRunner
 
     from specpress.commands.export_hf import hf
@@ -285,7 +289,7 @@ def test_help_and_notes_do_not_promise_sglang_a_quantized_route(target, tmp_path
     r = CliRunner().invoke(hf, ["--help"])
     text = " ".join(r.output.split())
     assert r.exit_code == 0 and "vLLM / SGLang / TensorRT-LLM" not in text
-    assert 'quant_algo "FP8"' in text and "--exclude fc" in text and "SGLang" in text
+    assert "--for [vllm|sglang|trtllm]" in text and "SGLang 0.5.23" in text and "vLLM 0.34.0" in text
     s = export_hf(drafter_dir("eagle3", target, tmp_path, "fp8"), tmp_path / "mo", "modelopt")
     assert any(n.startswith("not for SGLang") for n in s.notes)
     assert not any("SGLang also" in n or "/ SGLang" in n for n in s.notes)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import specpress.runtime.loop as loop
-from specpress.runtime.backends.onnxruntime import load_runner
-from specpress.runtime.backends.torch import TorchDrafterRunner
+from specpress.runtime.backends.onnxruntime.runner import load_runner
+from specpress.runtime.backends.torch.runner import TorchTarget, drafter_runner
 from specpress.runtime.loop import speculative_generate
 from specpress.runtime.policy import parse_policy
 
@@ -48,7 +48,7 @@ def drafts_of(runner, target, policy, monkeypatch):
     monkeypatch.setattr(loop, "make_session", recording)
     outs, accepted, n = [], 0, 0
     for prompt in PROMPTS:
-        gen = speculative_generate(target, runner, prompt, 24, parse_policy(policy))
+        gen = speculative_generate(TorchTarget(target), runner, prompt, 24, parse_policy(policy))
         outs.append(gen.tokens)
         accepted += sum(r.accepted + 1 for r in gen.rounds)
         n += len(gen.rounds)
@@ -58,7 +58,7 @@ def drafts_of(runner, target, policy, monkeypatch):
 
 def check_parity(exported, target, family, policy, form, monkeypatch):
     d, path, _ = exported(family, form)
-    t_out, t_rounds, t_tau = drafts_of(TorchDrafterRunner(d), target, policy, monkeypatch)
+    t_out, t_rounds, t_tau = drafts_of(drafter_runner(d), target, policy, monkeypatch)
     o_out, o_rounds, o_tau = drafts_of(load_runner(path, target, torch.device("cpu")), target, policy, monkeypatch)
     assert o_out == t_out
     same = sum(a == b for a, b in zip(t_rounds, o_rounds))

@@ -16,7 +16,7 @@ from test_loop_sampling import CRIT, chi2, tiny  # noqa: E402
 
 from specpress.export.onnx import ExportOptions, export_onnx  # noqa: E402
 from specpress.models.lm import LMConfig, LMDrafter  # noqa: E402
-from specpress.runtime.backends.onnxruntime import load_runner  # noqa: E402
+from specpress.runtime.backends.onnxruntime.runner import load_runner  # noqa: E402
 
 
 @pytest.mark.slow

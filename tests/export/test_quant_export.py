@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("onnxruntime")
 import torch
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError
 from specpress.export.onnx import ExportOptions, export_onnx
 
 # (scheme, group, symmetric, format) -> the op the Linears become
@@ -43,8 +43,8 @@ def quantized_eagle(target, scheme, group, symmetric):
     from drafters_common import make, randomize
 
     from specpress.compress.quantize.api import quantize
-    from specpress.models.quantized.scheme import config_for
     from specpress.models.drafter import build_drafter
+    from specpress.models.quantized.scheme import config_for
 
     base = make("eagle", target)  # intermediate 64: every Linear's K is a multiple of 16 and 32
     d = randomize(build_drafter(dataclasses.replace(base.config, intermediate_size=64)), 1).attach_target(target)
@@ -92,7 +92,7 @@ def test_quantized_export_matrix(tmp_path, target, key):
                                  ("int3", 16, True, "matmulnbits")],
                          ids=lambda k: "-".join(map(str, k)))
 def test_runner_drafts_with_the_quantized_graph(tmp_path, target, key):
-    from specpress.runtime.backends.onnxruntime import load_runner
+    from specpress.runtime.backends.onnxruntime.runner import load_runner
 
     d, _ = run_case(tmp_path, target, key)  # DequantizeLinear weights are folded at load (fold_dequantize)
     runner = load_runner(tmp_path / "q", target, "cpu")
@@ -111,7 +111,7 @@ def test_runner_drafts_with_the_quantized_graph(tmp_path, target, key):
 
 def test_nf4_has_no_qdq_form(tmp_path, target):
     d = quantized_eagle(target, "nf4", 32, None)
-    with pytest.raises(UsageError, match="matmulnbits"):
+    with pytest.raises(RequestError, match="matmulnbits"):
         export_onnx(d, tmp_path / "q", ExportOptions(quant_format="qdq"), target=target)
     assert not (tmp_path / "q").exists()
 

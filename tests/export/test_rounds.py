@@ -103,9 +103,9 @@ def test_feed_mask_reads_back_the_plugin_form():
 def test_export_without_its_target_is_refused_naming_the_fix(tmp_path, target):
     from conftest import make_drafter
 
-    from specpress.errors import UsageError
+    from specpress.errors import RequestError
     from specpress.export.onnx import export_onnx
 
-    with pytest.raises(UsageError, match="pass target="):
+    with pytest.raises(RequestError, match="pass target="):
         export_onnx(make_drafter("eagle", target), tmp_path / "out")
     assert not (tmp_path / "out").exists()

@@ -1,4 +1,4 @@
-"""The onnxruntime runner, called through the DrafterRunner methods, against the torch drafter's forward
+"""The onnxruntime runner, called through its runner protocol, against the torch drafter's forward
 on the same inputs: prefill, a tree level with its mask and positions, crop / compact, for every family
 and both attention forms."""
 
@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("onnxruntime")
 import torch
 
-from specpress.runtime.backends.onnxruntime import load_runner
+from specpress.runtime.backends.onnxruntime.runner import load_runner
 
 FORMS = ["standard", "plugin"]
 ATOL = 2e-5
@@ -156,7 +156,7 @@ def test_build_runner_drives_any_session_with_run(exported, target):
 
     import onnxruntime as ort
 
-    from specpress.runtime.backends.onnxruntime import build_runner
+    from specpress.runtime.backends.onnxruntime.runner import build_runner
 
     class TorchIO:  # an onnxruntime session behind EngineSession's calling convention (torch in, torch out)
         def __init__(self, path):
@@ -181,7 +181,7 @@ def test_runner_sessions_do_not_spin_between_runs():
     """torch runs between two session runs on the same cores (the target, tree building): idle onnxruntime
     workers must block, not spin (spinning made the medium target's loop 2.3x slower per round)."""
     ort = pytest.importorskip("onnxruntime")
-    from specpress.runtime.backends.onnxruntime import session_options
+    from specpress.runtime.backends.onnxruntime.runner import session_options
 
     opts = session_options(ort, 2)
     assert opts.intra_op_num_threads == 2

@@ -9,15 +9,17 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 import torch
+from cli_common import run_main
 from click.testing import CliRunner
 
 from specpress.cli import cli
-from specpress.errors import CheckpointError, UsageError
+from specpress.errors import CheckpointError, RequestError
 from specpress.export.target import TargetExportOptions, export_target, random_case
 from specpress.export.validate import TOLERANCE, ExportValidationError
 from specpress.manifest import load_target_manifest
 from specpress.models.drafter import get_family
-from specpress.runtime.backends.onnxruntime import load_runner, load_target_runner
+from specpress.runtime.backends.onnxruntime.runner import load_runner, load_target_runner
+from specpress.runtime.backends.torch.runner import TorchTarget
 from specpress.runtime.loop import speculative_generate
 from specpress.runtime.plain import decode_plain
 from specpress.runtime.policy import parse_policy
@@ -80,7 +82,8 @@ def test_whole_loop_in_onnxruntime_is_lossless(target_export, target, exported, 
     rounds = 0
     for p in PROMPTS:
         s = speculative_generate(ot, drafter, p, 20, pol, eos_ids=())
-        assert s.tokens == decode_plain(ot, p, 20, eos_ids=()).tokens == decode_plain(target, p, 20, eos_ids=()).tokens
+        plain = decode_plain(TorchTarget(target), p, 20, eos_ids=()).tokens
+        assert s.tokens == decode_plain(ot, p, 20, eos_ids=()).tokens == plain
         rounds += len(s.rounds)
     if name != "lm":  # the random lm drafter shares nothing with the target and is never accepted
         assert rounds < 3 * 19  # drafts were accepted (cache compaction ran): fewer verify forwards than tokens
@@ -92,23 +95,24 @@ def test_sampling_through_the_onnxruntime_target_matches_torch(target_export, ta
     drafter = load_runner(exported("eagle3")[1], target)
     pol, params = parse_policy("chain:3"), SamplingParams(temperature=0.8)
     for p in PROMPTS:
-        a = speculative_generate(target, drafter, p, 16, pol, params, torch.Generator().manual_seed(1), eos_ids=())
+        a = speculative_generate(TorchTarget(target), drafter, p, 16, pol, params, torch.Generator().manual_seed(1),
+                                 eos_ids=())
         b = speculative_generate(ot, drafter, p, 16, pol, params, torch.Generator().manual_seed(1), eos_ids=())
         assert a.tokens == b.tokens
 
 
 def test_bad_inputs_are_refused_clearly(target_export, exported, target, tmp_path):
     ot = load_target_runner(target_export[0])
-    with pytest.raises(UsageError, match="outside the target's hidden states"):
+    with pytest.raises(RequestError, match="outside the target's hidden states"):
         ot.forward(torch.tensor([[1]]), cache=ot.new_cache(4), taps=(99,))
     with pytest.raises(CheckpointError, match="drafter's export"):
         load_target_runner(exported("eagle3")[1])
-    with pytest.raises(UsageError, match="--dtype 'bf16'"):
+    with pytest.raises(RequestError, match="--dtype 'bf16'"):
         TargetExportOptions(dtype="bf16")
     keep = tmp_path / "keep"
     keep.mkdir()
     (keep / "mine.txt").write_text("x")
-    with pytest.raises(UsageError, match="--force"):
+    with pytest.raises(RequestError, match="--force"):
         export_target(target, keep)
     assert [p.name for p in keep.iterdir()] == ["mine.txt"]
 
@@ -146,5 +150,5 @@ def test_bench_runs_the_whole_loop_in_onnxruntime(tmp_path, target, monkeypatch)
     assert got["config"]["target_provider"] == "CPUExecutionProvider"
     assert got["lossless_mismatches"] == 0 and got["outputs"] == outs["torch"]["outputs"]
     for bad, why in ((["--compile-target"], "--compile-target"), (["--dtype", "bf16"], "fp32 or fp16")):
-        res = CliRunner().invoke(cli, base + ["--target-backend", "onnxruntime", *bad])
-        assert res.exit_code != 0 and why in res.output
+        res = run_main(*base, "--target-backend", "onnxruntime", *bad)
+        assert res.exit_code == 2 and why in res.stderr  # the command line alone is wrong

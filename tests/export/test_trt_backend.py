@@ -1,4 +1,4 @@
-"""runtime/backends/tensorrt.py on CPU: everything before a device is needed (no engine runs here)."""
+"""runtime/backends/tensorrt/runner.py on CPU: everything before a device is needed (no engine runs here)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import sys
 import pytest
 import torch
 
-from specpress.errors import CheckpointError, UsageError
+from specpress.errors import CheckpointError, RequestError
 from specpress.manifest import file_records
-from specpress.runtime.backends import tensorrt as backend
-from specpress.runtime.backends.tensorrt import (EngineSession, TensorRTRuntimeUnavailable, check_device,
+from specpress.runtime.backends.tensorrt import runner as backend
+from specpress.runtime.backends.tensorrt.runner import (EngineSession, TensorRTRuntimeUnavailable, check_device,
                                                  load_runner, read_engine_manifest)
 
 
@@ -29,7 +29,7 @@ def _engine_dir(tmp_path, flavour="tensorrt_rtx", aot=True, ccs=("sm86",)):
 
 
 def test_manifest_errors(tmp_path):
-    with pytest.raises(UsageError, match="not an `specpress export trt` output"):
+    with pytest.raises(RequestError, match="not an `specpress export trt` output"):
         read_engine_manifest(tmp_path)
     d, m = _engine_dir(tmp_path)
     assert read_engine_manifest(d) == m
@@ -46,7 +46,7 @@ def test_manifest_errors(tmp_path):
     with pytest.raises(CheckpointError, match="records no sizes or sha256 .* older specpress"):
         read_engine_manifest(d)
     (d / "manifest.json").write_text(json.dumps({"format": "specpress-onnx"}))
-    with pytest.raises(UsageError, match="expected 'specpress-tensorrt-engines'"):
+    with pytest.raises(RequestError, match="expected 'specpress-tensorrt-engines'"):
         read_engine_manifest(d)
 
 
@@ -55,7 +55,7 @@ def test_no_cuda_is_a_clear_error_and_touches_no_tensorrt(tmp_path, monkeypatch)
     for name in ("tensorrt", "tensorrt_lean", "tensorrt_rtx"):
         monkeypatch.setitem(sys.modules, name, None)  # any import attempt would raise ImportError
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(TensorRTRuntimeUnavailable, match="runs engines on a CUDA device"):
+    with pytest.raises(TensorRTRuntimeUnavailable, match="needs a GPU: it runs engines on a CUDA device"):
         load_runner(d, target=None, device=torch.device("cpu"))
 
 
@@ -85,5 +85,5 @@ def test_profile_choice():
     s.profiles = [{"q": {"min": [1, 1], "max": [1, 64]}}, {"q": {"min": [1, 1], "max": [1, 2048]}}]
     assert s._profile({"q": (1, 64)}) == 0
     assert s._profile({"q": (1, 65)}) == 1
-    with pytest.raises(UsageError, match="outside every optimization profile"):
+    with pytest.raises(RequestError, match="outside every optimization profile"):
         s._profile({"q": (1, 4096)})

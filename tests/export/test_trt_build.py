@@ -11,8 +11,8 @@ import pytest
 
 from specpress.export.trt import builder as builder_mod
 from specpress.export.trt.builder import BuildOptions, TensorRTBuildError, build_engines, build_graph
-from specpress.runtime.backends.trt.library import TensorRTUnavailable, load_tensorrt
-from specpress.runtime.backends.trt.plugin import register_tree_attention
+from specpress.runtime.backends.tensorrt.library import TensorRTUnavailable, load_tensorrt
+from specpress.runtime.backends.tensorrt.plugin import register_tree_attention
 from specpress.export.trt.probe import probe_model, save_probe
 from specpress.export.trt.profiles import AxisRange, Budget
 
@@ -93,14 +93,14 @@ def test_build_engines_writes_engines_and_manifest(rtx, tmp_path):
 
 
 def test_unknown_target_and_existing_output(rtx, tmp_path):
-    from specpress.errors import UsageError
+    from specpress.errors import RequestError
 
     save_probe(tmp_path / "onnx" / "p.onnx")
-    with pytest.raises(UsageError, match="unknown --target-gpu sm90"):
+    with pytest.raises(RequestError, match="unknown --target-gpu sm90"):
         build_engines(tmp_path / "onnx", tmp_path / "e", BuildOptions(targets=("sm90",)), echo=lambda _m: None)
     assert not (tmp_path / "e").exists()  # atomic: nothing left behind
     (tmp_path / "e").mkdir()
-    with pytest.raises(UsageError, match="already exists"):
+    with pytest.raises(RequestError, match="already exists"):
         build_engines(tmp_path / "onnx", tmp_path / "e", BuildOptions(), echo=lambda _m: None)
 
 
@@ -111,9 +111,9 @@ def test_enqueue_feeds_the_kernel_in_the_node_order(rtx, monkeypatch):
 
     import torch
 
-    from specpress.runtime.backends.trt import plugin as plugin_mod
-    from specpress.runtime.backends.trt.kernel import tree_attention
-    from specpress.runtime.backends.trt.plugin import TreeAttentionFields, plugin_classes
+    from specpress.runtime.backends.tensorrt import plugin as plugin_mod
+    from specpress.runtime.backends.tensorrt.kernel import tree_attention
+    from specpress.runtime.backends.tensorrt.plugin import TreeAttentionFields, plugin_classes
     from specpress.runtime.tree import pack_mask
 
     g = torch.Generator().manual_seed(0)

@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from specpress.commands.export_trt import register, trt
-from specpress.errors import UsageError
-from specpress.runtime.backends.trt.library import TensorRTUnavailable, load_tensorrt
+from specpress.errors import RequestError
+from specpress.runtime.backends.tensorrt.library import TensorRTUnavailable, load_tensorrt
 from specpress.export.trt.probe import save_probe
 
 
@@ -53,14 +53,14 @@ def test_export_trt_probe_flag_overrides_budget(tmp_path):
 def test_usage_errors(tmp_path):
     runner = CliRunner()
     res = runner.invoke(trt, ["--out", str(tmp_path / "e")])
-    assert isinstance(res.exception, UsageError) and "--onnx DIR" in str(res.exception)
+    assert isinstance(res.exception, RequestError) and "--onnx DIR" in str(res.exception)
     res = runner.invoke(trt, ["--probe", "--onnx", str(tmp_path), "--out", str(tmp_path / "e")])
-    assert isinstance(res.exception, UsageError)
+    assert isinstance(res.exception, RequestError)
     (tmp_path / "src").mkdir()  # beside --out: an --out inside its --onnx input is refused first
     res = runner.invoke(trt, ["--onnx", str(tmp_path / "src"), "--out", str(tmp_path / "e")])
-    assert isinstance(res.exception, UsageError) and "no .onnx files" in str(res.exception)
+    assert isinstance(res.exception, RequestError) and "no .onnx files" in str(res.exception)
     res = runner.invoke(trt, ["--probe", "--out", str(tmp_path / "e"), "--axis", "tree"])
-    assert isinstance(res.exception, UsageError) and "NAME=MIN:OPT:MAX" in str(res.exception)
+    assert isinstance(res.exception, RequestError) and "NAME=MIN:OPT:MAX" in str(res.exception)
 
 
 def test_register_attaches_to_a_group():
@@ -90,7 +90,7 @@ def test_type_stubs_alone_are_not_a_tensorrt(tmp_path, monkeypatch):
     monkeypatch.delitem(sys.modules, "tensorrt", raising=False)
     with pytest.raises(TensorRTUnavailable, match="has no Builder/OnnxParser"):
         load_tensorrt("tensorrt")
-    from specpress.runtime.backends.tensorrt import TensorRTRuntimeUnavailable, import_runtime
+    from specpress.runtime.backends.tensorrt.runner import TensorRTRuntimeUnavailable, import_runtime
 
     monkeypatch.setitem(sys.modules, "tensorrt_lean", None)
     with pytest.raises(TensorRTRuntimeUnavailable, match="no Runtime"):

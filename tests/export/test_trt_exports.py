@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from specpress.export.trt.builder import BuildOptions, build_engines
-from specpress.runtime.backends.trt.library import TensorRTUnavailable, load_tensorrt
+from specpress.runtime.backends.tensorrt.library import TensorRTUnavailable, load_tensorrt
 from specpress.export.trt.profiles import Budget
 
 pytestmark = [pytest.mark.trt]  # ~15 s: in the default run, so CI builds these engines

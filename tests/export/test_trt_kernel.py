@@ -1,4 +1,4 @@
-"""The TreeAttention plugin's math (export/trt/kernel.py) against models.layers.attention, on CPU.
+"""The TreeAttention plugin's math (runtime/backends/tensorrt/kernel.py) against models.layers.attention, on CPU.
 
 `kernel.tree_attention` is the very function the plugin's enqueue calls on the GPU; here it decodes the
 contract's compact mask (committed length + LSB-first int32 words) and must equal the reference fed the
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specpress.runtime.backends.trt.kernel import decode_tree_mask, tree_attention
+from specpress.runtime.backends.tensorrt.kernel import decode_tree_mask, tree_attention
 from specpress.models.layers import attention
 from specpress.runtime.tree import DraftTree, pack_mask, unpack_mask
 

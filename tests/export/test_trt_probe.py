@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from specpress.runtime.backends.trt.kernel import tree_attention
-from specpress.runtime.backends.trt.plugin import FIELDS, TreeAttentionFields
+from specpress.runtime.backends.tensorrt.kernel import tree_attention
+from specpress.runtime.backends.tensorrt.plugin import FIELDS, TreeAttentionFields
 from specpress.export.trt.probe import probe_model
 from specpress.runtime.tree import DraftTree
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CHECKED = ["specpress/export/trt", "specpress/runtime/backends/tensorrt.py", "specpress/commands/export_trt.py"]
+CHECKED = ["specpress/export/trt", "specpress/runtime/backends/tensorrt", "specpress/commands/export_trt.py"]
 # only the TensorRT stubs are followed (torch & co. would cost minutes and check nothing of ours)
 CONFIG = """[mypy]
 ignore_missing_imports = True

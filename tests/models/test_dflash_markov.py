@@ -20,6 +20,7 @@ from specpress.errors import ConfigError
 from specpress.models.dflash import read_config, write_config
 from specpress.models.drafter import build_drafter
 from specpress.models.drafter_io import load_drafter, save_drafter
+from specpress.runtime.backends.torch.runner import TorchTarget, drafter_runner
 from specpress.runtime.loop import speculative_generate
 from specpress.runtime.plain import decode_plain
 from specpress.runtime.policy import parse_policy
@@ -83,8 +84,9 @@ def test_greedy_speculative_equals_plain(target):
     for tgt in (target, easy):
         d = markov_drafter(tgt)
         for prompt in ([5, 9, 13, 2, 44, 7], [11, 12]):
-            ref = decode_plain(tgt, prompt, 30, eos_ids=()).tokens
-            got = speculative_generate(tgt, d, prompt, 30, parse_policy("block:4"), eos_ids=())
+            ref = decode_plain(TorchTarget(tgt), prompt, 30, eos_ids=()).tokens
+            got = speculative_generate(TorchTarget(tgt), drafter_runner(d), prompt, 30, parse_policy("block:4"),
+                                       eos_ids=())
             assert got.tokens == ref
             accepted += sum(r.accepted for r in got.rounds)
     assert accepted > 0, "no draft was ever accepted: the accept path went untested"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from drafters_common import CONFIGS, FAMILIES, IDS, SHAPE, H, L, V, make, run, tiny_target
-from specpress.errors import CheckpointError, ConfigError, UsageError
+from specpress.errors import CheckpointError, ConfigError, RequestError
 from specpress.models.dflash import DFlashConfig, default_target_layer_ids
 from specpress.models.drafter import build_drafter, family_names, get_family, register_family
 from specpress.models.eagle import EagleConfig
@@ -187,7 +187,7 @@ def test_deepcopy_keeps_sharing_the_target(target):
 
 def test_unattached_drafter_says_what_to_do():
     d = build_drafter(CONFIGS["eagle"])
-    with pytest.raises(UsageError, match="attach_target"):
+    with pytest.raises(RequestError, match="attach_target"):
         d(torch.zeros(1, 2, H), torch.zeros(1, 2, dtype=torch.long))
 
 

@@ -20,7 +20,7 @@ from specpress.compress.losses import LOSSES, LossContext, chain_loss, get_loss
 from specpress.compress.quantize.calibrate import drafter_forward
 from specpress.compress.students import student_config
 from specpress.compress.teacher import target_signals
-from specpress.errors import ConfigError, UsageError
+from specpress.errors import ConfigError, RequestError
 from specpress.models import forced
 from specpress.models.drafter import (BUILTIN_FAMILIES, build_drafter, families_where, family_names, get_family,
                                       register_family, unregister_family)
@@ -28,7 +28,7 @@ from specpress.models.eagle import EagleConfig, EagleDrafter
 from specpress.models.family import REQUIRED_TRAITS, DistillDefaults, StudentSpec
 from specpress.models.forced import input_features
 from specpress.models.target import TargetConfig, TargetModel
-from specpress.runtime.backends.torch import as_drafter_runner
+from specpress.runtime.backends.torch.runner import drafter_runner
 from specpress.runtime.drafting import FeatureSession, check_policy, make_session
 from specpress.runtime.policy import parse_policy
 
@@ -112,12 +112,12 @@ def test_every_builtin_family_supplies_every_trait(name, target):
     if fam.layer_stack is not None:
         assert len(layer_stack(d)[1]) == CONFIGS[name].num_hidden_layers
     else:
-        with pytest.raises(UsageError, match="single layer"):
+        with pytest.raises(RequestError, match="single layer"):
             layer_stack(d)
     student = student_config(DistillConfig(family=name, steps=1, draft_vocab=24 if name == "eagle3" else None),
                              target.config)
     assert student.family == name
-    assert type(make_session(as_drafter_runner(d), 64)).__name__ == {"feature": "FeatureSession", "lm": "LMSession",
+    assert type(make_session(drafter_runner(d), 64)).__name__ == {"feature": "FeatureSession", "lm": "LMSession",
                                                  "block": "BlockSession"}[fam.session]
 
 
@@ -134,13 +134,13 @@ def test_a_toy_family_runs_through_every_consumer(toy, target):
     with pytest.raises(ConfigError, match="'taps' applies to eagle3 and dflash drafters, not toy"):
         DistillConfig(family="toy", steps=1, taps=(2,))
     check_policy("toy", parse_policy("chain:3"))
-    with pytest.raises(UsageError, match="cannot run with a toy drafter; use one of chain:K"):
+    with pytest.raises(RequestError, match="cannot run with a toy drafter; use one of chain:K"):
         check_policy("toy", parse_policy("tree:[[0],[1]]"))
     cfg = student_config(c, target.config)
     assert isinstance(cfg, ToyConfig)
     torch.manual_seed(0)
     d = build_drafter(cfg, target)
-    assert isinstance(make_session(as_drafter_runner(d), 64), FeatureSession)
+    assert isinstance(make_session(drafter_runner(d), 64), FeatureSession)
     assert get_loss("toy") is chain_loss
     ids = torch.randint(1, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(3))
     batch = target_signals(target, ids, d.taps)
@@ -149,7 +149,7 @@ def test_a_toy_family_runs_through_every_consumer(toy, target):
     probes = make_probes(d, calibration_signals(target, [ids], d.taps))
     assert set(fit(d, probes)) == {"kl", "agreement"}
     drafter_forward(d, ids, batch.hidden, batch.taps)
-    with pytest.raises(UsageError, match=r"toy drafters have a single layer \(a toy\)"):
+    with pytest.raises(RequestError, match=r"toy drafters have a single layer \(a toy\)"):
         layer_stack(d)
 
 
@@ -210,6 +210,6 @@ def test_students_follow_the_descriptor_for_vocabulary(target):
     stream = np.tile(np.arange(1, 40), 20)
     d = init_student(DistillConfig(family="eagle3", steps=1, draft_vocab=24), target, stream)
     assert int(d.t2d.sum()) == 24
-    with pytest.raises(UsageError, match="share the target's embeddings"):
+    with pytest.raises(RequestError, match="share the target's embeddings"):
         student_config(DistillConfig(family="dflash", steps=1, hidden=16), target.config)
     assert student_config(DistillConfig(family="lm", steps=1, hidden=16, heads=2), target.config).hidden_size == 16

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from specpress.errors import CheckpointError, ConfigError, UsageError
+from specpress.errors import CheckpointError, ConfigError, RequestError
 from specpress.models.layers import causal_mask
 from specpress.models.target import load_target
 
@@ -242,5 +242,5 @@ def test_sharded_checkpoint_loads(hf_dir_factory, tmp_path):
 def test_cache_overflow_is_usage_error(hf_dir_factory):
     _, path = hf_dir_factory("llama")
     ours = load_target(path)
-    with pytest.raises(UsageError, match="context"):
+    with pytest.raises(RequestError, match="context"):
         ours.new_cache(10_000)

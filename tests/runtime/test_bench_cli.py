@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from cli_common import run_main
 from click.testing import CliRunner
 from drafters_common import make, tiny_target
 
@@ -100,18 +101,18 @@ def test_compiled_drafter_stays_lossless_and_compiles(tmp_path, family, policy):
 
 def test_compile_needs_a_drafter(tmp_path):
     _, tdir, _, prompts = setup(tmp_path)
-    res = CliRunner().invoke(cli, ["bench", "--target", str(tdir), "--prompts", str(prompts), "--max-new-tokens", "4",
-                                   "--compile"])
-    assert res.exit_code != 0 and "--drafter" in res.output
+    res = run_main("bench", "--target", tdir, "--prompts", prompts, "--max-new-tokens", "4", "--compile")
+    assert res.exit_code == 2 and res.stderr.startswith("error: --compile compiles the drafter; pass --drafter")
+    assert "Try 'specpress bench --help' for help." in res.stderr
 
 
 def test_backend_choices_come_from_the_registry(tmp_path):
-    from specpress.runtime.backends import BACKENDS
+    from specpress.runtime.backends import names
 
     _, tdir, ddir, prompts = setup(tmp_path)
     base = ["bench", "--target", str(tdir), "--drafter", str(ddir), "--prompts", str(prompts), "--max-new-tokens", "4"]
-    res = CliRunner().invoke(cli, base + ["--backend", "nope"])
-    assert res.exit_code == 2 and all(name in res.output for name in BACKENDS)
+    res = run_main(*base, "--backend", "nope")
+    assert res.exit_code == 2 and all(name in res.stderr for name in names()) and "tensorrt" in names()
     out = tmp_path / "res.json"
     res = CliRunner().invoke(cli, base + ["--backend", "torch", "--json", str(out)])
     assert res.exit_code == 0, res.output
@@ -119,7 +120,9 @@ def test_backend_choices_come_from_the_registry(tmp_path):
     assert d["config"]["backend"] == "torch" and d["lossless_mismatches"] == 0
     for command in ("run", "bench"):
         help_text = CliRunner().invoke(cli, [command, "--help"]).output
-        assert "--backend" in help_text and all(name in help_text for name in BACKENDS)
+        assert "--backend" in help_text and all(name in help_text for name in names())
+    res = run_main(*base, "--backend", "tensorrt")  # accepted; it reads engines, not a drafter artifact
+    assert res.exit_code == 1 and "export it first with `specpress export trt" in res.stderr, res.stderr
 
 
 def bench_json(tmp_path, args, name="res.json"):
@@ -152,10 +155,10 @@ def test_compare_drafter_interleaves_a_second_drafter(tmp_path):
 def test_compare_options_need_their_partners(tmp_path):
     _, tdir, ddir, prompts = setup(tmp_path)
     base = ["bench", "--target", str(tdir), "--prompts", str(prompts), "--max-new-tokens", "4"]
-    res = CliRunner().invoke(cli, base + ["--compare-drafter", str(ddir)])
-    assert res.exit_code == 2 and "pass --drafter too" in res.output
-    res = CliRunner().invoke(cli, base + ["--drafter", str(ddir), "--compare-backend", "torch"])
-    assert res.exit_code == 2 and "pass --compare-drafter too" in res.output
+    res = run_main(*base, "--compare-drafter", ddir)
+    assert res.exit_code == 2 and "pass --drafter too" in res.stderr
+    res = run_main(*base, "--drafter", ddir, "--compare-backend", "torch")
+    assert res.exit_code == 2 and "pass --compare-drafter too" in res.stderr
 
 
 @pytest.mark.slow

@@ -6,8 +6,9 @@ import pytest
 import torch
 from drafters_common import CONFIGS, make, tiny_target
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError
 from specpress.models.lm import LMDrafter
+from specpress.runtime.backends.torch.runner import TorchTarget, drafter_runner
 from specpress.runtime.loop import speculative_generate
 from specpress.runtime.plain import decode_plain
 from specpress.runtime.policy import parse_policy
@@ -57,8 +58,9 @@ def test_greedy_speculative_equals_plain(target, easy_target, family, policy):
     for tgt in (target, easy_target):
         d = drafter_for(family, tgt)
         for prompt in PROMPTS:
-            ref = decode_plain(tgt, prompt, 30, eos_ids=()).tokens
-            got = speculative_generate(tgt, d, prompt, 30, parse_policy(policy), eos_ids=())
+            ref = decode_plain(TorchTarget(tgt), prompt, 30, eos_ids=()).tokens
+            got = speculative_generate(TorchTarget(tgt), drafter_runner(d), prompt, 30, parse_policy(policy),
+                                       eos_ids=())
             assert got.tokens == ref, f"{family} {policy} prompt {prompt}"
             accepted += sum(r.accepted for r in got.rounds)
     assert accepted > 0, "no draft was ever accepted: the accept path went untested"
@@ -79,8 +81,8 @@ def oracle_lm(target, noise: float = 0.0):
 def test_oracle_drafter_accepts_everything(target, policy):
     d = oracle_lm(target)
     prompt = PROMPTS[0]
-    ref = decode_plain(target, prompt, 40, eos_ids=()).tokens
-    got = speculative_generate(target, d, prompt, 40, parse_policy(policy), eos_ids=())
+    ref = decode_plain(TorchTarget(target), prompt, 40, eos_ids=()).tokens
+    got = speculative_generate(TorchTarget(target), drafter_runner(d), prompt, 40, parse_policy(policy), eos_ids=())
     assert got.tokens == ref
     rounds = got.rounds[:-1]  # the last round may be cut by the token budget
     if policy == DYN:
@@ -94,17 +96,18 @@ def test_oracle_drafter_accepts_everything(target, policy):
 def test_eos_stops_like_plain(target):
     d = drafter_for("eagle", target)
     prompt = PROMPTS[1]
-    free = decode_plain(target, prompt, 30, eos_ids=()).tokens
+    free = decode_plain(TorchTarget(target), prompt, 30, eos_ids=()).tokens
     eos = free[7]
-    ref = decode_plain(target, prompt, 30, eos_ids=[eos]).tokens
-    got = speculative_generate(target, d, prompt, 30, parse_policy("chain:3"), eos_ids=[eos])
+    ref = decode_plain(TorchTarget(target), prompt, 30, eos_ids=[eos]).tokens
+    got = speculative_generate(TorchTarget(target), drafter_runner(d), prompt, 30, parse_policy("chain:3"),
+                               eos_ids=[eos])
     assert got.tokens == ref and got.tokens[-1] == eos
 
 
 def test_policy_family_mismatch_is_clear(target):
     d = drafter_for("dflash", target)
-    with pytest.raises(UsageError, match="cannot run with a dflash drafter.*block:B"):
-        speculative_generate(target, d, PROMPTS[0], 10, parse_policy("chain:3"))
+    with pytest.raises(RequestError, match="cannot run with a dflash drafter.*block:B"):
+        speculative_generate(TorchTarget(target), drafter_runner(d), PROMPTS[0], 10, parse_policy("chain:3"))
 
 
 @pytest.mark.parametrize("family,policy", [("eagle3", "chain:3"), ("lm", DYN), ("dflash", "block:4")])
@@ -121,7 +124,7 @@ def test_round_timing_attributes_drafter_compute(target, family, policy, monkeyp
         return forward(*args, **kwargs)
 
     monkeypatch.setattr(d, "forward", slow_forward)
-    got = speculative_generate(target, d, PROMPTS[0], 20, parse_policy(policy), eos_ids=())
+    got = speculative_generate(TorchTarget(target), drafter_runner(d), PROMPTS[0], 20, parse_policy(policy), eos_ids=())
     assert calls and got.rounds
     for r in got.rounds:
         assert 0 < r.draft_forward_ms <= r.draft_ms + r.other_ms + 1e-6

@@ -16,6 +16,7 @@ import specpress.runtime.loop as loop_mod
 from specpress.models.lm import LMConfig, LMDrafter
 from specpress.models.target import TargetConfig, TargetModel
 from specpress.runtime import verify as verify_mod
+from specpress.runtime.backends.torch.runner import TorchTarget, drafter_runner
 from specpress.runtime.policy import parse_policy
 from specpress.runtime.sampling import SamplingParams, process_logits
 
@@ -59,7 +60,8 @@ def chi2(target, drafter, policy: str) -> float:
     counts = torch.zeros(V, V)
     pol = parse_policy(policy)
     for _ in range(TRIALS):
-        out = loop_mod.speculative_generate(target, drafter, PROMPT, 2, pol, SamplingParams(TEMP), gen, eos_ids=())
+        out = loop_mod.speculative_generate(TorchTarget(target), drafter_runner(drafter), PROMPT, 2, pol,
+                                            SamplingParams(TEMP), gen, eos_ids=())
         counts[out.tokens[0], out.tokens[1]] += 1
     expected = exact_law(target) * TRIALS
     keep = expected > 0

@@ -9,8 +9,9 @@ import torch
 from click.testing import CliRunner
 
 from specpress.cli import cli
-from specpress.errors import DataError, UsageError
+from specpress.errors import DataError, RequestError
 from specpress.models.target import load_target
+from specpress.runtime.backends.torch.runner import TorchTarget
 from specpress.runtime.plain import decode_plain
 from specpress.runtime.sampling import SamplingParams
 from specpress.runtime.prompts import load_prompts
@@ -28,7 +29,7 @@ def test_greedy_equals_transformers_generate(hf_dir_factory, arch):
     ours = load_target(path)
     for seed in range(3):
         ids = torch.randint(0, 97, (8 + seed,), generator=torch.Generator().manual_seed(seed)).tolist()
-        got = decode_plain(ours, ids, 20, eos_ids=()).tokens
+        got = decode_plain(TorchTarget(ours), ids, 20, eos_ids=()).tokens
         assert got == hf_greedy(hf, ids, 20)
 
 
@@ -36,9 +37,9 @@ def test_greedy_stops_at_eos_like_transformers(hf_dir_factory):
     hf, path = hf_dir_factory("llama", eos_token_id=None)
     ours = load_target(path)
     ids = [5, 6, 7, 8]
-    free = decode_plain(ours, ids, 20, eos_ids=()).tokens
+    free = decode_plain(TorchTarget(ours), ids, 20, eos_ids=()).tokens
     eos = free[5]  # a token the model emits: decoding must stop right after its first occurrence
-    got = decode_plain(ours, ids, 20, eos_ids=[eos]).tokens
+    got = decode_plain(TorchTarget(ours), ids, 20, eos_ids=[eos]).tokens
     assert got == hf_greedy(hf, ids, 20, eos=eos)
     assert got[-1] == eos and eos not in got[:-1]
 
@@ -46,9 +47,12 @@ def test_greedy_stops_at_eos_like_transformers(hf_dir_factory):
 def test_sampling_is_seeded_and_varies(hf_dir_factory):
     _, path = hf_dir_factory("llama", eos_token_id=None)
     ours = load_target(path)
-    a = decode_plain(ours, [1, 2, 3], 15, SamplingParams(1.0), torch.Generator().manual_seed(7), eos_ids=())
-    b = decode_plain(ours, [1, 2, 3], 15, SamplingParams(1.0), torch.Generator().manual_seed(7), eos_ids=())
-    c = decode_plain(ours, [1, 2, 3], 15, SamplingParams(1.0), torch.Generator().manual_seed(8), eos_ids=())
+    a = decode_plain(TorchTarget(ours), [1, 2, 3], 15, SamplingParams(1.0), torch.Generator().manual_seed(7),
+                     eos_ids=())
+    b = decode_plain(TorchTarget(ours), [1, 2, 3], 15, SamplingParams(1.0), torch.Generator().manual_seed(7),
+                     eos_ids=())
+    c = decode_plain(TorchTarget(ours), [1, 2, 3], 15, SamplingParams(1.0), torch.Generator().manual_seed(8),
+                     eos_ids=())
     assert a.tokens == b.tokens
     assert a.tokens != c.tokens
 
@@ -93,8 +97,8 @@ def test_prompt_file_errors_name_the_line(tmp_path):
 def test_prompt_longer_than_context(hf_dir_factory):
     _, path = hf_dir_factory("llama", max_position_embeddings=32)
     ours = load_target(path)
-    with pytest.raises(UsageError, match="context is 32"):
-        decode_plain(ours, list(range(30)), 10)
+    with pytest.raises(RequestError, match="context is 32"):
+        decode_plain(TorchTarget(ours), list(range(30)), 10)
 
 
 def test_bench_cli_user_error_is_one_line(hf_dir_factory, tmp_path):

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError
 from specpress.runtime.policy import (GRAMMAR, BlockPolicy, ChainPolicy, DynamicPolicy, MTPPolicy, TreePolicy,
                                       parse_policy)
 
@@ -62,7 +62,7 @@ def test_derived_sizes() -> None:
     ("tree:__import__('os')", "not a list literal"),
 ])
 def test_bad_strings_show_the_grammar(text: str, hint: str) -> None:
-    with pytest.raises(UsageError) as info:
+    with pytest.raises(RequestError) as info:
         parse_policy(text)
     msg = str(info.value)
     assert hint in msg
@@ -72,11 +72,11 @@ def test_bad_strings_show_the_grammar(text: str, hint: str) -> None:
 
 
 def test_direct_construction_validates() -> None:
-    with pytest.raises(UsageError):
+    with pytest.raises(RequestError):
         ChainPolicy(0)
-    with pytest.raises(UsageError):
+    with pytest.raises(RequestError):
         TreePolicy(((0, 1),))
-    with pytest.raises(UsageError):
+    with pytest.raises(RequestError):
         DynamicPolicy(2, 2, 11)  # 2 + 2*4 = 10 candidates at most
     assert DynamicPolicy(2, 2, 10).budget == 10
 
@@ -106,7 +106,7 @@ def test_tree_round_trip(paths: list[list[int]], rnd) -> None:
 def test_dynamic_round_trip(depth: int, topk: int, budget: int) -> None:
     text = f"dynamic:depth={depth},topk={topk},budget={budget}"
     if budget > topk + depth * topk * topk:
-        with pytest.raises(UsageError):
+        with pytest.raises(RequestError):
             parse_policy(text)
     else:
         assert str(parse_policy(text)) == text

@@ -10,7 +10,7 @@ from torch import Tensor
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError
 from specpress.models.target import TargetConfig, TargetModel
 from specpress.runtime.policy import parse_policy
 from specpress.runtime.tree import (DraftTree, Frontier, build_dynamic_tree, pack_mask, tree_for_policy,
@@ -102,7 +102,7 @@ def test_from_choices() -> None:
     assert tree.to_choices() == [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
     assert tree.leaves == (4, 5, 6)
     assert tree.retrieve_indices().tolist() == [[0, 1, 4, -1], [0, 2, 5, -1], [0, 1, 3, 6]]
-    with pytest.raises(UsageError, match="prefix-closed"):
+    with pytest.raises(RequestError, match="prefix-closed"):
         DraftTree.from_choices([[0, 0]])
 
 
@@ -116,11 +116,11 @@ def test_policies_to_trees() -> None:
 
 def test_bad_trees() -> None:
     for parents in [(), (0,), (-1, 1), (-1, 0, 3), (-1, -1)]:
-        with pytest.raises(UsageError):
+        with pytest.raises(RequestError):
             DraftTree(parents)
-    with pytest.raises(UsageError, match="tokens has 2 entries"):
+    with pytest.raises(RequestError, match="tokens has 2 entries"):
         DraftTree((-1, 0, 0), tokens=(1, 2))
-    with pytest.raises(UsageError, match="no tokens"):
+    with pytest.raises(RequestError, match="no tokens"):
         DraftTree.chain(2).token_tensor()
 
 
@@ -222,10 +222,10 @@ def test_dynamic_tree_token_map_and_errors() -> None:
                                root_lp, 1, 2, 6, root_token=7, token_map=token_map)
     assert draft.tree.tokens == (7, 100, 101, 103, 102, 103, 102)
     assert draft.tree.parents == (-1, 0, 0, 1, 1, 2, 2)
-    with pytest.raises(UsageError, match="exceeds the drafter's vocabulary"):
+    with pytest.raises(RequestError, match="exceeds the drafter's vocabulary"):
         build_dynamic_tree(lambda f: f, root_lp, 1, 5, 3, root_token=0)
-    with pytest.raises(UsageError, match="NaN"):
+    with pytest.raises(RequestError, match="NaN"):
         build_dynamic_tree(lambda f: torch.full((2, 4), float("nan")), root_lp, 1, 2, 3, root_token=0)
-    with pytest.raises(UsageError, match="budget"):
+    with pytest.raises(RequestError, match="budget"):
         build_dynamic_tree(lambda f: f, root_lp, 1, 2, 7, root_token=0)
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import Tensor
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError
 from specpress.runtime.sampling import SamplingParams, process_logits, sample
 from specpress.runtime.tree import DraftTree
 from specpress.runtime.verify import VerifyResult, verify, verify_greedy, verify_sampling
@@ -87,13 +87,13 @@ def test_greedy_is_the_longest_matching_path(parents: tuple[int, ...], seed: int
 
 def test_verify_checks_its_inputs() -> None:
     tree = DraftTree.chain(2, tokens=[0, 1, 2])
-    with pytest.raises(UsageError, match=r"\[3, V\]"):
+    with pytest.raises(RequestError, match=r"\[3, V\]"):
         verify_greedy(tree, torch.zeros(2, 4))
-    with pytest.raises(UsageError, match="with tokens"):
+    with pytest.raises(RequestError, match="with tokens"):
         verify_greedy(DraftTree.chain(2), torch.zeros(3, 4))
-    with pytest.raises(UsageError, match="Generator"):
+    with pytest.raises(RequestError, match="Generator"):
         verify(tree, torch.zeros(3, 4), SamplingParams(temperature=1.0))
-    with pytest.raises(UsageError, match="q\\(x\\) > 0"):
+    with pytest.raises(RequestError, match="q\\(x\\) > 0"):
         verify_sampling(tree, torch.zeros(3, 4), SamplingParams(temperature=1.0), torch.Generator(),
                         draft_probs=torch.tensor([[0.0, 0.0, 1.0, 0.0]] * 3))
 
@@ -112,10 +112,10 @@ def test_process_logits() -> None:
     hot = process_logits(logits, 0.5)
     torch.testing.assert_close(hot, torch.tensor([0.01, 0.16, 0.09, 0.04]) / 0.30)
     for bad in (dict(temperature=-1.0), dict(temperature=float("nan")), dict(top_k=-1), dict(top_p=0.0)):
-        with pytest.raises(UsageError):
+        with pytest.raises(RequestError):
             SamplingParams(**bad)  # type: ignore[arg-type]
     assert sample(torch.tensor([[0.0, 3.0, 1.0]]), SamplingParams()).tolist() == [1]
-    with pytest.raises(UsageError, match="Generator"):
+    with pytest.raises(RequestError, match="Generator"):
         sample(logits, SamplingParams(temperature=1.0))
 
 

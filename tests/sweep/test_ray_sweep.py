@@ -47,23 +47,23 @@ def test_ray_sweep_gives_the_in_process_table(cluster):
     assert res.exit_code == 0, (res.output, res.exception)
     assert "as Ray tasks (1 CPU, 1 GPU if the cluster has GPUs per point; 2 retries)" in " ".join(res.output.split())
     a, b = by_point(root / "local"), by_point(root / "viaray")
-    assert set(a) == set(b) == {"base", "int8", "int4-g8", "ffn50", "vocab10"}  # b in completion order
+    assert set(a) == set(b) == {"base", "int8", "int4-g8", "ffn20", "vocab10"}  # b in completion order
     for pid in a:
         for f in SAME:
             assert a[pid].get(f) == b[pid].get(f), (pid, f)
-    assert b["ffn50"]["paired"]["resolved"] and b["vocab10"]["status"] == "failed"  # a failing point still records
+    assert b["ffn20"]["paired"]["resolved"] and b["vocab10"]["status"] == "failed"  # a failing point still records
     assert (root / "viaray" / "table.md").is_file() and not list((root / "viaray").glob(".ray-probe-*"))
 
 
 def test_a_worker_that_cannot_see_out_fails_at_once(cluster, tmp_path):
     """The start probe: a worker reading another file at --out's path (a node without the shared
     filesystem) stops the sweep with the reason."""
-    from specpress.errors import UsageError
+    from specpress.errors import RequestError
     from specpress.sweep.ray_executor import RayExecutor
 
     ex = RayExecutor(ExecutorSpec(kind="ray"), None)
     (tmp_path / ".probe").write_text("another node's file")
-    with pytest.raises(UsageError, match="every node mounts at the same path"):
+    with pytest.raises(RequestError, match="every node mounts at the same path"):
         ex._check_shared(ray, ex._options(ray), str(tmp_path), ".probe", "the driver's token")
     (tmp_path / ".probe").write_text("the driver's token")
     ex._check_shared(ray, ex._options(ray), str(tmp_path), ".probe", "the driver's token")  # seen: no error
@@ -105,7 +105,7 @@ def test_resume_after_the_driver_is_killed_redoes_only_missing_points(cluster):
     assert res.exit_code == 0, (res.output, res.exception)
     assert f"resuming: {len(before)} point(s) already measured" in " ".join(res.output.split())
     after = by_point(out)
-    assert set(after) == {"base", "int8", "int4-g8", "ffn50", "vocab10"}
+    assert set(after) == {"base", "int8", "int4-g8", "ffn20", "vocab10"}
     for pid, rec in before.items():  # finished points were not redone: their records are the same lines
         assert after[pid]["time"] == rec["time"] and after[pid]["wall_s"] == rec["wall_s"]
     assert json.loads((out / "recipe.json").read_text())["hash"]

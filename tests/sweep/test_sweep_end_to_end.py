@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from drafters_common import V, tiny_target
 
 from specpress.cli import cli
-from specpress.errors import ConfigError, DataError, UsageError
+from specpress.errors import ConfigError, DataError, RequestError
 from specpress.models.drafter_io import save_drafter
 from specpress.models.lm import LMConfig, LMDrafter
 from specpress.models.target import save_target
@@ -34,7 +34,7 @@ RECIPE = {
     "grid": [
         {"quantize": {"scheme": "int8"}},
         {"quantize": {"scheme": "int4", "group_size": 8}},
-        {"prune": {"ffn": 0.5}},
+        {"prune": {"ffn": 20}},  # 20 of the lm drafter's 40 FFN channels stay
         {"prune": {"vocab": 10}},  # an lm drafter has no draft vocabulary to cut: this point fails
     ],
     "tolerate_failures": True,  # ... on purpose: the sweep exits 0 and says the failure was tolerated
@@ -81,8 +81,8 @@ def by_point(out: Path) -> dict[str, dict]:
 def test_results_have_every_field_and_paired_stats(done):
     root, _, out, output = done
     recs = by_point(out)
-    assert list(recs) == ["base", "int8", "int4-g8", "ffn50", "vocab10"]
-    for pid in ("base", "int8", "int4-g8", "ffn50"):
+    assert list(recs) == ["base", "int8", "int4-g8", "ffn20", "vocab10"]
+    for pid in ("base", "int8", "int4-g8", "ffn20"):
         r = recs[pid]
         assert r["status"] == "ok" and all(f in r for f in FIELDS), sorted(set(FIELDS) - set(r))
         assert len(r["per_prompt_tau"]) == 8 and r["lossless_mismatches"] == 0
@@ -90,13 +90,13 @@ def test_results_have_every_field_and_paired_stats(done):
     base = recs["base"]
     assert base["tau"] == pytest.approx(4.0) and base["retention"] == 1.0 and base["paired"] is None
     assert base["bytes_pct_base16"] == pytest.approx(200, rel=0.01)  # stored in fp32
-    assert recs["int4-g8"]["bytes"] < recs["int8"]["bytes"] < recs["ffn50"]["bytes"] < base["bytes"]
-    ffn = recs["ffn50"]
+    assert recs["int4-g8"]["bytes"] < recs["int8"]["bytes"] < recs["ffn20"]["bytes"] < base["bytes"]
+    ffn = recs["ffn20"]
     assert ffn["paired"]["resolved"] and ffn["paired"]["ci"][1] < 0 and ffn["retention"] < 0.9
     assert ffn["retention"] == pytest.approx(ffn["tau"] / base["tau"])
     assert [s for s in ffn["provenance"] if s["step"] == "prune"]
     assert recs["int8"]["steps"] == [{"quantize": {"scheme": "int8"}}]
-    for pid in ("int8", "ffn50"):  # float_dtype auto: an fp32 base's compressed points store bf16
+    for pid in ("int8", "ffn20"):  # float_dtype auto: an fp32 base's compressed points store bf16
         assert json.loads((out / "points" / pid / "drafter" / "config.json").read_text())["torch_dtype"] == "bfloat16"
     assert ffn["bytes_pct_base16"] == pytest.approx(100 * ffn["bytes"] / (base["bytes"] / 2))
 
@@ -157,7 +157,7 @@ def test_a_second_sweep_into_the_same_out_fails_at_once(done, tmp_path):
 
         proc = subprocess.run([sys.executable, "-c", code, "sweep", str(recipe), "--out", str(tmp_path / "busy")],
                               capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "being written by another specpress process" in proc.stderr
+    assert proc.returncode == 1 and "being written by another specpress process" in proc.stderr
     assert f"pid {__import__('os').getpid()}" in proc.stderr
 
 
@@ -170,7 +170,7 @@ def test_pareto_flags_tables_and_plots(done):
     for col in ("point", "bytes", "% base@16-bit", "bits/param", "τ", "retention", "Δτ [95 % CI]", "resolved",
                 "acc@1", "speedup", "lossless"):
         assert col in md
-    assert "| ffn50 |" in md and "failed:" in md
+    assert "| ffn20 |" in md and "failed:" in md
     csv = (out / "table.csv").read_text().splitlines()
     assert csv[0].startswith("point,policy,temperature") and len(csv) == 6
     for name in ("tau_vs_bytes", "speedup_vs_bytes", "acceptance"):
@@ -228,7 +228,7 @@ def test_refuses_another_recipes_out_dir(done, tmp_path):
     assert not (mine / "results.jsonl").exists() and (mine / "points" / "int8").is_dir()
     (tmp_path / "foreign").mkdir()
     (tmp_path / "foreign" / "x.txt").write_text("mine")
-    with pytest.raises(UsageError, match="not a sweep output"):
+    with pytest.raises(RequestError, match="not a sweep output"):
         guard_out(tmp_path / "foreign", other, resume=False, force=False)
 
 
@@ -283,7 +283,7 @@ def test_a_recipe_distill_window_past_the_context_is_refused_before_training(tmp
     monkeypatch.setenv("SPECPRESS_CACHE", str(tmp_path / "cache"))
     (tmp_path / "r.yaml").write_text(yaml.safe_dump({**RECIPE, "drafter": {"distill": {
         "family": "lm", "steps": 2, "batch": 2, "seq_len": 4096, "layers": 1, "data": "ids.jsonl"}}}))
-    with pytest.raises(UsageError, match="drafter: distill: seq_len 4096 is longer than the target's context"):
+    with pytest.raises(RequestError, match="drafter: distill: seq_len 4096 is longer than the target's context"):
         resolve_drafter(load_recipe(tmp_path / "r.yaml"), tmp_path / "target", log=lambda m: None)
     assert not (tmp_path / "cache" / "drafters").exists()
 

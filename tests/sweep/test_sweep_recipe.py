@@ -23,7 +23,13 @@ def parse(tmp_path: Path, **changes) -> object:
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
 def test_every_shipped_recipe_loads(path):
-    r = load_recipe(path)
+    import warnings
+
+    from specpress.errors import Deprecated
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Deprecated)  # shipped recipes use today's spellings
+        r = load_recipe(path)
     assert r.points[0].id == "base" and len(r.points) > 1
     assert len({p.id for p in r.points}) == len(r.points)
 
@@ -111,19 +117,33 @@ def test_paths_resolve_against_the_recipe_file(tmp_path, monkeypatch):
 def test_product_expansion_ids_and_skipped_combinations(tmp_path):
     r = parse(tmp_path, grid=[
         {"quantize": {"scheme": ["int4", "nf4"], "group_size": [32, 64], "method": ["rtn", "gptq", "bnb"]}},
-        {"chain": [{"prune": {"ffn": [0.25, 0.5], "recover_steps": 10}}, {"quantize": {"scheme": "int8"}}]},
+        {"chain": [{"prune": {"ffn": [576, 384], "recover_steps": 10}}, {"quantize": {"scheme": "int8"}}]},
         {"id": "vq", "prune": {"vocab": 512}},
-        [{"prune": {"heads": 0.5}}, {"quantize": {"scheme": "fp8"}}],
+        [{"prune": {"kv_heads": 2}}, {"quantize": {"scheme": "fp8"}}],
     ])
     ids = [p.id for p in r.points]
     assert ids == ["base", "int4-g32", "int4-g32-gptq", "int4-g64", "int4-g64-gptq", "nf4-g32", "nf4-g64",
-                   "ffn25-r10+int8", "ffn50-r10+int8", "vq", "heads50+fp8-dyn"]
+                   "ffn576-r10+int8", "ffn384-r10+int8", "vq", "kv2+fp8-dyn"]
     assert len(r.skipped) == 6  # int4 x bnb (2), nf4 x rtn / gptq (4): combinations that do not exist
     assert sum("'nf4'" in s and "'gptq'" in s for s in r.skipped) == 2
-    chain = r.point("ffn50-r10+int8")
+    chain = r.point("ffn384-r10+int8")
     assert [s.kind for s in chain.steps] == ["prune", "quantize"]
-    assert chain.steps[0].config().ffn == 0.5 and chain.steps[0].config().recover_steps == 10
+    assert chain.steps[0].config().ffn == 384 and chain.steps[0].config().recover_steps == 10
     assert r.point("int4-g64-gptq").steps[0].config().method == "gptq"
+
+
+def test_deprecated_prune_shares_still_load_with_their_old_ids_and_warn(tmp_path):
+    """prune ffn / heads as shares to remove (the old spelling) load for one release: their old point ids, one
+    warning per spelling naming the recipe and what to write instead."""
+    from specpress.errors import Deprecated
+
+    with pytest.warns(Deprecated) as caught:
+        r = parse(tmp_path, grid=[{"prune": {"ffn": [0.25, 0.5]}}, {"prune": {"ffn": 0.5, "recover_steps": 5}},
+                                  [{"prune": {"heads": 0.5}}, {"quantize": {"scheme": "fp8"}}]])
+    assert [p.id for p in r.points] == ["base", "ffn25", "ffn50", "ffn50-r5", "heads50+fp8-dyn"]
+    said = [str(w.message) for w in caught]
+    assert len(said) == 3 and all("r.yaml: prune" in m and "deprecated" in m for m in said)  # ffn 0.5 once
+    assert any("heads 0.5" in m and "kv_heads N" in m for m in said)
 
 
 def test_explicit_invalid_point_is_an_error_not_a_skip(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError
 from specpress.sweep.driver import parse_loss
 from specpress.sweep.search import Candidate, Trial, find_smallest
 from specpress.sweep.stats import bootstrap_mean_ci, paired_comparison, pareto_flags
@@ -98,5 +98,5 @@ def test_parse_loss(text, value):
 
 @pytest.mark.parametrize("text", ["abc", "0", "100%", "-1%"])
 def test_parse_loss_rejects(text):
-    with pytest.raises(UsageError):
+    with pytest.raises(RequestError):
         parse_loss(text)

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from specpress.errors import CheckpointError, DataError, UsageError
+from specpress.errors import CheckpointError, DataError, RequestError
 from specpress.zoo import build as zb
 from specpress.zoo.corpus import EXCLUDED_DIRS, corpus_files, load_split_text, split_of, stdlib_root
 from specpress.zoo.tokenizer import EOS_ID, EOS_TOKEN, encode_documents, tokenizer_files, train_tokenizer
@@ -85,7 +85,7 @@ def test_corpus_selection_and_errors(mini_stdlib: Path, tmp_path: Path) -> None:
     assert len(docs) == 1 and docs[0] == val_file.read_text()
     with pytest.raises(DataError, match="holds no .py files"):
         corpus_files(root=tmp_path)
-    with pytest.raises(UsageError, match="unknown corpus split"):
+    with pytest.raises(RequestError, match="unknown corpus split"):
         corpus_files("dev")  # type: ignore[arg-type]
 
 
@@ -105,7 +105,7 @@ def test_tokenizer_round_trips_and_eos_is_id_0(mini_stdlib: Path) -> None:
     assert train_tokenizer(texts, vocab_size=300).to_str() == tok.to_str()  # deterministic
     assert set(tokenizer_files(tok, model_max_length=64)) == {
         "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}
-    with pytest.raises(UsageError, match="vocab_size must be at least"):
+    with pytest.raises(RequestError, match="vocab_size must be at least"):
         train_tokenizer(texts, vocab_size=100)
 
 
@@ -191,7 +191,7 @@ def test_muon_takes_the_block_matrices_and_adamw_the_rest() -> None:
     torch.nn.functional.cross_entropy(model(x[:, :-1]).logits.flatten(0, 1), x[:, 1:].flatten()).backward()
     opt.step()
     assert all(not torch.equal(before[n], p) for n, p in model.named_parameters())
-    with pytest.raises(UsageError, match="unknown optimizer 'sgd'; choose one of: adamw, muon"):
+    with pytest.raises(RequestError, match="unknown optimizer 'sgd'; choose one of: adamw, muon"):
         TrainConfig(steps=1, batch_size=1, seq_len=8, optimizer="sgd")
 
 
@@ -209,9 +209,9 @@ def test_presets_have_the_documented_sizes() -> None:
             sizes[name] = sum(p.numel() for p in TargetModel(preset.target_config()).parameters())
         assert preset.num_layers >= 8
     assert 7.0e6 < sizes["small"] < 8.5e6 and 25e6 < sizes["medium"] < 32e6
-    with pytest.raises(UsageError, match="EAGLE-3"):
+    with pytest.raises(RequestError, match="EAGLE-3"):
         zb.preset_with("small", num_layers=4)
-    with pytest.raises(UsageError, match="available: small, medium"):
+    with pytest.raises(RequestError, match="available: small, medium"):
         zb.preset_with("huge")
 
 
@@ -298,13 +298,13 @@ def test_an_interrupted_build_resumes_to_the_same_weights(mini_zoo: tuple[Path, 
     assert report.val_loss == mini_zoo[1].val_loss
 
 
-def test_build_refuses_a_foreign_dir_and_replaces_a_zoo(mini_stdlib: Path, tmp_path: Path) -> None:
+def test_build_refuses_a_foreign_dir_and_replaces_a_zoo_with_force(mini_stdlib: Path, tmp_path: Path) -> None:
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")
-    with pytest.raises(UsageError, match="not a zoo directory"):
+    with pytest.raises(RequestError, match="not a zoo directory"):
         _build(foreign, mini_stdlib)
-    with pytest.raises(UsageError, match="unknown zoo size"):
+    with pytest.raises(RequestError, match="unknown zoo size"):
         zb.build_zoo(tmp_path / "x", size="huge", progress=False)
     out = tmp_path / "zoo"
     stale = out.with_name("zoo.partial")
@@ -312,7 +312,10 @@ def test_build_refuses_a_foreign_dir_and_replaces_a_zoo(mini_stdlib: Path, tmp_p
     (stale / "meta.json").write_text("{}")  # left by a build with other settings: discarded
     first = _build(out, mini_stdlib, steps=2)
     assert first.steps == 2 and first.resumed_from == 0 and not stale.exists()
-    second = _build(out, mini_stdlib, steps=3)  # an existing zoo dir is rebuilt in place
+    with pytest.raises(RequestError, match="already holds a zoo target; pass --force"):
+        _build(out, mini_stdlib, steps=3)  # a finished build is kept ...
+    assert json.loads((out / "zoo.json").read_text())["steps"] == 2
+    second = _build(out, mini_stdlib, steps=3, force=True)  # ... unless --force: rebuilt in place
     assert second.steps == 3 and json.loads((out / "zoo.json").read_text())["steps"] == 3
 
 

@@ -1,6 +1,7 @@
 """`quantize(model, config, calibration=None) -> model`: the one verb, dispatched on the config's type.
 
-    from specpress.compress.quantize import config_for, quantize
+    from specpress.compress.quantize.api import quantize
+    from specpress.models.quantized.scheme import config_for
     quantize(drafter, config_for("int4", group_size=64))
     quantize(drafter, config_for("int4", "gptq"), calibration=DrafterCalibration(target, drafter, sampler))
 
@@ -35,7 +36,7 @@ from torch import nn
 from specpress.compress.quantize import gptq, smoothing  # noqa: F401  (register the calibrated methods' handlers)
 from specpress.compress.quantize.activations import calibrate_inputs
 from specpress.compress.quantize.handlers import ForwardLoop, handler_for
-from specpress.errors import ConfigError, UsageError
+from specpress.errors import ConfigError, RequestError, UsageError
 from specpress.models.quantized import primitives as P
 from specpress.models.quantized.configs import QuantizeConfig
 from specpress.models.quantized.modules import quantized_modules
@@ -88,8 +89,8 @@ def check_quantizable(model: nn.Module, names: list[str], config: QuantizeConfig
     for n in names:
         w = model.get_submodule(n).weight
         if w.dtype not in FLOAT_DTYPES:
-            raise UsageError(f"{n}: weight dtype {w.dtype} cannot be quantized; load the drafter in fp32, bf16 or "
-                             f"fp16")
+            raise RequestError(f"{n}: weight dtype {w.dtype} cannot be quantized; load the drafter in fp32, bf16 or "
+                               f"fp16")
     scheme_of(config).check(model, names, config)
 
 
@@ -144,16 +145,16 @@ def quantize(model: nn.Module, config: QuantizeConfig, calibration: ForwardLoop 
     """
     handler = handler_for(config)
     if active_quantize_step(getattr(model, "provenance", ())) or quantized_modules(model):
-        raise UsageError("this drafter is already quantized; quantize its full-precision artifact (or one written "
-                         "with --dequantize)")
+        raise RequestError("this drafter is already quantized; quantize its full-precision artifact (or one written "
+                           "with --dequantize)")
     if config.needs_data() and calibration is None:
         what = f"--method {config.method}" if config.needs_calibration else "--activations static"
         raise UsageError(f"{what} calibrates on the activations entering each Linear: pass --target DIR and --data "
                          f"PATH (Python: calibration=DrafterCalibration(...))")
     names, skipped = select_modules(model, config)
     if not names:
-        raise UsageError("nothing to quantize: every Linear is excluded or skipped "
-                         f"({', '.join(s['module'] for s in skipped)})")
+        raise RequestError("nothing to quantize: every Linear is excluded or skipped "
+                           f"({', '.join(s['module'] for s in skipped)})")
     check_quantizable(model, names, config)
     before = stored_bytes(model, float_dtype)
     originals = {n: model.get_submodule(n).weight.detach().clone() for n in names}
@@ -202,9 +203,10 @@ def dequantize(model: nn.Module) -> nn.Module:
     quantize step stays in the provenance, marked "dequantized": true."""
     mods = quantized_modules(model)
     if not mods:
-        raise UsageError("this drafter holds no quantized modules to dequantise")
+        raise RequestError("this drafter holds no quantized modules to dequantise")
     if getattr(model, "kv_cache_format", "none") != "none":
-        raise UsageError("--dequantize writes plain float weights, which cannot carry an fp8 KV cache: drop --kv-cache")
+        raise RequestError("--dequantize writes plain float weights, which cannot carry an fp8 KV cache: drop "
+                           "--kv-cache")
     for name, m in mods.items():
         replace_module(model, name, m.to_linear())
     if active_quantize_step(getattr(model, "provenance", ())):

@@ -95,10 +95,12 @@ class RoundsCalibration:
 
     @torch.no_grad()
     def __call__(self, model: nn.Module) -> None:
+        from specpress.runtime.backends.torch.runner import TorchTarget, drafter_runner
         from specpress.runtime.loop import speculative_generate
 
+        target, drafter = TorchTarget(self.target), drafter_runner(model)
         for p in self.prompts:
-            speculative_generate(self.target, model, p, self.new_tokens, self.policy, eos_ids=())
+            speculative_generate(target, drafter, p, self.new_tokens, self.policy, eos_ids=())
 
 
 def calibration_loop(inputs: str, target: TargetModel, drafter: Drafter, sampler: WindowSampler,

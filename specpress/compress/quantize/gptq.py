@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from specpress.compress.quantize.handlers import ForwardLoop, register_handler
-from specpress.errors import UsageError
+from specpress.errors import RequestError
 from specpress.models.quantized import lowbit as LB
 from specpress.models.quantized import primitives as P
 from specpress.models.quantized.integer import GPTQConfig, IntLinear, quantize_rtn
@@ -90,8 +90,8 @@ def _inverse_cholesky(h: Tensor, damp: float) -> Tensor:
             u, info = torch.linalg.cholesky_ex(hinv, upper=True)
             if int(info) == 0:
                 return u.float()
-    raise UsageError(f"GPTQ: the calibration Hessian is not positive definite even with damping "
-                     f"{damp * 1e4:g}x its mean diagonal; give more or more varied calibration data")
+    raise RequestError(f"GPTQ: the calibration Hessian is not positive definite even with damping "
+                       f"{damp * 1e4:g}x its mean diagonal; give more or more varied calibration data")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from specpress.compress.data import WindowSampler
 from specpress.compress.quantize.fakequant import SCALES, freeze, wrap
 from specpress.config import config_kwargs
-from specpress.errors import ConfigError, UsageError
+from specpress.errors import ConfigError, RequestError
 from specpress.models.quantized.modules import quantized_modules
 from specpress.models.quantized.restore import active_quantize_step
 from specpress.models.quantized.scheme import config_from_dict
@@ -94,7 +94,7 @@ def recover(drafter: nn.Module, target: Any, sampler: WindowSampler, config: Rec
     step = active_quantize_step(getattr(drafter, "provenance", ()))
     mods = quantized_modules(drafter)
     if step is None or not mods:
-        raise UsageError("recovery trains a quantized drafter: quantize it first (quantize --recover-steps N)")
+        raise RequestError("recovery trains a quantized drafter: quantize it first (quantize --recover-steps N)")
     if config.steps == 0:
         return drafter
     t0 = time.monotonic()

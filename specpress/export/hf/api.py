@@ -1,25 +1,24 @@
-"""`export_hf(drafter_dir, out, fmt=...)`: a drafter artifact -> a directory a serving engine loads.
+"""`export_hf(drafter_dir, out, fmt=..., engine=...)`: a drafter artifact -> a directory a serving engine loads.
 
 Works on the stored tensors, not on a rebuilt model: every quantized code and scale is moved, re-laid
-out or renamed, never recomputed, so the export is bit-identical to what specpress measured.
+out or renamed, never recomputed, so the export is what specpress measured.
 
-    speculators   eagle3 / dflash in the speculators layout (speculators.py); lm as a plain HF Llama dir;
-                  quantized Linears as compressed-tensors: for vLLM
-    modelopt      the family's public layout + hf_quant_config.json (modelopt.py): for TensorRT-LLM
+    --format speculators  eagle3 / dflash in the speculators layout (speculators.py); lm as a plain HF Llama dir;
+                          quantized Linears as compressed-tensors
+    --format modelopt     the family's public layout + hf_quant_config.json (modelopt.py)
+    --for ENGINE          what that engine loads for the family (engines.py: vLLM, SGLang, TensorRT-LLM): its
+                          layout and quantized-Linear format, config fields and float-Linear names in its own
+                          terms, refused first by its rules (rules.py; vllm.py, sglang.py, trtllm.py)
 
 Each quantized Linear is written by its scheme's encoding in the format (a facet registered per scheme,
 models/formats/encodings.py; ct_encodings.py, modelopt_encodings.py), which also holds the format's rule
 when a scheme, activation mode or method has no form there: the export refuses it with that rule rather
 than write a file that drops a tensor (an input_scale, a pre_quant_scale) or means something else.
-
-SGLang (0.5.x) has no route for a quantized drafter from here: it reads the EAGLE layout, not speculators;
-its ModelOpt FP8 config reads every FP8 quant_algo as static per-tensor FP8 (one scale per shard and an
-input_scale; python/sglang/srt/layers/quantization/modelopt_quant.py), not per-channel; and its EAGLE-3
-`fc` is a plain Linear that would drop an fp8 scale. A float drafter's own directory is what it reads.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,13 +27,16 @@ import torch
 from torch import Tensor, nn
 
 from specpress.artifacts import atomic_dir, write_json
-from specpress.errors import CheckpointError, ConfigError, UsageError
+from specpress.errors import CheckpointError, ConfigError, RequestError, UsageError
+from specpress.export.hf.engines import Engine, engine
+from specpress.export.hf.rules import Job
+from specpress.models.drafter import get_family
 from specpress.models.formats import compressed_tensors as ct
 from specpress.models.formats import modelopt as mo
-from specpress.models.formats.encodings import CT, MODELOPT, encoding
 from specpress.models.formats import speculators as sp
-from specpress.models.drafter import get_family
+from specpress.models.formats.encodings import CT, MODELOPT, encoding
 from specpress.models.io import read_config, read_weights, save_weights
+from specpress.models.quantized.fusion import fused_groups
 
 FORMATS = ("speculators", "modelopt")
 
@@ -51,13 +53,18 @@ class ExportSummary:
     speculative_tokens: int | None
     tensors: int
     notes: tuple[str, ...] = field(default_factory=tuple)
+    engine: str | None = None  # "vLLM 0.34.0": the engine (and version) whose rules it was written by
+    serve: str | None = None  # the command that loads it
 
     def lines(self) -> list[str]:
-        q = f", {self.scheme} as {'compressed-tensors' if self.format == 'speculators' else 'ModelOpt'}" \
-            if self.scheme else ""
+        label = "compressed-tensors" if self.format in ("speculators", CT) else "ModelOpt"
+        q = f", {self.scheme} as {label}" if self.scheme else ""
         head = f"wrote {self.out} ({self.layout}{q}; {self.tensors} tensors"
         head += f"; speculative_tokens {self.speculative_tokens})" if self.speculative_tokens else ")"
-        return [head] + [f"note: {n}" for n in self.notes]
+        lines = [head]
+        if self.engine:
+            lines.append(f"for {self.engine}: {self.serve}")
+        return lines + [f"note: {n}" for n in self.notes]
 
 
 def chain_tokens(policy: str | None, family: str, config: Any) -> tuple[int, list[str]]:
@@ -90,8 +97,8 @@ def resolve_verifier(verifier: str | None, block: dict[str, Any]) -> tuple[dict[
     """speculators' verifier block, and the verifier's local dir (checked against the drafter's target)."""
     fp = block.get("target") or {}
     if verifier is None:
-        raise UsageError("--verifier NAME_OR_PATH is required: the model id or path the server loads as the "
-                         "target (speculators records it; vLLM checks the drafter against it)")
+        raise UsageError("--target NAME_OR_PATH is required: the model id or path the server loads as the "
+                         "target (speculators records it as the verifier; vLLM checks the drafter against it)")
     local = Path(verifier).expanduser()
     if not local.is_dir():
         arch = fp.get("architecture")
@@ -104,27 +111,21 @@ def resolve_verifier(verifier: str | None, block: dict[str, Any]) -> tuple[dict[
     tcfg = TargetConfig.from_hf(raw, source=str(local / "config.json"))
     bad = fingerprint_diff(fp, target_fingerprint(tcfg))
     if bad:
-        raise CheckpointError(f"--verifier {local} does not match the target this drafter was built for "
+        raise CheckpointError(f"--target {local} does not match the target this drafter was built for "
                               f"(differs in {', '.join(bad)}: drafter {({k: fp[k] for k in bad})}); pass the "
                               f"target the drafter was distilled against")
     return sp.verifier_block(verifier, list(raw.get("architectures") or [])), local
 
 
-FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # what vLLM / SGLang fuse into one Linear
-
-
 def fused_notes(quantized: set[str], linears: dict[str, tuple[int, int]]) -> list[str]:
     """Servers fuse q/k/v and gate/up into one Linear with one scheme: flag a group quantized in part."""
     notes = []
-    for parent in sorted({n.rpartition(".")[0] for n in linears}):
-        for group in FUSED:
-            members = [f"{parent}.{m}" if parent else m for m in group]
-            have = [m for m in members if m in linears]
-            q = [m for m in have if m in quantized]
-            if q and len(q) != len(have):
-                notes.append(f"{', '.join(have)} are one fused Linear in vLLM / SGLang but only {', '.join(q)} "
-                             f"is quantized: the server refuses mixed schemes in a fused layer; quantize all of "
-                             f"them or none")
+    for group in fused_groups(linears):
+        q = [m for m in group if m in quantized]
+        if q and len(q) != len(group):
+            notes.append(f"{', '.join(group)} are one fused Linear in vLLM / SGLang / TensorRT-LLM but only "
+                         f"{', '.join(q)} is quantized: the server refuses mixed schemes in a fused layer; quantize "
+                         f"all of them or none")
     return notes
 
 
@@ -139,99 +140,160 @@ def _quantized(step: dict[str, Any] | None, weights: dict[str, Tensor]) -> dict[
     return out
 
 
-def export_hf(drafter: str | Path, out: str | Path, fmt: str, *, verifier: str | None = None,
-              policy: str | None = None, force: bool = False) -> ExportSummary:
-    """Write `drafter` to `out` in serving format `fmt` (speculators | modelopt); return the summary."""
+def _route(fmt: str | None, engine_name: str | None, family: str) -> tuple[str, str, Engine | None]:
+    """(layout, quantized-Linear format, engine) for --format / --for."""
+    if engine_name is None:
+        if fmt not in FORMATS:
+            raise ConfigError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+        if fmt == "speculators":
+            return ("hf" if family == "lm" else "speculators"), CT, None
+        return "public", MODELOPT, None
+    eng = engine(engine_name)
+    if family not in eng.layouts:
+        raise RequestError(eng.no_route.get(family) or f"{eng.read_from} has no route for {family!r} drafters")
+    lay = eng.layouts[family]
+    if fmt is not None and fmt != _format_of(eng, lay):  # right for another family: the drafter makes it wrong
+        raise RequestError(f"--for {eng.name} writes {eng.label}'s own form of a {family} drafter ({lay} layout, "
+                           f"{eng.quant}); drop --format {fmt}, or drop --for to write that layout alone")
+    return lay, (CT if eng.quant == CT else MODELOPT), eng
+
+
+def check_flags(fmt: str | None, engine_name: str | None) -> None:
+    """The command-line errors, whatever the drafter (UsageError, exit 2): neither --for nor --format, or a
+    --format that --for's engine writes for no family."""
+    if fmt is None and engine_name is None:
+        raise UsageError("export hf needs --for ENGINE (vllm, sglang, trtllm) or --format LAYOUT (speculators, "
+                         "modelopt)")
+    if fmt is not None and engine_name is not None:
+        eng = engine(engine_name)
+        if fmt not in {_format_of(eng, lay) for lay in eng.layouts.values()}:
+            raise UsageError(f"--for {eng.name} never writes the --format {fmt} layout ({eng.label} reads "
+                             f"{eng.quant}); drop --format {fmt}, or drop --for to write that layout alone")
+
+
+def _format_of(eng: Engine, lay: str) -> str | None:
+    """The --format whose layout `eng` writes for a family of layout `lay` (None: none of them)."""
+    if lay == "speculators" or (lay == "hf" and eng.quant == CT):
+        return "speculators"
+    return "modelopt" if eng.quant == MODELOPT else None
+
+
+def export_hf(drafter: str | Path, out: str | Path, fmt: str | None = None, *, engine: str | None = None,
+              verifier: str | None = None, policy: str | None = None, force: bool = False) -> ExportSummary:
+    """Write `drafter` to `out` in serving format `fmt` (speculators | modelopt), or as `engine` (vllm | sglang |
+    trtllm) loads it (its layout, its quantized-Linear format, refused by its rules); return the summary."""
     from specpress.models import serving_io
     from specpress.models.drafter_io import active_quantize_step, read_drafter_config
     from specpress.models.quantized.scheme import config_from_dict
 
-    if fmt not in FORMATS:
-        raise ConfigError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    check_flags(fmt, engine)
     drafter = Path(drafter).expanduser()
     family, config, raw = read_drafter_config(drafter)
+    lay, qfmt, eng = _route(fmt, engine, family)
     block = dict(raw.get("specpress") or {})
     weights = serving_io.to_specpress_weights(drafter, read_weights(drafter))
     step = active_quantize_step(block.get("steps"))
     qcfg = config_from_dict(step.get("config") or {}) if step else None
-    enc = encoding(CT if fmt == "speculators" else MODELOPT, qcfg) if qcfg is not None else None
-    if fmt == "modelopt" and step is None:
-        raise UsageError("--format modelopt writes ModelOpt's quantized layout; this drafter is not quantized "
-                         "(its public layout is what ModelOpt, TensorRT-LLM and SGLang read already)")
+    if qfmt == MODELOPT and step is None and eng is None:
+        raise RequestError("--format modelopt writes ModelOpt's quantized layout; this drafter is not quantized "
+                           "(its public layout is what ModelOpt, TensorRT-LLM and SGLang read already)")
     linears = linear_names(family, config)
     quantized = _quantized(step, weights)
     notes: list[str] = []
     public = get_family(family).writer(config)
     dtype = raw.get("torch_dtype") or "float32"
-    speculative_tokens = None
-    if fmt == "speculators":
-        why = sp.cannot_hold(family, config)
+    n_target = getattr(config, "num_target_layers", None) or (block.get("target") or {}).get("num_hidden_layers")
+    speculative_tokens, more = chain_tokens(policy, family, config) if lay == "speculators" or eng is not None \
+        else (None, [])
+    notes += more
+    rules = eng.rules() if eng is not None else None
+    job = Job(family, config, lay, qcfg, quantized, linears, n_target, verifier, Path(out).expanduser(),
+              speculative_tokens or 0) if rules is not None else None
+    if rules is not None:
+        why = rules.refuse(job)
         if why:
-            raise ConfigError(why)
-        if family == "lm":
-            rename, cfg_out, layout = (lambda n: n), dict(public), f"hf {public.get('model_type', 'llama')}"
-        else:
-            verifier_cfg, local = resolve_verifier(verifier, block)
-            speculative_tokens, more = chain_tokens(policy, family, config)
-            notes += more
-            if family == "dflash" and speculative_tokens > config.block_size - 1:
-                raise ConfigError(f"policy {policy} drafts {speculative_tokens} tokens; this dflash drafter's block "
-                                  f"holds {config.block_size - 1}")
-            sp.check_taps(family, config, (block.get("target") or {}).get("num_hidden_layers"))
-            cfg_out = sp.build_config(family, config, {**public, "torch_dtype": dtype}, verifier_cfg,
-                                      speculative_tokens)
-            rename, layout = (lambda n: sp.rename_out(family, n)), f"speculators {family}"
-            if family == "dflash":
-                weights = {**weights, "lm_head.weight": _verifier_head(local, dtype)}
-            if family == "eagle3":
-                if "lm_head" in quantized:
-                    raise ConfigError("vLLM builds an EAGLE-3 drafter's lm_head as a ParallelLMHead without a "
-                                      "quantization config (vLLM 0.33 model_executor/models/llama_eagle3.py), so a "
-                                      "quantized lm_head has nothing to load into: quantize without --include "
-                                      "lm_head")
-                if "embed_tokens.weight" not in weights:
-                    weights = {**weights, "embed_tokens.weight": _verifier_embedding(local, dtype)}
+            raise RequestError(why)
+    enc = encoding(qfmt, qcfg) if qcfg is not None else None
+    if lay == "speculators":
+        weights, cfg_out, rename = _speculators(family, config, public, dtype, weights, block, verifier, policy,
+                                                speculative_tokens)
     else:
-        rename, cfg_out, layout = (lambda n: n), dict(public), f"public {family}"
+        rename, cfg_out = (lambda n: n), dict(public)
+    layout_name = {"speculators": f"speculators {family}", "hf": f"hf {public.get('model_type', 'llama')}",
+                   "public": f"public {family}"}[lay]
     tensors: dict[str, Tensor] = {}
     for k, v in weights.items():
         owner = next((n for n in quantized if k.startswith(n + ".") and k != n + ".bias"), None)
-        if owner is None and not (fmt == "speculators" and sp.drop_on_write(family, config, k)):
+        if owner is None and not (lay == "speculators" and sp.drop_on_write(family, config, k)):
             tensors[rename(k)] = v
     for name, stored in quantized.items():
         assert enc is not None
-        new = enc.encode(stored, qcfg)
-        tensors.update({f"{rename(name)}.{s}": t for s, t in new.items()})
-    others = [rename(n) for n in linears if n not in quantized]
+        tensors.update({f"{rename(name)}.{s}": t for s, t in enc.encode(stored, qcfg).items()})
     extra_files: dict[str, Any] = {}
     if enc is not None:
         spec = enc.spec(qcfg)
-        if fmt == "speculators":
-            cfg_out["quantization_config"] = ct.quantization_config(spec, [rename(n) for n in quantized], others)
+        floats = [rename(n) for n in linears if n not in quantized]
+        if qfmt == CT:
+            ignore = [rules.ignore(n, job) for n in floats] if rules is not None else None
+            if lay == "speculators":  # Linears of speculators' own model that no checkpoint holds
+                extra = [ct.name_pattern(n) for n in sp.model_only_linears(family)]
+                ignore = None if ignore is None else ignore + extra
+                floats += list(sp.model_only_linears(family))
+            cfg_out["quantization_config"] = ct.quantization_config(spec, [rename(n) for n in quantized], floats,
+                                                                    ignore=ignore)
         else:
-            cfg_out["quantization_config"] = mo.quantization_config(spec, others)
-            extra_files["hf_quant_config.json"] = mo.hf_quant_config(spec, others)
+            excluded = [rules.ignore(n, job) for n in floats] if rules is not None else floats
+            cfg_out["quantization_config"] = mo.quantization_config(spec, excluded)
+            extra_files["hf_quant_config.json"] = mo.hf_quant_config(spec, excluded)
         notes += enc.notes(qcfg, {rename(n): linears[n] for n in quantized})
         notes += fused_notes(set(quantized), linears)
+    if rules is not None:
+        tensors = rules.tensors(job, tensors)
+        cfg_out = rules.config(job, cfg_out)
+        notes += rules.notes(job)
     cfg_out["torch_dtype"] = dtype
-    cfg_out["specpress"] = {**block, "exported_as": fmt}
+    cfg_out["specpress"] = {**block, "exported_as": fmt if eng is None else f"{eng.name} ({eng.read_from})"}
     out = Path(out).expanduser()
     with atomic_dir(out, force=force) as tmp:
         write_json(tmp / "config.json", cfg_out)
         for fname, obj in extra_files.items():
             write_json(tmp / fname, obj)
         save_weights(tensors, tmp / "model.safetensors")
-    return ExportSummary(out, fmt, family, layout, step.get("scheme") if step else None, speculative_tokens,
-                         len(tensors), tuple(notes))
+    return ExportSummary(out, fmt or qfmt, family, layout_name,
+                         step.get("scheme") if step else None, speculative_tokens, len(tensors), tuple(notes),
+                         engine=None if eng is None else eng.read_from,
+                         serve=None if rules is None else rules.serve(job))
+
+
+def _speculators(family: str, config: Any, public: dict[str, Any], dtype: str, weights: dict[str, Tensor],
+                 block: dict[str, Any], verifier: str | None, policy: str | None,
+                 tokens: int | None) -> tuple[dict[str, Tensor], dict[str, Any], Callable[[str], str]]:
+    """(tensors, config.json, rename) of the speculators layout (eagle3 / dflash)."""
+    why = sp.cannot_hold(family, config)
+    if why:
+        raise ConfigError(why)
+    verifier_cfg, local = resolve_verifier(verifier, block)
+    assert tokens is not None
+    if family == "dflash" and tokens > config.block_size - 1:
+        raise ConfigError(f"policy {policy} drafts {tokens} tokens; this dflash drafter's block holds "
+                          f"{config.block_size - 1}")
+    sp.check_taps(family, config, (block.get("target") or {}).get("num_hidden_layers"))
+    cfg_out = sp.build_config(family, config, {**public, "torch_dtype": dtype}, verifier_cfg, tokens)
+    if family == "dflash":
+        weights = {**weights, "lm_head.weight": _verifier_head(local, dtype)}
+    if family == "eagle3":
+        if "embed_tokens.weight" not in weights:
+            weights = {**weights, "embed_tokens.weight": _verifier_embedding(local, dtype)}
+    return weights, cfg_out, (lambda n: sp.rename_out(family, n))
 
 
 def _verifier_embedding(local: Path | None, dtype: str) -> Tensor:
     """The verifier's embed_tokens [V, H]: speculators' eagle3 checkpoints store it and its Eagle3DraftModel
     reads it (left out, transformers allocates it uninitialised)."""
     if local is None:
-        raise UsageError("speculators' eagle3 layout stores the verifier's embed_tokens (its Eagle3DraftModel reads "
-                         "it from the checkpoint): pass --verifier as the local target directory, or save the "
-                         "drafter with the target's embedding (save_drafter(..., include_shared=True))")
+        raise RequestError("speculators' eagle3 layout stores the verifier's embed_tokens (its Eagle3DraftModel reads "
+                           "it from the checkpoint): pass --target as the local target directory, or save the "
+                           "drafter with the target's embedding (save_drafter(..., include_shared=True))")
     w = read_weights(local)
     emb = w.get("model.embed_tokens.weight")
     if emb is None:
@@ -242,8 +304,8 @@ def _verifier_embedding(local: Path | None, dtype: str) -> Tensor:
 def _verifier_head(local: Path | None, dtype: str) -> Tensor:
     """The verifier's lm_head [V, H] (speculators' DFlash stores it); tied heads come from embed_tokens."""
     if local is None:
-        raise UsageError("speculators' dflash layout stores the verifier's lm_head: pass --verifier as the local "
-                         "target directory (the server can still load the model id you serve)")
+        raise RequestError("speculators' dflash layout stores the verifier's lm_head: pass --target as the local "
+                           "target directory (the server can still load the model id you serve)")
     w = read_weights(local)
     head = w.get("lm_head.weight", w.get("model.embed_tokens.weight"))
     if head is None:

@@ -36,7 +36,7 @@ import pkgutil
 
 from torch import nn
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError
 from specpress.export.blocks import Ctx
 from specpress.models.quantized.scheme import facet, scheme_of_module
 
@@ -54,8 +54,8 @@ def quantized_linear(c: Ctx, x: str, mod: nn.Module, hint: str) -> str:
     scheme = scheme_of_module(mod)
     lower = facet("onnx", scheme)
     if lower is None:
-        raise UsageError(f"{hint}: the {mod.scheme} scheme has no ONNX lowering; export the drafter written with "
-                         f"--dequantize instead")
+        raise RequestError(f"{hint}: the {mod.scheme} scheme has no ONNX lowering; export the drafter written with "
+                           f"--dequantize instead")
     y = lower(c, x, mod, hint)
     if getattr(mod, "act_mode", "none") != "none":
         c.quant_notes[-1] += f" (after {mod.act_mode} activation quantization)"

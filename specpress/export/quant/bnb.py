@@ -7,7 +7,7 @@ import torch
 from onnx import TensorProto
 from torch import nn
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError
 from specpress.export.blocks import Ctx
 from specpress.export.graph import NP_TYPES
 from specpress.export.quant import integer
@@ -22,8 +22,8 @@ def lower(c: Ctx, x: str, mod: nn.Module, hint: str) -> str:
         scales = (mod.scb.float() / 127.0)[:, None]
         return integer.lower_codes(c, x, mod, hint, codes, scales, torch.full_like(scales, 128.0), 8, None, True)
     if c.quant_format == "qdq":
-        raise UsageError(f"{hint}: {mod.scheme} has no standard ONNX form (Q/DQ holds integers and float8 only); "
-                         f"export it with --quant-format matmulnbits (onnxruntime's MatMulBnb4)")
+        raise RequestError(f"{hint}: {mod.scheme} has no standard ONNX form (Q/DQ holds integers and float8 only); "
+                           f"export it with --quant-format matmulnbits (onnxruntime's MatMulBnb4)")
     return _bnb4(c, x, mod, hint)
 
 

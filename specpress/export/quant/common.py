@@ -10,7 +10,7 @@ import onnx
 import torch
 from onnx import TensorProto, helper
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError
 from specpress.export.blocks import Ctx
 from specpress.export.graph import NP_TYPES
 
@@ -78,7 +78,7 @@ def qdq_int(c: Ctx, x: str, codes: torch.Tensor, scales: torch.Tensor, zeros: to
              group: int | None, symmetric: bool, hint: str) -> str:
     """Blocked DequantizeLinear over W^T [K, N] (block G along K), then MatMul."""
     if c.g.opset < QDQ_OPSET:
-        raise UsageError(f"blocked Q/DQ needs opset >= {QDQ_OPSET} (found --opset {c.g.opset}); raise --opset")
+        raise RequestError(f"blocked Q/DQ needs opset >= {QDQ_OPSET} (found --opset {c.g.opset}); raise --opset")
     n, k = codes.shape
     g = group or k
     # codes of 2-4 bits are held in int4 / uint4 (2-bit ONNX types need opset 25, and onnxruntime 1.32's

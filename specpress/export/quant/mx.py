@@ -9,7 +9,7 @@ import torch
 from onnx import TensorProto, helper
 from torch import nn
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError
 from specpress.export.blocks import Ctx
 from specpress.export.quant import minifloat as F
 from specpress.export.quant.inputs import prepare_input
@@ -31,7 +31,7 @@ def mx_input(c: Ctx, x: str, mod: nn.Module, hint: str) -> str:
 @register_facet("onnx", "mx")
 def lower(c: Ctx, x: str, mod: nn.Module, hint: str) -> str:
     if c.quant_format == "qdq":
-        raise UsageError(f"{hint}: {mod.scheme} {QDQ_REFUSAL}")
+        raise RequestError(f"{hint}: {mod.scheme} {QDQ_REFUSAL}")
     x = prepare_input(c, x, mod, hint, mx_input)
     n, k = mod.out_features, mod.in_features
     scales = F.e8m0_decode(c, mod.exponents.cpu().numpy(), hint)

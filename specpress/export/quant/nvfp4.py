@@ -13,7 +13,7 @@ import torch
 from onnx import TensorProto, helper
 from torch import nn
 
-from specpress.errors import UsageError
+from specpress.errors import RequestError
 from specpress.export.blocks import Ctx
 from specpress.export.quant import minifloat as F
 from specpress.export.quant.inputs import prepare_input
@@ -48,7 +48,7 @@ def nvfp4_input(c: Ctx, x: str, mod: nn.Module, hint: str) -> str:
 @register_facet("onnx", "nvfp4")
 def lower(c: Ctx, x: str, mod: nn.Module, hint: str) -> str:
     if c.quant_format == "qdq":
-        raise UsageError(f"{hint}: nvfp4 {QDQ_REFUSAL}")
+        raise RequestError(f"{hint}: nvfp4 {QDQ_REFUSAL}")
     x = prepare_input(c, x, mod, hint, nvfp4_input)
     n, k = mod.out_features, mod.in_features
     raw = mod.block_scales.contiguous().view(torch.uint8).cpu().numpy().tobytes()

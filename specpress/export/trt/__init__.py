@@ -2,5 +2,6 @@
 
 Modules: `probe` (a one-node check graph), `profiles` (optimization profiles from the dynamic axes),
 `builder` (parse, build, write engines + manifest). The plugin, its kernel and the guarded TensorRT
-imports live in `specpress.runtime.backends.trt`: engines need them at run time too. Importing this package imports no TensorRT and no torch.
+imports live in `specpress.runtime.backends.tensorrt`: engines need them at run time too. Importing this
+package imports no TensorRT and no torch.
 """

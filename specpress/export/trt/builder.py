@@ -27,10 +27,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, cast
 
-from specpress.errors import SpecpressError, UsageError
+from specpress.errors import RequestError, SpecpressError
 from specpress.manifest import sha256_file
-from specpress.runtime.backends.trt.library import TensorRT, TensorRTUnavailable, load_tensorrt
-from specpress.runtime.backends.trt.plugin import NAME, NAMESPACE, VERSION, register_tree_attention
+from specpress.runtime.backends.tensorrt.library import TensorRT, TensorRTUnavailable, load_tensorrt
+from specpress.runtime.backends.tensorrt.plugin import NAME, NAMESPACE, VERSION, register_tree_attention
 from specpress.export.trt.profiles import AxisRange, Budget, Shapes, onnx_input_shapes, profiles
 
 if TYPE_CHECKING:  # type-checked against tensorrt-stubs; tensorrt_rtx shares the API (RTX-only calls cast)
@@ -94,8 +94,8 @@ def _compute_capabilities(lib: TensorRT, config: "tensorrt.IBuilderConfig", targ
     trt = lib.module
     if not lib.aot:
         if targets:
-            raise UsageError(f"--target-gpu is for TensorRT for RTX (ahead-of-time); standard TensorRT builds for "
-                             f"the GPU it runs on. Drop {','.join(targets)} or install specpress[trt-rtx]")
+            raise RequestError(f"--target-gpu is for TensorRT for RTX (ahead-of-time); standard TensorRT builds for "
+                               f"the GPU it runs on. Drop {','.join(targets)} or install specpress[trt-rtx]")
         import torch
 
         major, minor = torch.cuda.get_device_capability()
@@ -103,8 +103,8 @@ def _compute_capabilities(lib: TensorRT, config: "tensorrt.IBuilderConfig", targ
     known = {k.lower(): v for k, v in trt.ComputeCapability.__members__.items() if k.startswith("SM")}
     bad = [t for t in targets if t.lower() not in known]
     if bad:
-        raise UsageError(f"unknown --target-gpu {','.join(bad)}; {lib.flavour} {lib.version} targets "
-                         f"{', '.join(sorted(known))}")
+        raise RequestError(f"unknown --target-gpu {','.join(bad)}; {lib.flavour} {lib.version} targets "
+                           f"{', '.join(sorted(known))}")
     if not targets:
         return ["builder default"]
     rtx_config = cast(Any, config)  # TensorRT for RTX only: not in standard TensorRT's API
@@ -242,7 +242,7 @@ def build_engines(onnx_dir: Path, out: Path, options: BuildOptions = BuildOption
     source = read_source_manifest(onnx_dir)  # checked before TensorRT is even loaded
     files = source_graphs(onnx_dir, source)
     if not files:
-        raise UsageError(f"{onnx_dir} holds no .onnx files; expected the output of `specpress export onnx`")
+        raise RequestError(f"{onnx_dir} holds no .onnx files; expected the output of `specpress export onnx`")
     lib = load_tensorrt(options.flavour)
     if not lib.aot:
         import torch
@@ -276,7 +276,8 @@ def build_engines(onnx_dir: Path, out: Path, options: BuildOptions = BuildOption
             "budget": {"max_tree": options.budget.max_tree, "max_context": options.budget.max_context},
             "axes": {n: [r.min, r.opt, r.max] for n, r in options.axes},
             "plugins": [{"name": NAME, "namespace": NAMESPACE, "version": VERSION,
-                         "implementation": "python: specpress.runtime.backends.trt.plugin (register before deserializing)"}],
+                         "implementation": "python: specpress.runtime.backends.tensorrt.plugin (register before "
+                                           "deserializing)"}],
             "engines": engines,
             "files": file_records(tmp, [e["file"] for e in engines.values()]
                                   + (["onnx_manifest.json"] if source is not None else [])),

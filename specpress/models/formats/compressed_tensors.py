@@ -80,17 +80,24 @@ def check_layer_uniform(quantized: list[str], others: list[str]) -> None:
                           f"name, e.g. --exclude down_proj)")
 
 
-def quantization_config(group: Mapping[str, Any], quantized: list[str], others: list[str]) -> dict[str, Any]:
+def quantization_config(group: Mapping[str, Any], quantized: list[str], others: list[str],
+                        ignore: list[str] | None = None) -> dict[str, Any]:
     """config.json's `quantization_config` for Linears `quantized` (checkpoint names) in one config group
     (`group`: its weights, input_activations and format, from the scheme's encoding, ct_encodings.py);
     `others` are the Linears left in full precision. The group targets every Linear by class (`Linear`:
     torch's, and vLLM's LinearBase subclasses) and `ignore` lists the float ones, so both match under any
-    naming (see name_pattern)."""
+    naming (see name_pattern); an engine that names its modules otherwise gives its own entries (`ignore`)."""
     check_layer_uniform(quantized, others)
-    g = {"targets": ["Linear"], "weights": dict(group["weights"]), "input_activations": group.get("input_activations"),
+    # Engines build a drafter's head as an embedding-like ParallelLMHead that no class target reaches: vLLM 0.34
+    # (compressed_tensors.py get_quant_method) and SGLang 0.5.23 (get_lm_head_scheme) quantize it only when a
+    # target names it, so a quantized head is targeted by name as well.
+    heads = [n for n in quantized if n == "lm_head" or n.endswith(".lm_head")]
+    g = {"targets": ["Linear"] + [name_pattern(n) for n in heads], "weights": dict(group["weights"]),
+         "input_activations": group.get("input_activations"),
          "output_activations": None, "format": group["format"]}
     return {"quant_method": "compressed-tensors", "format": group["format"], "quantization_status": "compressed",
-            "config_groups": {"group_0": g}, "ignore": sorted({name_pattern(n) for n in others}),
+            "config_groups": {"group_0": g},
+            "ignore": sorted(set(ignore) if ignore is not None else {name_pattern(n) for n in others}),
             "kv_cache_scheme": None, "sparsity_config": {}, "version": CT_VERSION}
 
 

@@ -311,9 +311,10 @@ def _lowbit_decode(tensors: Mapping[str, Tensor], c: Any, shape: tuple[int, int]
 
 def _lowbit_notes(c: Any, shapes: Mapping[str, tuple[int, int]]) -> list[str]:
     bits = _lowbit_bits(c)
-    notes = [(f"{c.scheme}: pack-quantized with num_bits {bits}; vLLM's compressed-tensors weight-only scheme takes "
-              f"4- and 8-bit weights only (vLLM 0.33 compressed_tensors_wNa16.py WNA16_SUPPORTED_TYPES_MAP), so vLLM "
-              f"refuses this checkpoint; compressed-tensors itself decompresses it to specpress's weights")]
+    notes = [(f"{c.scheme}: pack-quantized with num_bits {bits}, packed densely as compressed-tensors {ct.CT_VERSION} "
+              f"packs it (it decompresses it to specpress's weights; releases before 0.20 pack 3-bit codes 10 to a "
+              f"word with padding). Serving engines' kernels mostly take 4 / 8 bits: export with --for ENGINE to "
+              f"have an engine's own rules checked")]
     if c.format == "ternary":
         notes.append("ternary is written as 2-bit codes (-1, 0, +1 of int2's -2..1): 2 bits a code in this file, "
                      "1.6 in specpress's own artifact")

@@ -144,9 +144,9 @@ def _nvfp4_decode(tensors: Mapping[str, Tensor], c: Any, shape: tuple[int, int],
 
 
 def _nvfp4_notes(c: Any, shapes: Mapping[str, tuple[int, int]]) -> list[str]:
-    return [("nvfp4: each Linear keeps its own weight_scale_2; ModelOpt's own export makes q/k/v and gate/up share one "
-            "(ModelOpt 0.47 unified_export_hf.py, preprocess_linear_fusion), so a server fusing them into one Linear "
-            "with one global scale re-rounds the others' block scales")]
+    return [("nvfp4: q/k/v and gate/up each share one weight_scale_2 when specpress quantized them (as ModelOpt 0.47's "
+            "export does, unified_export_hf.py preprocess_linear_fusion: the engines fuse them under one global scale); "
+            "export hf --for checks it and refuses a drafter whose fused Linears differ")]
 
 
 register_facet(MODELOPT, "nvfp4")(Encoding(

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-import torch
 from torch import Tensor
 
 from specpress.errors import ConfigError
@@ -131,6 +130,16 @@ def build_config(family: str, config: Any, public: Mapping[str, Any], verifier: 
     return out
 
 
+# Linears speculators' own model builds that no checkpoint stores (speculators 0.9.0 model.py DraftVocabMixin:
+# the verifier's head, loaded from the verifier at from_pretrained): a compressed-tensors config must ignore
+# them, or transformers' loader quantizes the empty Linear and load_verifier_weights finds no `weight`.
+MODEL_ONLY_LINEARS = {"eagle3": ("verifier_lm_head",), "dflash": ("verifier_lm_head",)}
+
+
+def model_only_linears(family: str) -> tuple[str, ...]:
+    return MODEL_ONLY_LINEARS.get(family, ())
+
+
 def rename_out(family: str, name: str) -> str:
     """specpress public key -> speculators key."""
     if family == "eagle3" and name.startswith("midlayer."):
@@ -216,7 +225,3 @@ def to_public_weights(model_type: str, weights: Mapping[str, Tensor]) -> dict[st
 
 def verifier_block(name_or_path: str, architectures: list[str]) -> dict[str, Any]:
     return {"name_or_path": name_or_path, "architectures": list(architectures)}
-
-
-def float_dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")

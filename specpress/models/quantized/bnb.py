@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Mapping
 import torch
 from torch import Tensor, nn
 
-from specpress.errors import CheckpointError, ConfigError, UsageError
+from specpress.errors import CheckpointError, ConfigError, RequestError
 from specpress.models.quantized import bnb_cpu
 from specpress.models.quantized.configs import QuantizeConfig
 from specpress.models.quantized.modules import QuantizedLinear, check_stored
@@ -32,12 +32,12 @@ BNB_BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)  # what bitsandbytes'
 
 
 def import_bnb() -> Any:
-    """bitsandbytes, or a UsageError that says how to get it."""
+    """bitsandbytes, or a RequestError that says how to get it."""
     try:
         import bitsandbytes
     except ImportError as exc:
-        raise UsageError(f"the nf4 / fp4 / bnb int8 schemes need bitsandbytes ({exc}); "
-                         f"pip install bitsandbytes (0.50+ runs on CPU)") from None
+        raise RequestError(f"the nf4 / fp4 / bnb int8 schemes need bitsandbytes ({exc}); "
+                           f"pip install bitsandbytes (0.50+ runs on CPU)") from None
     return bitsandbytes
 
 
@@ -98,7 +98,7 @@ class Bnb4bitLinear(QuantizedLinear):
         if why is None:
             try:
                 bnb = import_bnb()
-            except UsageError as exc:
+            except RequestError as exc:
                 why = str(exc)
             else:
                 why = bnb_cpu.kernel_unavailable(bnb, self.out_features, self.in_features, self.blocksize,
@@ -254,8 +254,8 @@ def _check(model: nn.Module, names: list[str], config: BnbConfig) -> None:
             else:
                 bnb.functional.quantize_4bit(probe, blocksize=config.blocksize, quant_type=config.quant_type)
         except (RuntimeError, NotImplementedError, ValueError) as exc:
-            raise UsageError(f"bitsandbytes {config.quant_type} cannot run on {w.device} with {w.dtype} weights here "
-                             f"({exc}); try --scheme int4/int8 (torch-only) or another dtype/device") from None
+            raise RequestError(f"bitsandbytes {config.quant_type} cannot run on {w.device} with {w.dtype} weights here "
+                               f"({exc}); try --scheme int4/int8 (torch-only) or another dtype/device") from None
 
 
 def _restore(config: BnbConfig, linear: nn.Linear, dtype: torch.dtype, stored: Mapping[str, Tensor],

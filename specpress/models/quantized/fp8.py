@@ -22,7 +22,7 @@ from typing import ClassVar, Mapping
 import torch
 from torch import Tensor, nn
 
-from specpress.errors import ConfigError, UsageError
+from specpress.errors import ConfigError, RequestError
 from specpress.models.quantized import primitives as P
 from specpress.models.quantized.activations import DEFAULT_CALIBRATION, FP8_MAX, act_label, check_activations, fp8_input
 from specpress.models.quantized.configs import QuantizeConfig
@@ -123,7 +123,7 @@ def _quantize(model: nn.Module, names: list[str], config: Fp8Config, notes: list
 
 def _check(model: nn.Module, names: list[str], config: Fp8Config) -> None:
     if not hasattr(torch, "float8_e4m3fn"):
-        raise UsageError(f"this torch ({torch.__version__}) has no float8_e4m3fn dtype; fp8 needs torch >= 2.1")
+        raise RequestError(f"this torch ({torch.__version__}) has no float8_e4m3fn dtype; fp8 needs torch >= 2.1")
 
 
 def _restore(config: Fp8Config, linear: nn.Linear, dtype: torch.dtype, stored: Mapping[str, Tensor],

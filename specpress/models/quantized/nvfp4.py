@@ -7,7 +7,9 @@ Optimizer's unified-checkpoint names and layouts, so the export to it is a copy:
 
     <name>.weight          uint8 [N, K/2]          e2m1 codes, element 2j in the low nibble
     <name>.weight_scale    float8_e4m3fn [N, K/16]  block scales
-    <name>.weight_scale_2  float32 []              global scale = amax(|W|) / (6 · 448)
+    <name>.weight_scale_2  float32 []              global scale = amax(|W|) / (6 · 448); q/k/v and gate/up share
+                                                   the amax of their group (fusion.py: every engine fuses them
+                                                   under one global scale)
     <name>.input_scale     float32 []              W4A4 only: activation amax / (6 · 448)
 
 w = e2m1(code) · weight_scale · weight_scale_2. Computed by dequantising (no FP4 matmul on CPU): saves
@@ -27,7 +29,8 @@ from specpress.models.quantized import minifloat as M
 from specpress.models.quantized import primitives as P
 from specpress.models.quantized.activations import DEFAULT_CALIBRATION, act_label, check_activations
 from specpress.models.quantized.configs import QuantizeConfig
-from specpress.models.quantized.modules import QuantizedLinear, check_blocks, check_stored, replace_linears
+from specpress.models.quantized.fusion import fused_groups
+from specpress.models.quantized.modules import QuantizedLinear, check_blocks, check_stored, replace_module
 from specpress.models.quantized.scheme import Scheme, Words, register_scheme
 
 
@@ -73,9 +76,10 @@ class NVFP4Linear(QuantizedLinear):
                 "weight_scale_2": (torch.float32, ())}
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> "NVFP4Linear":
+    def from_linear(cls, linear: nn.Linear, amax: Tensor | None = None) -> "NVFP4Linear":
+        """amax: the global amax to scale by (default the weight's own; a fused group's shared one)."""
         w = linear.weight.detach().float()
-        g = M.nvfp4_global_scale(w.abs().max())
+        g = M.nvfp4_global_scale(w.abs().max() if amax is None else amax)
         codes, s = M.nvfp4_quantize(w, g)
         return cls(linear.in_features, linear.out_features, linear.bias, linear.weight.dtype,
                    packed=P.pack_int4(codes), block_scales=s, global_scale=g)
@@ -112,7 +116,19 @@ def _make(word: str, method: str, w: Words) -> NVFP4Config:
 
 
 def _quantize(model: nn.Module, names: list[str], config: NVFP4Config, notes: list[str]) -> None:
-    replace_linears(model, names, NVFP4Linear.from_linear, config.act_mode)
+    linears: dict[str, nn.Linear] = {n: model.get_submodule(n) for n in names}  # type: ignore[misc]
+    shared: dict[str, Tensor] = {}
+    for group in fused_groups(names):
+        amax = torch.stack([linears[n].weight.detach().float().abs().max() for n in group]).max()
+        shared.update({n: amax for n in group})
+    for name in names:
+        mod = NVFP4Linear.from_linear(linears[name], shared.get(name))
+        if config.act_mode != "none":
+            mod.configure_input(config.act_mode)
+        replace_module(model, name, mod)
+    if shared:
+        notes.append(f"nvfp4: {len(shared)} fused Linears (q/k/v, gate/up) share their group's global scale, as "
+                     f"the engines that fuse them require")
     notes.append("nvfp4: computed by dequantising the e2m1 codes (no FP4 matmul on CPU): saves bytes, not time")
 
 

@@ -1,11 +1,12 @@
-"""Backend-neutral runner over an `export onnx` directory (onnxruntime now; a TensorRT runner reuses it).
+"""Backend-neutral runners over an `export onnx` directory (onnxruntime's sessions, TensorRT's engines).
 
-`ExportedRunner` is a DrafterRunner that drives the exported graphs named by manifest.json: it builds
-each graph's inputs (positions, the mask in the export's attention form, past K/V from its KVCache),
-calls the graph through a `GraphCall` (the only backend-specific piece: onnxruntime's InferenceSession
-in backends/onnxruntime.py), and writes the new K/V slots back. Which graph serves which call, and which
-cache layers it holds, it reads from each graph's role in the manifest, never from the family's name: a
-call with no graph is NotImplementedError, as on the DrafterRunner base. Its cache is a
+`ExportedRunner` drives the exported graphs named by manifest.json: it builds each graph's inputs
+(positions, the mask in the export's attention form, past K/V from its KVCache), calls the graph through
+a `GraphCall` (the only backend-specific piece: an onnxruntime InferenceSession, a TensorRT
+EngineSession), and writes the new K/V slots back. Which graph serves which call, and which cache layers
+it holds, it reads from each graph's role in the manifest, never from the family's name; so does
+`build_runner`, which picks the runner of the calls the graphs serve: `ExportedFeatureRunner` (a
+`feature` graph), `ExportedTokenRunner` (`lm`) or `ExportedBlockRunner` (`block`). Its cache is a
 `models.kv.KVCache`, so crop / compact behave exactly like the torch backend's. No torch module of the
 drafter is needed.
 """
@@ -17,11 +18,10 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from specpress.errors import CheckpointError, UsageError
+from specpress.errors import CheckpointError, RequestError
 from specpress.manifest import ExportManifest, GraphSpec, manifest_from_dict
 from specpress.models.kv import KVCache
 from specpress.models.layers import causal_mask
-from specpress.runtime.backends.base import DrafterRunner
 from specpress.runtime.tree import pack_mask
 
 # feeds {input name: tensor} -> {output name: tensor}; tensors on the runner's device
@@ -77,7 +77,13 @@ def build_runner(manifest: ExportManifest | Mapping[str, Any], sessions: Mapping
         raise CheckpointError(f"graphs {missing} of the {m.family} export have no session; rebuild the backend's "
                               f"files from a complete `specpress export onnx` directory")
     calls = {g.name: SessionCall(sessions[g.name], [o.name for o in g.outputs], dev, numpy_io) for g in m.graphs}
-    return ExportedRunner(m, calls, dev, backend, provider)
+    kinds = [cls for call, cls in RUNNERS.items() if m.graphs_for(call)]
+    if len(kinds) != 1:
+        served = sorted({g.role.call for g in m.graphs})
+        raise CheckpointError(f"the {m.family} export's graphs serve {', '.join(served)}: a drafter export has "
+                              f"exactly one of {', '.join(RUNNERS)} graphs; export it again with `specpress export "
+                              f"onnx`")
+    return kinds[0](m, calls, dev, backend, provider)
 
 
 def run_cached(call: GraphCall, feeds: dict[str, Tensor], cache: KVCache, layers: Sequence[int], past: int,
@@ -109,8 +115,8 @@ def plugin_mask(mask: Tensor, committed: int | None = None) -> tuple[Tensor, Ten
     return torch.tensor([c], dtype=torch.int32, device=mask.device), pack_mask(mask[:, c:]).contiguous()
 
 
-class ExportedRunner(DrafterRunner):
-    """A DrafterRunner over exported graphs; `calls` maps graph name -> GraphCall."""
+class ExportedRunner:
+    """What the three exported runners share; `calls` maps graph name -> GraphCall."""
 
     def __init__(self, manifest: ExportManifest, calls: Mapping[str, GraphCall], device: torch.device,
                  backend: str, provider: str) -> None:
@@ -127,10 +133,7 @@ class ExportedRunner(DrafterRunner):
         missing = [g.name for g in m.graphs if g.name not in self.calls]
         if missing:
             raise CheckpointError(f"graphs {missing} of the export have no loaded session")
-        self.forward_ms = 0.0
         self._fuse = self._only("fuse")
-        self._steps = m.graphs_for("feature")  # one per draft module, in module order
-        self._lm, self._block, self._markov = self._only("lm"), self._only("block"), self._only("markov")
 
     def _only(self, call: str) -> GraphSpec | None:
         graphs = self.manifest.graphs_for(call)
@@ -179,22 +182,33 @@ class ExportedRunner(DrafterRunner):
             raise ValueError(f"mask must be [{t}, {past + t}] (new tokens x (cache + new)), got {tuple(mask.shape)}")
         return past, pos.reshape(1, t).to(torch.int64), mask
 
-    # -- the seam ----------------------------------------------------------------------------------
-
-    def fuse_taps(self, taps: dict[int, Tensor]) -> Tensor:
+    def _fuse_taps(self, taps: dict[int, Tensor]) -> Tensor:
         """{tap: [1, T, Ht]} -> the fused features [1, T, H] (the exported `fuse` graph: fc, + hidden_norm
         for dflash); feature_step / block_drafts take them as they come."""
+        if self._fuse is None and not self.taps:
+            raise RequestError(f"{self.family} drafters take no fused taps (they read the target's last hidden state)")
         if self._fuse is None:
-            raise NotImplementedError(f"{self.family} drafters take no fused taps")
+            raise CheckpointError(f"this {self.family} export has no `fuse` graph for taps {list(self.taps)}; "
+                                  f"export it again with `specpress export onnx`")
         missing = [i for i in self.taps if i not in taps]
         if missing:
-            raise UsageError(f"target taps {missing} were not computed; run the target with taps=runner.taps")
+            raise RequestError(f"target taps {missing} were not computed; run the target with taps=runner.taps")
         return self._fused(torch.cat([taps[i] for i in self.taps], dim=-1))
+
+
+class ExportedFeatureRunner(ExportedRunner):
+    """A `FeatureDrafter` over an export with `feature` graphs (one per draft module) and maybe a `fuse` graph."""
+
+    def __init__(self, manifest: ExportManifest, calls: Mapping[str, GraphCall], device: torch.device,
+                 backend: str, provider: str) -> None:
+        super().__init__(manifest, calls, device, backend, provider)
+        self._steps = manifest.graphs_for("feature")  # one per draft module, in module order
+
+    def fuse_taps(self, taps: dict[int, Tensor]) -> Tensor:
+        return self._fuse_taps(taps)
 
     def feature_step(self, feats: Tensor, ids: Tensor, cache: KVCache, positions: Tensor | None,
                      mask: Tensor | None, module: int = 0) -> tuple[Tensor, Tensor]:
-        if not self._steps:
-            raise NotImplementedError(f"{self.family} drafters have no feature step")
         t = ids.shape[1]
         if feats.shape[-1] != self.info.hidden_size and self._fuse is not None:
             feats = self._fused(feats)
@@ -204,23 +218,44 @@ class ExportedRunner(DrafterRunner):
         out = self._run(self._steps[module % len(self._steps)], feeds, cache, past, t)
         return out["logits"], out["hidden_out"]
 
+
+class ExportedTokenRunner(ExportedRunner):
+    """A `TokenDrafter` over an export with one `lm` graph."""
+
+    def __init__(self, manifest: ExportManifest, calls: Mapping[str, GraphCall], device: torch.device,
+                 backend: str, provider: str) -> None:
+        super().__init__(manifest, calls, device, backend, provider)
+        lm = self._only("lm")
+        assert lm is not None
+        self._lm_graph = lm
+
     def lm_step(self, ids: Tensor, cache: KVCache, positions: Tensor | None, mask: Tensor | None,
                 last_only: bool = False) -> Tensor:
-        if self._lm is None:
-            raise NotImplementedError(f"{self.family} drafters are not standalone language models")
         t = ids.shape[1]
         past, pos, mask = self._step_inputs(t, cache, positions, mask)
         feeds = {"ids": ids.to(torch.int64), "positions": pos, **self._mask_feeds(mask)}
-        logits = self._run(self._lm, feeds, cache, past, t)["logits"]
+        logits = self._run(self._lm_graph, feeds, cache, past, t)["logits"]
         return logits[:, -1:] if last_only else logits
 
+
+class ExportedBlockRunner(ExportedRunner):
+    """A `BlockDrafter` over an export with one `block` graph (a `fuse` graph, and maybe a `markov` graph)."""
+
+    def __init__(self, manifest: ExportManifest, calls: Mapping[str, GraphCall], device: torch.device,
+                 backend: str, provider: str) -> None:
+        super().__init__(manifest, calls, device, backend, provider)
+        block = self._only("block")
+        assert block is not None
+        self._block_graph, self._markov = block, self._only("markov")
+
+    def fuse_taps(self, taps: dict[int, Tensor]) -> Tensor:
+        return self._fuse_taps(taps)
+
     def block_drafts(self, feats: Tensor | None, root: int, block_size: int, cache: KVCache) -> list[int]:
-        if self._block is None:
-            raise NotImplementedError(f"{self.family} drafters do not draft blocks")
         i = self.info
         if i.mask_token_id is None:
-            raise UsageError("this dflash export has no mask_token_id; set dflash_config.mask_token_id in the "
-                             "drafter's config and export it again")
+            raise RequestError("this dflash export has no mask_token_id; set dflash_config.mask_token_id in the "
+                               "drafter's config and export it again")
         dev = self._device
         if feats is None:
             feats = torch.zeros(1, 0, i.hidden_size, dtype=self.dtype, device=dev)
@@ -234,7 +269,7 @@ class ExportedRunner(DrafterRunner):
         mask = torch.ones(block_size, past + c + block_size, dtype=torch.bool, device=dev)
         feeds = {"features": feats.to(self.dtype), "block_ids": block, "positions": pos,
                  **self._mask_feeds(mask, committed=past + c)}  # the context is committed, the block all-visible
-        logits = self._run(self._block, feeds, cache, past, c)["logits"][0]
+        logits = self._run(self._block_graph, feeds, cache, past, c)["logits"][0]
         if self._markov is None:
             return logits[1:].argmax(-1).tolist()
         markov, drafts, prev = self.calls[self._markov.name], [], root
@@ -243,3 +278,8 @@ class ExportedRunner(DrafterRunner):
             prev = int((logits[k:k + 1] + bias.to(logits.dtype)).argmax(-1))
             drafts.append(prev)
         return drafts
+
+
+RUNNERS: dict[str, type[ExportedRunner]] = {"feature": ExportedFeatureRunner, "lm": ExportedTokenRunner,
+                                            "block": ExportedBlockRunner}
+

@@ -174,7 +174,7 @@ def plugin_classes(trt: ModuleType) -> tuple[type, type]:
         def enqueue(self, input_desc, output_desc, inputs, outputs, workspace, stream):
             import torch
 
-            from specpress.runtime.backends.trt.kernel import tree_attention
+            from specpress.runtime.backends.tensorrt.kernel import tree_attention
 
             q, k, v, committed, tree_mask = (_torch_view(trt, d, p) for d, p in zip(input_desc, inputs))
             out = _torch_view(trt, output_desc[0], outputs[0])

@@ -1,8 +1,9 @@
-"""The onnxruntime backend: a DrafterRunner over InferenceSessions of an `export onnx` directory, and a
+"""The onnxruntime backend: a drafter runner over InferenceSessions of an `export onnx` directory, and a
 TargetRunner (OnnxTarget) over an `export target` directory.
 
     load_runner(path, target, device, providers=None, threads=None, fold_dequantize=True) -> ExportedRunner
     load_target_runner(path, device, providers=None, threads=None) -> OnnxTarget   (an `export target` dir)
+    target_runner(path, model) -> OnnxTarget      (the registry's entry: on the CPU execution provider)
 
 Reads only the exported directory (manifest.json, the graphs, the shared target tensors); the drafter's
 torch module is never built. The CUDA execution provider is used when onnxruntime offers it and the
@@ -22,22 +23,20 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from specpress.errors import CheckpointError, UsageError
+from specpress.errors import CheckpointError, RequestError
 from specpress.manifest import EXPORT_FIX, TARGET_FIX, TargetExportManifest, member, open_export, open_target_export
 from specpress.models.kv import KVCache
 from specpress.models.layers import causal_mask
 from specpress.models.target import TargetConfig, TargetOutput
 from specpress.runtime.backends.exported import TORCH_DTYPES, ExportedRunner, SessionCall, build_runner, run_cached
 
-__all__ = ["build_runner", "load_runner", "load_target_runner"]  # build_runner: the tensorrt backend drives its engines through it
-
 
 def _ort() -> Any:
-    """onnxruntime, imported on use: this module also serves the tensorrt backend (build_runner)."""
+    """onnxruntime, imported on use."""
     try:
         import onnxruntime
     except ImportError as exc:
-        raise UsageError(f"the onnxruntime backend needs onnxruntime ({exc}); pip install 'specpress[ort]'") from None
+        raise RequestError(f"the onnxruntime backend needs onnxruntime ({exc}); pip install 'specpress[ort]'") from None
     return onnxruntime
 
 
@@ -131,7 +130,7 @@ class OnnxTarget:
         layers = self.manifest.layers
         bad = [i for i in taps if not 0 <= i <= layers]
         if bad:
-            raise UsageError(f"taps {bad} are outside the target's hidden states 0..{layers}")
+            raise RequestError(f"taps {bad} are outside the target's hidden states 0..{layers}")
         t = ids.shape[1]
         past = cache.reserve(t)
         dev = self._device
@@ -156,3 +155,9 @@ def load_target_runner(path: str | Path, device: torch.device | str = "cpu", *,
     ort = _ort()
     session = open_session(ort, file, session_options(ort, threads), pick_providers(device, providers), TARGET_FIX)
     return OnnxTarget(manifest, session, device, session.get_providers()[0])
+
+
+def target_runner(path: Path, model: Any) -> OnnxTarget:
+    """`--target-backend onnxruntime`: an OnnxTarget over the `export target` directory at `path` (the
+    registry's entry; `model`, the torch target, is not needed), on the CPU execution provider."""
+    return load_target_runner(path, "cpu")

@@ -4,10 +4,8 @@ A thin adapter. What is TensorRT's lives here: reading the engine manifest, chec
 a runtime only when a CUDA device exists (the lean runtime crashes when touched without one), registering
 the TreeAttention plugin the engines call, and `EngineSession`, which runs one engine with the calling
 convention of an onnxruntime session (`run(output_names, feeds)`). Everything else — bindings per family,
-shapes, the drafter's KV cache and its crop/compact — is the onnxruntime runner's, which builds the
-`DrafterRunner` from these sessions through `build_runner` in `runtime/backends/onnxruntime.py`.
-
-Registry entry: Backend("tensorrt", "specpress.runtime.backends.tensorrt", "engine", INSTALL_HINT).
+shapes, the drafter's KV cache and its crop/compact — is the exported-graph runner's, built from these
+sessions by `build_runner` (runtime/backends/exported.py), as the onnxruntime backend builds it from its own.
 """
 
 from __future__ import annotations
@@ -19,14 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from specpress.errors import SpecpressError, UsageError
+from specpress.errors import RequestError, SpecpressError
+from specpress.runtime.backends.exported import ExportedRunner, build_runner
+from specpress.runtime.backends.tensorrt import INSTALL_HINT
 
 if TYPE_CHECKING:  # type-checked against tensorrt-stubs (tensorrt_rtx shares the runtime API)
     import tensorrt
 
-INSTALL_HINT = ("pip install 'specpress[trt]' (TensorRT from NVIDIA's index: --extra-index-url "
-                "https://pypi.nvidia.com) on a CUDA machine; engines built by TensorRT for RTX need "
-                "'specpress[trt-rtx]' and an RTX-class GPU")
 ENGINE_FORMAT = "specpress-tensorrt-engines"
 ENGINE_FIX = "rebuild the engines with `specpress export trt --onnx DIR --out DIR`"
 
@@ -43,15 +40,15 @@ def read_engine_manifest(path: Path) -> dict[str, Any]:
     try:
         manifest = json.loads(mpath.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise UsageError(f"--drafter {path} is not an `specpress export trt` output (no readable manifest.json: "
-                         f"{exc}); build one with `specpress export trt --onnx DIR --out DIR`") from exc
+        raise RequestError(f"--drafter {path} is not an `specpress export trt` output (no readable manifest.json: "
+                           f"{exc}); build one with `specpress export trt --onnx DIR --out DIR`") from exc
     if not isinstance(manifest, dict) or manifest.get("format") != ENGINE_FORMAT:
         found = manifest.get("format", "unknown") if isinstance(manifest, dict) else type(manifest).__name__
-        raise UsageError(f"{mpath} is a {found!r} manifest, expected {ENGINE_FORMAT!r} "
-                         f"(the output of `specpress export trt`)")
+        raise RequestError(f"{mpath} is a {found!r} manifest, expected {ENGINE_FORMAT!r} "
+                           f"(the output of `specpress export trt`)")
     engines = manifest.get("engines")
     if not isinstance(engines, dict) or not engines or not all(isinstance(e, dict) for e in engines.values()):
-        raise UsageError(f"{mpath} lists no engines; rebuild with `specpress export trt`")
+        raise RequestError(f"{mpath} lists no engines; rebuild with `specpress export trt`")
     from specpress.manifest import verify_files
 
     names = [e.get("file") for e in engines.values()]
@@ -63,7 +60,7 @@ def check_device(manifest: dict[str, Any], device: torch.device) -> None:
     """Raise unless `device` is a CUDA device the manifest's engines were built for."""
     if device.type != "cuda" or not torch.cuda.is_available():
         raise TensorRTRuntimeUnavailable(
-            f"the tensorrt backend runs engines on a CUDA device; got device {device} "
+            f"the tensorrt backend needs a GPU: it runs engines on a CUDA device; got device {device} "
             f"(torch.cuda.is_available() = {torch.cuda.is_available()}). Use --backend onnxruntime or torch here")
     major, minor = torch.cuda.get_device_capability(device)
     have = f"sm{major}{minor}"
@@ -119,8 +116,8 @@ class EngineSession:
             if all(all(lo <= s <= hi for lo, s, hi in zip(prof[n]["min"], shp, prof[n]["max"]))
                    for n, shp in shapes.items()):
                 return i
-        raise UsageError(f"input shapes {shapes} fall outside every optimization profile of {self.entry['file']}; "
-                         f"rebuild with larger --max-tree / --max-context")
+        raise RequestError(f"input shapes {shapes} fall outside every optimization profile of {self.entry['file']}; "
+                           f"rebuild with larger --max-tree / --max-context")
 
     def run(self, output_names: list[str] | None, feeds: dict[str, Any]) -> list[Any]:
         as_numpy = not all(isinstance(v, torch.Tensor) for v in feeds.values())
@@ -146,12 +143,12 @@ class EngineSession:
         return [t.cpu().numpy() for t in picked] if as_numpy else picked
 
 
-def load_runner(path: Path, target: Any, device: torch.device, **opts: Any):
-    """An `export trt` directory -> a DrafterRunner whose graphs run as TensorRT engines on `device`."""
+def load_runner(path: Path, target: Any, device: torch.device, **opts: Any) -> ExportedRunner:
+    """An `export trt` directory -> a drafter runner whose graphs run as TensorRT engines on `device`."""
     manifest = read_engine_manifest(Path(path))
     check_device(manifest, device)
     trt = import_runtime(manifest["tensorrt"]["flavour"])
-    from specpress.runtime.backends.trt.plugin import register_tree_attention  # the engines' plugin, before deserializing
+    from specpress.runtime.backends.tensorrt.plugin import register_tree_attention  # before deserializing
 
     register_tree_attention(trt)
     runtime: tensorrt.Runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
@@ -159,14 +156,7 @@ def load_runner(path: Path, target: Any, device: torch.device, **opts: Any):
                 for name, e in manifest["engines"].items()}
     onnx_manifest_path = Path(path) / "onnx_manifest.json"
     if "onnx_manifest.json" not in manifest["files"]:  # recorded (and so checked), or absent
-        raise UsageError(f"{path} lacks onnx_manifest.json (the export's I/O description); rebuild it with "
-                         f"`specpress export trt --onnx <an export onnx dir>`")
-    try:
-        build_runner = importlib.import_module("specpress.runtime.backends.onnxruntime").build_runner
-    except (ImportError, AttributeError) as exc:
-        raise UsageError("this build's onnxruntime runner offers no build_runner(onnx_manifest, sessions, target, "
-                         "device, backend=..., provider=...) to run engines through; the tensorrt backend reuses "
-                         f"it ({exc})") from exc
-    return build_runner(json.loads(onnx_manifest_path.read_text()), sessions, target, device,
-                                    backend="tensorrt", provider=f"{manifest['tensorrt']['flavour']} "
-                                    f"{manifest['tensorrt']['version']}", **opts)
+        raise RequestError(f"{path} lacks onnx_manifest.json (the export's I/O description); rebuild it with "
+                           f"`specpress export trt --onnx <an export onnx dir>`")
+    return build_runner(json.loads(onnx_manifest_path.read_text()), sessions, target, device, backend="tensorrt",
+                        provider=f"{manifest['tensorrt']['flavour']} {manifest['tensorrt']['version']}", **opts)

@@ -1,9 +1,10 @@
 """The torch backend: the drafter modules of `specpress.models` behind the seam, and the target.
 
-`TorchDrafterRunner` wraps any registered drafter module (eagle, eagle3, mtp, lm, dflash) and calls
-exactly what the sessions called on the module before the seam existed, so a torch run drafts the
-same tokens. `TorchTarget` is the `TargetRunner` over a `TargetModel`. `--compile` compiles the
-module in place (`runtime.compile`); the runner calls the module, so the compiled forward runs.
+`drafter_runner(module)` wraps any registered drafter module in the runner of its family's session kind
+(`FeatureRunner`, `TokenRunner`, `BlockRunner`); each calls exactly what the sessions called on the module
+before the seam existed, so a torch run drafts the same tokens. `TorchTarget` is the `TargetRunner` over
+a `TargetModel`. `--compile` compiles the module in place (`runtime.compile`); the runner calls the
+module, so the compiled forward runs.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
+from specpress.models.drafter import get_family
 from specpress.models.kv import KVCache
 from specpress.models.target import TargetConfig, TargetModel, TargetOutput
-from specpress.runtime.backends.base import DrafterRunner, TargetRunner
+from specpress.runtime.backends.base import AnyDrafter
 
 
 class TorchTarget:
-    """The `TargetRunner` over a `TargetModel` (the target always runs on torch)."""
+    """The `TargetRunner` over a `TargetModel` (called as a module, so a compiled target runs compiled)."""
 
     def __init__(self, model: TargetModel) -> None:
         self.model = model
@@ -41,13 +43,8 @@ class TorchTarget:
         return self.model(ids, cache=cache, positions=positions, mask=mask, taps=taps, logits=logits)
 
 
-def as_target_runner(target: TargetModel | TargetRunner) -> TargetRunner:
-    """A TargetModel wrapped in `TorchTarget`; a runner as is."""
-    return TorchTarget(target) if isinstance(target, TargetModel) else target
-
-
-class TorchDrafterRunner(DrafterRunner):
-    """A drafter module (attached to its target) as a `DrafterRunner`."""
+class TorchRunner:
+    """What the three torch runners share: a drafter module (attached to its target) and its cache."""
 
     backend = "torch"
 
@@ -64,8 +61,16 @@ class TorchDrafterRunner(DrafterRunner):
     def device(self) -> torch.device:
         return self._device
 
+    @property
+    def provider(self) -> str:
+        return str(self._device)
+
     def new_cache(self, capacity: int) -> KVCache:
         return self.module.new_cache(capacity)
+
+
+class FeatureRunner(TorchRunner):
+    """eagle / eagle3 / mtp: a `FeatureDrafter`."""
 
     def fuse_taps(self, taps: dict[int, Tensor]) -> Tensor:
         return self.module.fuse_taps(taps)
@@ -74,10 +79,21 @@ class TorchDrafterRunner(DrafterRunner):
                      mask: Tensor | None, module: int = 0) -> tuple[Tensor, Tensor]:
         return self.module(feats, ids, cache=cache, positions=positions, mask=mask, **self.module.step_kwargs(module))
 
+
+class TokenRunner(TorchRunner):
+    """lm: a `TokenDrafter`."""
+
     def lm_step(self, ids: Tensor, cache: KVCache, positions: Tensor | None, mask: Tensor | None,
                 last_only: bool = False) -> Tensor:
         out = self.module(ids, cache=cache, positions=positions, mask=mask, logits="last" if last_only else "all")
         return out.logits
+
+
+class BlockRunner(TorchRunner):
+    """dflash: a `BlockDrafter`."""
+
+    def fuse_taps(self, taps: dict[int, Tensor]) -> Tensor:
+        return self.module.fuse_taps(taps)
 
     def block_drafts(self, feats: Tensor | None, root: int, block_size: int, cache: KVCache) -> list[int]:
         block = self.module.make_block(torch.tensor([root], device=self.device), block_size)
@@ -85,19 +101,27 @@ class TorchDrafterRunner(DrafterRunner):
         return self.module.greedy_drafts(logits, root)
 
 
-def as_drafter_runner(drafter: Any) -> DrafterRunner:
-    """A drafter module wrapped in `TorchDrafterRunner`; a runner as is."""
-    return drafter if isinstance(drafter, DrafterRunner) else TorchDrafterRunner(drafter)
+RUNNERS: dict[str, type[TorchRunner]] = {"feature": FeatureRunner, "lm": TokenRunner, "block": BlockRunner}
+
+
+def drafter_runner(module: Any) -> AnyDrafter:
+    """A drafter module in the torch runner of its family's session kind."""
+    return RUNNERS[get_family(module.family).session](module)  # type: ignore[return-value]
 
 
 def load_runner(path: Path, target: TargetModel, device: torch.device, *, strict: bool = False,
-                warn: Callable[[str], None] = print, compile: bool = False) -> TorchDrafterRunner:
+                warn: Callable[[str], None] = print, compile: bool = False) -> AnyDrafter:
     """The drafter artifact at `path`, loaded against `target` (a drafter built for another target warns,
     or fails with `strict`), on `device`; `compile` compiles its forward (Inductor, dynamic shapes)."""
-    from specpress.runtime.bench import load_drafter_for
+    from specpress.models.drafter_io import load_drafter_for
     from specpress.runtime.compile import compile_drafter
 
     drafter = load_drafter_for(target, path, strict=strict, warn=warn).to(device)
     if compile:
         compile_drafter(drafter)
-    return TorchDrafterRunner(drafter)
+    return drafter_runner(drafter)
+
+
+def target_runner(path: Path, model: TargetModel) -> TorchTarget:
+    """`--target-backend torch`: the loaded target module itself (the registry's entry; `path` is its directory)."""
+    return TorchTarget(model)
