@@ -45,8 +45,8 @@ def _three_bit(job: Job) -> str | None:
     return (f"{V} sizes a 3-bit pack-quantized weight densely (model_executor/layers/quantization/compressed_tensors/"
             f"schemes/compressed_tensors_wNa16.py: pack_factor Fraction(32, 3), ceil(3K/32) int32 words, as "
             f"compressed-tensors 0.20 packs it) but unpacks it with the compressed-tensors it pins, 0.17.0, whose "
-            f"unpack_from_int32 reads 10 codes per word with 2 bits of padding (compressors/pack_quantized/helpers.py): "
-            f"the two layouts disagree for 3 bits (they agree for 2, 4 and 8). Quantize with int2 or int4")
+            f"unpack_from_int32 reads 10 codes per word with 2 bits of padding (compressors/pack_quantized/"
+            f"helpers.py): the two layouts disagree for 3 bits (they agree for 2, 4 and 8). Quantize with int2 or int4")
 
 
 def _nvfp4_scales(job: Job) -> str | None:
@@ -75,9 +75,9 @@ def _notes(job: Job) -> list[str]:
     if job.scheme in ("int2", "ternary"):
         notes.append(f"{V} takes {job.scheme}'s pack-quantized num_bits 2 "
                      f"(compressed_tensors/schemes/compressed_tensors_wNa16.py WNA16_SUPPORTED_TYPES_MAP holds 2-8), "
-                     f"but on CUDA only its optional Humming kernel runs 2- / 3-bit weights (kernels/linear/__init__.py "
-                     f"_POSSIBLE_KERNELS: Marlin, Machete, Conch, Exllama, Triton take 4 / 8 bits): install humming, or "
-                     f"set VLLM_BATCH_INVARIANT=1 (dequantize + matmul); without either the layer has no kernel")
+                     f"but on CUDA only its optional Humming kernel runs 2-bit weights (kernels/linear/__init__.py "
+                     f"_POSSIBLE_KERNELS: Marlin, Machete, Conch, Exllama, Triton take 4 / 8 bits): install humming, "
+                     f"or set VLLM_BATCH_INVARIANT=1 (dequantize + matmul); without either the layer has no kernel")
     if job.scheme in ("mxfp4", "mxfp8"):
         notes.append(f"{V} picks the {job.scheme} kernel by GPU, not by the checkpoint: MXFP4 runs W4A4 on SM100 with "
                      f"FlashInfer and weight-only (Marlin) elsewhere (compressed_tensors_w4a4_mxfp4.py), so the "
