@@ -12,25 +12,35 @@ holds a lock (`.<name>.lock` beside the output, with the holder's pid) for the w
 writer of the same output fails at once naming the first.
 
 `atomic_dir` writes an artifact directory: a temp dir beside the target, then a rename; a failure
-leaves the old artifact untouched. `write_file` / `write_json` write one file the same way (temp file
-beside it, then os.replace). Files made through temp files get ordinary permissions (0644
-under the usual umask), not the temp file's owner-only mode.
+leaves the old artifact untouched. `write_file` / `write_json` / `save_torch` write one file the same way
+(temp file beside it, then os.replace). Files made through temp files get ordinary permissions (0644
+under the usual umask), not the temp file's owner-only mode. A full disk (ENOSPC, a quota) anywhere in
+these writes, the lock's included, is a `WriteError` that names the output and says the old one stands;
+the temp files are removed. Temp files carry the writer's pid: what a killed writer left beside an output
+(`.<name>.tmp-<pid>-*`, `.<name>.old-<pid>`, a `.state.pt.tmp-<pid>` in its partial) is removed by the
+next writer that claims it, and said so.
+
+Every path a command writes lies under an output it claimed (`claimed_roots`; a cache directory claims
+its entry the same way): tests/test_write_paths.py runs every command under an audit hook and fails on a
+write anywhere else.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import shutil
 import sys
 import tempfile
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Literal, Mapping
 
-from specpress.errors import RequestError, UsageError
+from specpress.errors import RequestError, UsageError, WriteError
+from specpress.readback import MARKERS, artifact_kind  # noqa: F401 - MARKERS: the writers' tags, checked in tests
 
 Kind = Literal["dir", "file"]
 
@@ -48,6 +58,32 @@ def make_readable(path: Path) -> None:
     for p in paths:
         if not p.is_symlink():
             p.chmod((0o777 if p.is_dir() else 0o666) & ~mask)
+
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def disk_error(exc: BaseException) -> OSError | None:
+    """The full-disk OSError behind `exc` (itself, or its cause / context: torch.save wraps the one its file
+    object raised in a RuntimeError), or None."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return None
+        if isinstance(seen, OSError) and seen.errno in DISK_FULL:
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def full_disk(path: Path, err: OSError, kept: str) -> WriteError:
+    """The one message for a full disk while writing `path`: what failed, what is free, what was kept."""
+    try:
+        free = f"{shutil.disk_usage(path.parent if not path.is_dir() else path).free:,} bytes free"
+    except OSError:
+        free = "free space unknown"
+    return WriteError(f"cannot write {path}: {err.strerror or os.strerror(err.errno)} ({free} on that filesystem); "
+                      f"{kept}; free some space or choose another location, then run again")
 
 
 # ---------------------------------------------------------------------------------------------- locks
@@ -98,10 +134,17 @@ def hold_lock(out: Path | str) -> Iterator[None]:
         if same:
             break
         fh.close()
-    fh.seek(0)
-    fh.truncate()
-    fh.write(f"pid {os.getpid()}: {' '.join(sys.argv)[:300]}\n")
-    fh.flush()
+    try:
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()}: {' '.join(sys.argv)[:300]}\n")
+        fh.flush()
+    except OSError as exc:
+        fh.close()
+        lf.unlink(missing_ok=True)
+        if exc.errno in DISK_FULL:
+            raise full_disk(lf, exc, f"nothing was written to {out}") from None
+        raise
     _HELD[lf] = [fh, 1]
     try:
         yield
@@ -114,6 +157,58 @@ def hold_lock(out: Path | str) -> Iterator[None]:
         fh.close()  # releases the lock after the file is gone: a waiter re-checks the inode
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _writer_pid(name: str, marker: str) -> int | None:
+    """The pid in a temp name `<anything><marker><pid>[-<random>]` (None when it carries none)."""
+    digits = name.rpartition(marker)[2].split("-")[0].split(".")[0]
+    return int(digits) if digits.isdigit() else None
+
+
+def clean_leftovers(out: Path) -> list[str]:
+    """Remove what a killed writer of `out` left (the caller holds `out`'s lock, so no live writer of `out`
+    is using them): temp dirs / files `.<name>.tmp-<pid>*` and `.<name>.old-<pid>` beside it, and temp
+    files `.*.tmp-<pid>*` inside `<out>.partial/`, each only when its pid is not a live process. An
+    `.old-<pid>` with no `out` beside it is the previous artifact of a replace killed between its two
+    renames: it is renamed back to `out`, not removed. Returns what was done, as notes for the user."""
+    out = Path(out).expanduser().absolute()
+    found: list[Path] = []
+    for pattern in (".tmp-*", ".old-*", ".partial*.tmp-*"):
+        found += out.parent.glob(f".{glob_escape(out.name)}{pattern}")
+    part = partial_path(out)
+    if part.is_dir():
+        found += part.glob(".*.tmp-*")
+    removed = []
+    for p in sorted(found):
+        old = ".tmp-" not in p.name
+        pid = _writer_pid(p.name, ".old-" if old else ".tmp-")
+        if pid is None or pid == os.getpid() or _pid_alive(pid):
+            continue
+        if old and not out.exists() and p.is_dir() and not p.is_symlink():
+            p.rename(out)  # killed between atomic_dir's two renames: the previous artifact comes back
+            removed.append(f"restored {out} from {p}, where a replace interrupted between its two renames left it")
+            continue
+        size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else p.stat().st_size
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+        removed.append(f"removed {p} ({size:,} bytes), left by an interrupted run")
+    return removed
+
+
+def glob_escape(name: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
+
+
 # ---------------------------------------------------------------------------------------------- claims
 
 
@@ -121,7 +216,7 @@ def hold_lock(out: Path | str) -> Iterator[None]:
 class OutputClaim:
     out: Path
     partial: Path | None = None
-    notes: list[str] = field(default_factory=list)  # things the user should know (discarded partial, …)
+    notes: list[str] = field(default_factory=list)  # told the user on stderr (discarded partial, leftovers, …)
 
 
 def partial_path(out: Path) -> Path:
@@ -136,43 +231,6 @@ def _relation(out: Path, inp: Path) -> str | None:
         return "lies inside"
     if out in inp.parents:
         return "contains"
-    return None
-
-
-# What specpress writes, by the file that marks it (the writers' constants, checked equal in the tests; kept
-# here as literals so that this module imports nothing heavy): file -> the "format" values it may carry.
-MARKERS: dict[str, tuple[str, ...]] = {
-    "manifest.json": ("specpress-onnx", "specpress-tensorrt-engines"),  # export onnx, export trt
-    "target_manifest.json": ("specpress-onnx-target",),                 # export target (and its caches)
-    "zoo.json": ("specpress-zoo",),                                     # zoo build
-}
-_MARKER_BYTES = 1 << 24  # a marker is a small JSON file; anything larger is not one of ours
-
-
-def _read_marker(path: Path) -> Any:
-    try:
-        if not path.is_file() or path.stat().st_size > _MARKER_BYTES:
-            return None
-        return json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError):  # unreadable, not UTF-8, not JSON: not a specpress marker
-        return None
-
-
-def artifact_kind(path: Path | str) -> str | None:
-    """What specpress wrote at directory `path` ('a drafter', 'an ONNX export', …), or None when it does not
-    recognise it: a config.json with a `specpress` block (drafters, export hf), an export manifest with
-    specpress's format, a zoo target's zoo.json, or a sweep's recipe.json."""
-    path = Path(path)
-    cfg = _read_marker(path / "config.json")
-    if isinstance(cfg, dict) and isinstance(cfg.get("specpress"), dict) and "format_version" in cfg["specpress"]:
-        return "a specpress drafter"
-    for name, formats in MARKERS.items():
-        raw = _read_marker(path / name)
-        if isinstance(raw, dict) and raw.get("format") in formats:
-            return f"a specpress {raw['format']} directory"
-    recipe = _read_marker(path / "recipe.json")
-    if isinstance(recipe, dict) and {"hash", "recipe"} <= recipe.keys():
-        return "a specpress sweep"
     return None
 
 
@@ -219,6 +277,18 @@ def check_inputs(out: Path, inputs: Mapping[str, Any], flag: str = "--out") -> N
                              f"(refused even with --force); choose another {flag}")
 
 
+def check_space(out: Path, need: int, what: str, flag: str = "--out") -> None:
+    """At least `need` bytes free where `out` goes (`what` says why it needs them); else a RequestError now."""
+    out = Path(out).expanduser().absolute()
+    anc = out.parent
+    while not anc.exists():
+        anc = anc.parent
+    free = shutil.disk_usage(anc).free
+    if need > free:
+        raise RequestError(f"{flag} {out} needs at least {need:,} bytes ({what}); {free:,} are free on that "
+                           f"filesystem: free some space or choose another {flag}")
+
+
 def check_writable(out: Path, flag: str = "--out") -> None:
     """The output's directory exists (or can be made) and takes new files: found now, not after the work."""
     out = Path(out).expanduser().absolute()
@@ -229,47 +299,112 @@ def check_writable(out: Path, flag: str = "--out") -> None:
         raise RequestError(f"{flag} {out}: {anc} is a file, not a directory; choose another {flag}")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        probe = tempfile.NamedTemporaryFile(dir=out.parent, prefix=f".{out.name}.probe-")
-        probe.close()
+        with tempfile.NamedTemporaryFile(dir=out.parent, prefix=f".{out.name}.probe-") as probe:
+            probe.write(bytes(4096))  # a full disk fails here, not after the work
+            probe.flush()
+            os.fsync(probe.fileno())
     except OSError as exc:
-        raise RequestError(f"{flag} {out}: cannot write in {out.parent} ({exc.strerror}); choose a writable "
+        free = ""
+        if exc.errno in DISK_FULL:
+            free = f", {shutil.disk_usage(anc).free:,} bytes free"
+        raise RequestError(f"{flag} {out}: cannot write in {out.parent} ({exc.strerror}{free}); choose a writable "
                            f"location") from None
 
 
 def check_output(out: Path | str, *, force: bool = False, inputs: Mapping[str, Any] | None = None,
-                 kind: Kind = "dir", flag: str = "--out") -> Path:
+                 kind: Kind = "dir", flag: str = "--out", in_place: bool = False) -> Path:
     """Every check on an output, in order, before any work: not an input (nor inside or around one), the
-    kind it will be, new or replaceable with --force, writable. Returns the expanded path."""
+    kind it will be, new or replaceable with --force (unless `in_place`: the command updates an existing
+    output and checks it itself, as a sweep does), writable. Returns the expanded path."""
     out = Path(out).expanduser()
     check_inputs(out, inputs or {}, flag)
     if out.exists() and (out.is_dir() != (kind == "dir")):
         raise RequestError(f"{flag} {out} exists and is {'a directory' if out.is_dir() else 'a file'}; "
                            f"a {kind} is written there; choose another {flag}")
-    check_new(out, force, flag)
-    check_writable(out, flag)
+    if not in_place:
+        check_new(out, force, flag)
+    check_writable(out / ".probe" if in_place and kind == "dir" else out, flag)
     return out
 
 
 @contextmanager
 def claim_output(out: Path | str, *, force: bool = False, inputs: Mapping[str, Any] | None = None,
                  kind: Kind = "dir", partial: bool = False, resume: bool = False,
-                 flag: str = "--out") -> Iterator[OutputClaim]:
+                 flag: str = "--out", companions: tuple[Path, ...] = (),
+                 in_place: bool = False) -> Iterator[OutputClaim]:
     """Check `out` as the module docstring says, then hold its lock while the caller works.
 
     partial: the command keeps `<out>.partial` for --resume; resume: the user asked to continue one.
+    companions: files the command writes beside `out` (regenerate's card), checked like it (not an input).
+    in_place: the command updates an existing directory and checks what is in it itself (sweep).
     """
-    out = check_output(out, force=force, inputs=inputs, kind=kind, flag=flag)
-    claim = OutputClaim(out, partial_path(out) if partial else None)
-    with hold_lock(out):
-        part = claim.partial
-        if part is not None and part.exists() and not resume:
-            if not force:
-                raise RequestError(f"an interrupted run left {part}; continue it with --resume, or pass --force to "
-                                   f"discard it and start over")
-            claim.notes.append(f"discarding the interrupted run's {part} (--force without --resume)")
-        if part is not None and resume and not part.exists():
-            claim.notes.append(f"--resume: no interrupted run at {part}; starting from the beginning")
-        yield claim
+    with ExitStack() as stack:
+        for c in (Path(out).expanduser(), *companions):
+            stack.enter_context(claimed(c))
+            check_inputs(Path(c), inputs or {}, flag)
+        out = check_output(out, force=force, inputs=inputs, kind=kind, flag=flag, in_place=in_place)
+        claim = OutputClaim(out, partial_path(out) if partial else None)
+        with hold_lock(out):
+            claim.notes += clean_leftovers(out)
+            if claim.notes and not in_place:
+                check_new(out, force, flag)  # a restored previous artifact is an existing output like any other
+            part = claim.partial
+            if part is not None and part.exists() and not resume:
+                if not force:
+                    raise RequestError(f"an interrupted run left {part}; continue it with --resume, or pass --force "
+                                       f"to discard it and start over")
+                claim.notes.append(f"discarding the interrupted run's {part} (--force without --resume)")
+            if part is not None and resume and not part.exists():
+                claim.notes.append(f"--resume: no interrupted run at {part}; starting from the beginning")
+            for note in claim.notes:  # every command says what its claim found, in the same words
+                print(f"note: {note}", file=sys.stderr)
+            try:
+                yield claim
+            finally:
+                if part is not None and part.is_dir() and not part.is_symlink() and not any(part.iterdir()):
+                    part.rmdir()  # an empty partial holds nothing to resume: it must not ask for --resume
+
+
+_CLAIMED: list[Path] = []  # the outputs (and cache entries) claimed in this process, while they are held
+
+
+def claimed_roots() -> list[Path]:
+    """What this process may write under now: each claimed output (with its partial, lock and temp files
+    beside it, `.<name>.*`) and cache entry."""
+    return list(_CLAIMED)
+
+
+@contextmanager
+def claimed(out: Path) -> Iterator[None]:
+    """Record `out` as claimed while the block runs (`claim_output` and `claim_cache` call it)."""
+    root = Path(out).expanduser().absolute()
+    _CLAIMED.append(root)
+    try:
+        yield
+    finally:
+        _CLAIMED.remove(root)
+
+
+@contextmanager
+def claim_cache(entry: Path | str) -> Iterator[list[str]]:
+    """Claim a cache entry specpress owns (an on-demand export, the teacher's cache): its lock held while the
+    block runs, leftovers of killed writers removed (yielded, for the caller to say), writes recorded."""
+    entry = Path(entry).expanduser()
+    with claimed(entry):
+        check_writable(entry, "the cache")
+        with hold_lock(entry):
+            yield clean_leftovers(entry)
+
+
+@contextmanager
+def scratch_dir(prefix: str) -> Iterator[Path]:
+    """A claimed temporary directory (the system's temp dir), removed when the block ends."""
+    d = Path(tempfile.mkdtemp(prefix=prefix))
+    with claimed(d):
+        try:
+            yield d
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------- writing
@@ -284,7 +419,13 @@ def atomic_dir(out: Path | str, *, force: bool = False) -> Iterator[Path]:
         raise RequestError(f"{out} exists and is not a directory")
     out.parent.mkdir(parents=True, exist_ok=True)
     with hold_lock(out):
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        clean_leftovers(out)
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
+        except OSError as exc:
+            if exc.errno in DISK_FULL:
+                raise full_disk(out, exc, "nothing was written") from None
+            raise
         try:
             yield tmp
             make_readable(tmp)  # mkdtemp and some writers (safetensors) make owner-only files
@@ -295,26 +436,51 @@ def atomic_dir(out: Path | str, *, force: bool = False) -> Iterator[Path]:
                 shutil.rmtree(old)
             else:
                 tmp.rename(out)
-        except BaseException:
+        except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)
+            if (err := disk_error(exc)) is not None:
+                kept = f"the old {out} is untouched" if out.exists() else f"nothing was left at {out}"
+                raise full_disk(out, err, kept + " and the partial write was removed") from None
             raise
+
+
+@contextmanager
+def atomic_file(path: Path) -> Iterator[Path]:
+    """A temp path beside `path` (named with this pid) that replaces `path` when the block succeeds; on any
+    failure it is removed and the old `path` stands (a full disk: `WriteError`)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        yield tmp
+        make_readable(tmp)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if (err := disk_error(exc)) is not None:
+            raise full_disk(path, err, f"the old {path.name} is untouched" if path.exists() else
+                            "nothing was left behind") from None
+        raise
 
 
 def write_file(path: Path | str, data: bytes | str) -> None:
     """Write one file atomically: a temp file beside it, flushed, then os.replace; readable like any other
     file. A failure (a full disk) leaves the old file as it was and no temp file behind."""
+    with atomic_file(Path(path)) as tmp, open(tmp, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def save_torch(path: Path | str, obj: Any) -> None:
+    """torch.save `obj` atomically (as write_file); the file object is ours, so a full disk surfaces as
+    the OSError it is rather than torch's 'unexpected pos' RuntimeError."""
+    import torch
+
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-            f.flush()
-            os.fsync(f.fileno())
-        make_readable(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(path) as tmp, open(tmp, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def write_json(path: Path | str, obj: Any) -> None:

@@ -50,6 +50,10 @@ class SweepFailed(SpecpressError):
     """A sweep finished but some of its points failed (and failures were not tolerated)."""
 
 
+class WriteError(SpecpressError):
+    """An output could not be written (a full disk, a quota); what was there before is left as it was."""
+
+
 class Deprecated(FutureWarning):
     """An old spelling (an option, a value, a recipe key) that still works for one release; the CLI prints
     it as one `warning:` line on stderr, Python shows it as a FutureWarning."""

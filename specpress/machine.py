@@ -142,3 +142,33 @@ def check_seq_len(target_dir: Path | str, seq_len: int, batch: int, *, training:
     if free is not None and need > free:
         raise RequestError(f"one step of --batch {batch} x {what} needs at least {_fmt(need)} of memory on this "
                            f"target; {_fmt(free)} is available: use a smaller window or --batch")
+
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def kv_bytes(cfg: Any, capacity: int, dtype_bytes: int = 4) -> int:
+    """Bytes of the target's KV cache for `capacity` positions (K and V, every layer), as models/kv.py
+    allocates it up front."""
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * capacity * cfg.head_dim * dtype_bytes
+
+
+def check_decode(target_dir: Path | str, prompt_tokens: int, max_new_tokens: int, dtype: str = "fp32",
+                 label: str = "prompt") -> None:
+    """Before the target is loaded: the longest prompt (`prompt_tokens`) plus --max-new-tokens within the
+    target's context, and the KV cache decoding allocates for them within the memory free now (the
+    target's alone: a lower bound, so a refusal is certain to be right)."""
+    from types import SimpleNamespace
+
+    from specpress.models.io import read_config
+    from specpress.models.target import TargetConfig
+    from specpress.runtime.plain import check_fits
+
+    cfg = TargetConfig.from_hf(read_config(target_dir), source=str(Path(target_dir) / "config.json"))
+    capacity = check_fits(SimpleNamespace(config=cfg), prompt_tokens, max_new_tokens, label)
+    need, free = kv_bytes(cfg, capacity, DTYPE_BYTES.get(dtype, 4)), available_bytes()
+    if free is not None and need > free:
+        raise RequestError(f"--max-new-tokens {max_new_tokens} after {label} ({prompt_tokens} tokens) needs a KV "
+                           f"cache of {capacity:,} positions: {_fmt(need)} for this target ({cfg.num_hidden_layers} "
+                           f"layers x {cfg.num_key_value_heads} KV heads x {cfg.head_dim} x {dtype}); {_fmt(free)} "
+                           f"is available: lower --max-new-tokens")

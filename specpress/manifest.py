@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from specpress.errors import CheckpointError
+from specpress.readback import check_types, read_json
 
 MANIFEST = "manifest.json"
 FORMAT = "specpress-onnx"
@@ -31,6 +32,8 @@ FORMAT_VERSION = 3  # 2: every graph records its role; 3: `files` records every 
 # the drafter runner call a graph serves (runtime/backends/base.py): fuse_taps, feature_step, block_drafts (its
 # block pass, then its Markov head's bias per position), lm_step
 CALLS = ("fuse", "feature", "block", "markov", "lm")
+EXPORT_FIX = "export the drafter again with `specpress export onnx --drafter DIR --target DIR --out DIR`"
+TARGET_FIX = "export the target again with `specpress export target --target DIR --out DIR`"
 
 
 @dataclass(frozen=True)
@@ -154,6 +157,7 @@ def _strict(cls: type, d: Mapping[str, Any], where: str) -> dict[str, Any]:
     missing = sorted(required - set(d))
     if missing:
         raise CheckpointError(f"{where}: missing key(s) {', '.join(missing)}")
+    check_types(cls, d, where)
     return dict(d)
 
 
@@ -163,21 +167,18 @@ def _tensor(d: Mapping[str, Any], where: str) -> TensorSpec:
 
 
 def _role(d: Mapping[str, Any], where: str) -> GraphRole:
-    d = _strict(GraphRole, d, where)
-    layers = d.get("cache_layers", ())
+    layers = d.get("cache_layers", ()) if isinstance(d, Mapping) else ()
     if not isinstance(layers, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
         raise CheckpointError(f"{where}: cache_layers must be a list of layer indices, found {layers!r}")
+    d = _strict(GraphRole, d, where)
     try:
         return GraphRole(str(d["call"]), tuple(layers))
     except CheckpointError as exc:
         raise CheckpointError(f"{where}: {exc}") from None
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
+def _read_json(path: Path, fix: str) -> Any:
+    return read_json(path, fix, what="manifest")
 
 
 def _check_format(raw: Any, source: str, fmt: str, max_version: int, fix: str) -> int:
@@ -190,30 +191,35 @@ def _check_format(raw: Any, source: str, fmt: str, max_version: int, fix: str) -
     return version
 
 
-def load_manifest(directory: str | Path) -> ExportManifest:
-    """Read and check `directory`/manifest.json (strict; see the module docstring)."""
+def load_manifest(directory: str | Path, fix: str = EXPORT_FIX) -> ExportManifest:
+    """Read and check `directory`/manifest.json (strict; see the module docstring). `fix`: what a refusal
+    tells the user to do (the default names `export onnx`; a cache names its own)."""
     path = Path(directory).expanduser() / MANIFEST
     if not path.is_file():
         raise CheckpointError(f"{path.parent} is not an ONNX export (no {MANIFEST}); create one with "
                               f"`specpress export onnx --drafter DIR --target DIR --out DIR`")
-    raw = _read_json(path)
+    raw = _read_json(path, fix)
     if not isinstance(raw, Mapping) or raw.get("format") != FORMAT:
         raise CheckpointError(f"{path}: format {raw.get('format') if isinstance(raw, Mapping) else None!r}, "
-                              f"expected {FORMAT!r}")
+                              f"expected {FORMAT!r}; {fix}")
     version = raw.get("format_version")
     if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
         raise CheckpointError(f"{path}: unknown export format_version {version!r}; this specpress reads 1.."
                               f"{FORMAT_VERSION} (upgrade specpress, or re-export with this one)")
-    return manifest_from_dict(raw, str(path))
+    try:
+        return manifest_from_dict(raw, str(path), fix)
+    except CheckpointError as exc:  # a malformed field: the strict loaders name it, this adds the fix
+        raise CheckpointError(str(exc) if str(exc).endswith(fix) else f"{exc}; {fix}") from None
 
 
-def manifest_from_dict(raw: Mapping[str, Any], source: str = MANIFEST) -> ExportManifest:
+def manifest_from_dict(raw: Mapping[str, Any], source: str = MANIFEST, fix: str = EXPORT_FIX) -> ExportManifest:
     """An ExportManifest from its JSON object (strict, as load_manifest)."""
     path = source
-    version = _check_format(raw, source, FORMAT, FORMAT_VERSION, "; re-export with `specpress export onnx`")
+    version = _check_format(raw, source, FORMAT, FORMAT_VERSION, f"; {fix}")
     if version < 2:
+        again = "re-export with `specpress export onnx`" if fix == EXPORT_FIX else fix
         raise CheckpointError(f"{path}: an export of format_version {version} records no graph roles (nor the files' "
-                              f"sha256); re-export with `specpress export onnx`")
+                              f"sha256); {again}")
     d = _strict(ExportManifest, raw, str(path))
     info = _strict(DrafterInfo, d["drafter"], f"{path}: drafter")
     info["taps"] = tuple(info["taps"])
@@ -278,19 +284,21 @@ class TargetExportManifest:
         write_json(Path(directory) / TARGET_MANIFEST, json.loads(json.dumps(dataclasses.asdict(self))))
 
 
-def load_target_manifest(directory: str | Path) -> TargetExportManifest:
+def load_target_manifest(directory: str | Path, fix: str = TARGET_FIX) -> TargetExportManifest:
     """Read and check `directory`/target_manifest.json (strict, as load_manifest)."""
     path = Path(directory).expanduser() / TARGET_MANIFEST
     if not path.is_file():
         hint = " (it is a drafter's export: pass it as --drafter)" if (path.parent / MANIFEST).is_file() else ""
         raise CheckpointError(f"{path.parent} is not a target export (no {TARGET_MANIFEST}){hint}; create one with "
                               f"`specpress export target --target DIR --out DIR`")
-    raw = _read_json(path)
-    _check_format(raw, str(path), TARGET_FORMAT, TARGET_FORMAT_VERSION,
-                  " (upgrade specpress, or export the target again with this one)")
-    d = _strict(TargetExportManifest, raw, str(path))
-    d["inputs"] = tuple(_tensor(t, f"{path}: inputs") for t in d["inputs"])
-    d["outputs"] = tuple(_tensor(t, f"{path}: outputs") for t in d["outputs"])
+    raw = _read_json(path, fix)
+    _check_format(raw, str(path), TARGET_FORMAT, TARGET_FORMAT_VERSION, f" (upgrade specpress, or {fix})")
+    try:
+        d = _strict(TargetExportManifest, raw, str(path))
+        d["inputs"] = tuple(_tensor(t, f"{path}: inputs") for t in d["inputs"])
+        d["outputs"] = tuple(_tensor(t, f"{path}: outputs") for t in d["outputs"])
+    except CheckpointError as exc:
+        raise CheckpointError(f"{exc}; {fix}") from None
     return TargetExportManifest(**d)
 
 
@@ -363,22 +371,19 @@ def verify_files(directory: Path, files: Any, names: list[str], source: str, fix
                                   f"another file); {fix}")
 
 
-EXPORT_FIX = "export the drafter again with `specpress export onnx --drafter DIR --target DIR --out DIR`"
-TARGET_FIX = "export the target again with `specpress export target --target DIR --out DIR`"
 
-
-def open_export(directory: str | Path) -> ExportManifest:
+def open_export(directory: str | Path, fix: str = EXPORT_FIX) -> ExportManifest:
     """The manifest of the `export onnx` directory `directory`, once every file it names is checked
     (`verify_files`): what a backend or `export trt` reads before opening any graph."""
     directory = Path(directory).expanduser()
-    m = load_manifest(directory)
-    verify_files(directory, m.files, m.file_names(), str(directory / MANIFEST), EXPORT_FIX)
+    m = load_manifest(directory, fix)
+    verify_files(directory, m.files, m.file_names(), str(directory / MANIFEST), fix)
     return m
 
 
-def open_target_export(directory: str | Path) -> TargetExportManifest:
+def open_target_export(directory: str | Path, fix: str = TARGET_FIX) -> TargetExportManifest:
     """As open_export, for an `export target` directory."""
     directory = Path(directory).expanduser()
-    m = load_target_manifest(directory)
-    verify_files(directory, m.files, m.file_names(), str(directory / TARGET_MANIFEST), TARGET_FIX)
+    m = load_target_manifest(directory, fix)
+    verify_files(directory, m.files, m.file_names(), str(directory / TARGET_MANIFEST), fix)
     return m

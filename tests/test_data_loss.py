@@ -13,7 +13,7 @@ from drafters_common import saved_target_and_drafter, stop_regen_at_batch
 
 from specpress.artifacts import MARKERS, artifact_kind, write_file
 from specpress.cli import cli
-from specpress.errors import Interrupted, RequestError, UsageError
+from specpress.errors import Interrupted, RequestError, UsageError, WriteError
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +114,7 @@ def test_bench_json_over_an_existing_file_needs_force_and_is_written_atomically(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(artifacts.os, "fsync", full_disk)
-    with pytest.raises(OSError):
+    with pytest.raises(WriteError, match="No space left on device.*the old m.json is untouched"):
         write_file(out, "new")
     assert json.loads(out.read_text())["tau"] == 1.0  # the old file stands and no temp file is left
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json", "p.jsonl"]

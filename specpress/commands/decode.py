@@ -65,6 +65,20 @@ def loop_target(target_backend: str, target, target_dir: Path, dtype: str, compi
     return load_target_runner(target_backend, target_input(target_backend, target_dir, dtype, progress=warn), target)
 
 
+def check_drafter_dir(backend: str, drafter_dir: Path | None, flag: str = "--drafter") -> None:
+    """Before any loading: an export given to a backend that runs drafter artifacts is refused, naming the
+    backend that runs it (a drafter artifact given to an export backend is exported on demand)."""
+    from specpress.errors import RequestError
+    from specpress.runtime.backends import check_reads, get_backend
+
+    backend_ = get_backend(backend)
+    if drafter_dir is not None and backend_.reads == "drafter":
+        try:
+            check_reads(backend_, Path(drafter_dir))
+        except RequestError as exc:
+            raise RequestError(str(exc).replace("--drafter ", f"{flag} ", 1)) from None
+
+
 def check_compile(compile_drafter: bool, drafter_dir: Path | None, backend: str = "torch") -> None:
     if compile_drafter and drafter_dir is None:
         raise UsageError("--compile compiles the drafter; pass --drafter too (plain decoding stays eager)")
@@ -120,13 +134,17 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
     from specpress.runtime.loop import speculative_generate
     from specpress.runtime.plain import decode_plain
     from specpress.runtime.policy import parse_policy
-    from specpress.runtime.prompts import encode
+    from specpress.limits import prompt_line_limit
+    from specpress.machine import check_decode
+    from specpress.runtime.prompts import encode, max_context
     from specpress.runtime.sampling import SamplingParams
 
     check_compile(compile_drafter, drafter_dir, backend)
-    target = load_target(target_dir, dtype=dtype)
+    check_drafter_dir(backend, drafter_dir)
     tok = load_tokenizer(target_dir)
-    ids = encode(prompt, tok)
+    ids = encode(prompt, tok, prompt_line_limit(max_context(target_dir)))
+    check_decode(target_dir, len(ids), max_new_tokens, dtype, "--prompt")  # before the target's weights load
+    target = load_target(target_dir, dtype=dtype)
     gen = torch.Generator().manual_seed(seed)
     params = SamplingParams(temperature, top_k, top_p)
     verifier = loop_target(target_backend, target, target_dir, dtype, False, lambda m: click.echo(m, err=True))
@@ -211,10 +229,38 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
       specpress bench --target ~/.cache/specpress/zoo/medium --drafter onnx/eagle3 --backend onnxruntime \\
           --target-backend onnxruntime --prompts prompts.jsonl --max-new-tokens 64 --json all-ort.json
     """
+    from contextlib import ExitStack
+
+    from specpress.artifacts import claim_output
+
+    check_compile(compile_drafter, drafter_dir, backend)
+    if compare_dir is not None and drafter_dir is None:
+        raise UsageError("--compare-drafter compares against --drafter; pass --drafter too")
+    if compare_backend is not None and compare_dir is None:
+        raise UsageError("--compare-backend names the backend of --compare-drafter; pass --compare-drafter too")
+    compare_backend = compare_backend or backend
+    check_drafter_dir(backend, drafter_dir)
+    check_drafter_dir(compare_backend, compare_dir, "--compare-drafter")
+    to_file = json_out is not None and json_out != Path("-")
+    with ExitStack() as stack:
+        if to_file:  # before decoding: a bad path must not cost the measurement; held until it is written
+            stack.enter_context(claim_output(json_out, force=force, kind="file", flag="--json",
+                                             inputs={"--target": target_dir, "--prompts": prompts_file,
+                                                     "--drafter": drafter_dir, "--compare-drafter": compare_dir}))
+        _bench(target_dir, drafter_dir, prompts_file, max_new_tokens, policy, temperature, top_k, top_p, seed, dtype,
+               backend, compile_drafter, compile_target, compare_dir, compare_backend, target_backend, strict,
+               json_out, to_file)
+
+
+def _bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_new_tokens: int, policy: str | None,
+           temperature: float, top_k: int, top_p: float, seed: int, dtype: str, backend: str,
+           compile_drafter: bool, compile_target: bool, compare_dir: Path | None, compare_backend: str,
+           target_backend: str, strict: bool, json_out: Path | None, to_file: bool) -> None:
+    """bench after its options are checked and its --json file claimed."""
     from rich.console import Console
     from rich.progress import Progress
 
-    from specpress.artifacts import check_output, write_json
+    from specpress.artifacts import write_json
     from specpress.machine import LoadMeter, load_warning
     from specpress.runtime.backends import drafter_bytes
     from specpress.runtime.bench import bench_plain, bench_speculative, default_policy, load_bench_inputs
@@ -224,19 +270,8 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
     from specpress.runtime.sampling import SamplingParams
     from specpress.ticker import bar_columns
 
-    check_compile(compile_drafter, drafter_dir, backend)
-    if compare_dir is not None and drafter_dir is None:
-        raise UsageError("--compare-drafter compares against --drafter; pass --drafter too")
-    if compare_backend is not None and compare_dir is None:
-        raise UsageError("--compare-backend names the backend of --compare-drafter; pass --compare-drafter too")
-    compare_backend = compare_backend or backend
-    to_file = json_out is not None and json_out != Path("-")
-    if to_file:  # before decoding: a bad path must not cost the measurement
-        check_output(json_out, force=force, kind="file", flag="--json",
-                     inputs={"--target": target_dir, "--prompts": prompts_file, "--drafter": drafter_dir,
-                             "--compare-drafter": compare_dir})
     console = Console(stderr=True)
-    target, prompts = load_bench_inputs(target_dir, prompts_file, dtype)
+    target, prompts = load_bench_inputs(target_dir, prompts_file, dtype, max_new_tokens)
     config = {"target": str(target_dir), "prompts_file": str(prompts_file), "dtype": dtype,
               "drafter": None if drafter_dir is None else str(drafter_dir), "backend": backend, "policy": None,
               "compile": compile_drafter, "compile_target": compile_target}
@@ -289,7 +324,7 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
             console.print("warning: " + warning, style="yellow", highlight=False)
     report(console, result, len(prompts), pol)
     if to_file:
-        write_json(json_out, result)  # its directory was made by check_output
+        write_json(json_out, result)  # claimed (and its directory made) before the work
         console.print(f"wrote {json_out}")
     elif json_out is not None:
         click.echo(json.dumps(result, indent=2))

@@ -140,9 +140,12 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
       specpress distill --target ~/.cache/specpress/zoo/small --family lm --data ./my-code/ \\
           --out drafters/lm --steps 2000 --layers 2
     """
-    from specpress.artifacts import claim_output
+    from contextlib import ExitStack
+
+    from specpress.artifacts import claim_cache, claim_output
     from specpress.commands.guards import check_not_quantized, check_seq_len, distill_saved, interrupted
     from specpress.compress.config import DistillConfig
+    from specpress.compress.data import check_data
     from specpress.compress.distill import distill_from_dirs
     from specpress.errors import UsageError, deprecated
 
@@ -160,10 +163,12 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
                            bf16=dtype == "bf16", compile=compile_teacher)
     inputs = {"--target": target_dir, "--data": data_path, "--from": from_dir, "--init": init_dir,
               "--cache-teacher": cache_dir}
-    with claim_output(out, force=force, inputs=inputs, partial=True, resume=resume) as claim:
-        for note in claim.notes:
-            click.echo(f"note: {note}", err=True)
+    with claim_output(out, force=force, inputs=inputs, partial=True, resume=resume) as claim, ExitStack() as stack:
+        if cache_dir is not None:  # the teacher's cache is written too: claimed like an output
+            for leftover in stack.enter_context(claim_cache(cache_dir)):
+                click.echo(f"note: {leftover}", err=True)
         check_seq_len(target_dir, seq_len, batch)
+        check_data(data_path)  # a device, a FIFO or more text than memory: refused before loading
         for flag, d in (("--init", init_dir), ("--from", from_dir)):
             if d is not None:
                 check_not_quantized(d, flag)

@@ -3,6 +3,7 @@ thin layers over specpress.export."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -57,7 +58,8 @@ def onnx(drafter_dir: Path, target_dir: Path, out: Path, attention: str, opset: 
                             accuracy_level=accuracy_level, force=force)
     with claim_output(out, force=force, inputs={"--drafter": drafter_dir, "--target": target_dir}):
         rep = export_from_dirs(drafter_dir, target_dir, out, options,
-                               progress=lambda s: click.echo(f"  {s}", err=True))
+                               progress=lambda s: click.echo(f"  {s}", err=True),
+                               warn=lambda s: click.echo(s, err=True))
     own = sum(rep.graphs.values())
     click.echo(f"exported {len(rep.graphs)} graph(s) -> {rep.out}  ({rep.seconds:.1f} s, attention {attention}, "
                f"{dtype})")
@@ -98,11 +100,14 @@ def target(target_dir: Path, out: Path, dtype: str, force: bool) -> None:
     Example:
       specpress export target --target ~/.cache/specpress/zoo/small --out onnx/target
     """
-    from specpress.artifacts import claim_output
+    from specpress.artifacts import check_space, claim_output
     from specpress.export.target import TargetExportOptions, export_target_from_dir
+    from specpress.models.io import tensor_index
 
     options = TargetExportOptions(dtype=dtype, force=force)
     with claim_output(out, force=force, inputs={"--target": target_dir}):
+        params = sum(math.prod(t.shape) for t in tensor_index(target_dir).values())  # from the headers alone
+        check_space(out, params * (2 if dtype == "fp16" else 4), f"the target's {params:,} parameters at {dtype}")
         rep = export_target_from_dir(target_dir, out, options, progress=lambda s: click.echo(f"  {s}", err=True))
     d = rep.decode
     click.echo(f"exported the target -> {rep.out}  ({rep.seconds:.1f} s, {dtype}, {rep.bytes:,} B)")

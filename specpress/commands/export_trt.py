@@ -5,7 +5,6 @@ The `export` group lives in commands/export.py; it attaches this command with `r
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +77,7 @@ def trt(onnx_dir: Path | None, out: Path, target_gpu: str, max_tree: int | None,
       specpress export trt --onnx onnx/eagle3-plugin --out engines/eagle3-rtx --flavour tensorrt_rtx --target-gpu sm89
       specpress export trt --probe --out /tmp/trt-probe                                  # does the install work?
     """
-    from specpress.artifacts import claim_output
+    from specpress.artifacts import claim_output, scratch_dir
     from specpress.errors import RequestError, UsageError
     from specpress.export.trt.builder import BuildOptions, read_source_manifest, build_engines
     from specpress.export.trt.profiles import Budget
@@ -86,7 +85,7 @@ def trt(onnx_dir: Path | None, out: Path, target_gpu: str, max_tree: int | None,
     if (onnx_dir is None) == (not probe):
         raise UsageError("give exactly one of --onnx DIR (an `export onnx` output) or --probe")
     with claim_output(out, force=force, inputs={"--onnx": onnx_dir}), \
-            tempfile.TemporaryDirectory(prefix="specpress-trt-probe-") as scratch:
+            scratch_dir("specpress-trt-probe-") as scratch:
         if probe:
             from specpress.export.trt.probe import save_probe
 

@@ -23,29 +23,29 @@ def interrupted(partial: Path, saved: str | None) -> Interrupted:
 
 def distill_saved(partial: Path) -> str | None:
     """'step N of M' of the distill checkpoint in `partial` (None when there is none)."""
-    import torch
-
-    from specpress.compress.training import STATE_FILE
+    from specpress.compress.training import STATE_FIELDS, STATE_FILE, check_state
+    from specpress.errors import CheckpointError
+    from specpress.readback import load_torch
 
     f = partial / STATE_FILE
     if not f.is_file():
         return None
     try:
-        state = torch.load(f, map_location="cpu", weights_only=True)
-    except (RuntimeError, OSError, EOFError, ValueError):
+        state = check_state(load_torch(f, ""), f, STATE_FIELDS, "")
+    except CheckpointError:
         return "an unreadable checkpoint"
-    return f"step {int(state['step'])} of {int(state['planned'])}"
+    return f"step {state['step']} of {state['planned']}"
 
 
 def regen_saved(partial: Path) -> str | None:
     """'N of M sequences' of the regenerate run whose lines are in `partial` (None when there is none)."""
-    import json
+    from specpress.errors import CheckpointError
+    from specpress.readback import read_json
 
-    f = partial.with_name(partial.name + ".state")
     try:
-        state = json.loads(f.read_text())
+        state = read_json(partial.with_name(partial.name + ".state"))
         return f"{int(state['done'])} of {int(state['key']['sequences'])} sequences"
-    except (OSError, ValueError, KeyError, TypeError):
+    except (CheckpointError, ValueError, KeyError, TypeError):
         return None
 
 

@@ -86,6 +86,8 @@ def inspect_cmd(path: Path | None, json_out: Path | None, force: bool) -> None:
                                  break_on_hyphens=False, break_long_words=False))
     if steps:
         click.echo("  (every field: specpress inspect PATH --json)")
+    for warning in info.get("warnings") or []:
+        click.echo(f"warning: {warning}", err=True)
 
 
 def _acc(values: Any) -> str:

@@ -31,11 +31,11 @@ def prompts(target_dir: Path, out: Path, n: int, tokens: int, seed: int, force: 
     """
     import json
 
-    from specpress.artifacts import check_output, write_file
+    from specpress.artifacts import claim_output, write_file
     from specpress.models.tokenizer import load_tokenizer
     from specpress.runtime.heldout import heldout_code_prompts
 
-    out = check_output(out, force=force, kind="file", inputs={"--target": target_dir})
-    made = heldout_code_prompts(load_tokenizer(target_dir), n, tokens, seed)
-    write_file(out, "".join(json.dumps({"input_ids": list(p.ids)}) + "\n" for p in made))
+    with claim_output(out, force=force, kind="file", inputs={"--target": target_dir}) as claim:
+        made = heldout_code_prompts(load_tokenizer(target_dir), n, tokens, seed)
+        write_file(claim.out, "".join(json.dumps({"input_ids": list(p.ids)}) + "\n" for p in made))
     click.echo(f"wrote {len(made)} prompts of {tokens} tokens to {out}")

@@ -109,6 +109,7 @@ def prune(drafter_dir: Path, out: Path, ffn: int | float | None, kv_heads: int |
     import torch
 
     from specpress.artifacts import claim_output
+    from specpress.compress.data import check_data
     from specpress.commands.guards import check_seq_len
     from specpress.compress.data import data_stream
     from specpress.compress.prune import PruneConfig, check_request, prune as prune_drafter
@@ -139,6 +140,8 @@ def prune(drafter_dir: Path, out: Path, ffn: int | float | None, kv_heads: int |
         say_legacy(config, shape.config, counts)
         if target_dir is not None:
             check_seq_len(target_dir, seq_len, batch, training=recover_steps > 0)
+        if data_path is not None:
+            check_data(data_path)  # a device, a FIFO or more text than memory: refused before loading
         target = load_target(target_dir) if target_dir is not None else None
         stream, extra = None, {}
         if data_path is not None:

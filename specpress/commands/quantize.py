@@ -139,6 +139,7 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
     """
     from specpress.artifacts import claim_output
     from specpress.commands.guards import check_seq_len
+    from specpress.compress.data import check_data
     from specpress.compress.quantize.pipeline import quantize_from_dirs
     from specpress.compress.quantize.recover import RecoverConfig
     from specpress.errors import deprecated
@@ -158,11 +159,11 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
     with claim_output(out, force=force, inputs={"--drafter": drafter_dir, "--target": target_dir,
                                                 "--data": data_path}, partial=recovery is not None,
                       resume=resume) as claim:
-        for note in claim.notes:
-            click.echo(f"note: {note}", err=True)
         if target_dir is not None:
             check_seq_len(target_dir, seq_len, batch if recovery is None else max(batch, recover_batch),
                           training=recovery is not None)
+        if data_path is not None:
+            check_data(data_path)  # a device, a FIFO or more text than memory: refused before loading
         try:
             rep = quantize_from_dirs(drafter_dir, config, out, target_dir=target_dir, data_path=data_path,
                                      dequantize_out=dequantize_out, force=force, calib_batches=calib_batches,

@@ -58,9 +58,10 @@ def regenerate(target_dir: Path, data_path: Path, out: Path, sequences: int, pro
     from rich.progress import Progress
 
     from specpress.artifacts import claim_output
+    from specpress.compress.data import check_data
     from specpress.commands.guards import check_seq_len, interrupted, regen_saved
     from specpress.compress.data import data_stream
-    from specpress.compress.regen import RegenConfig, verify_partial, regenerate as run
+    from specpress.compress.regen import RegenConfig, card_path, verify_partial, regenerate as run
     from specpress.models.target import load_target
     from specpress.models.tokenizer import load_tokenizer
     from specpress.ticker import LogTicker, bar_columns
@@ -68,14 +69,13 @@ def regenerate(target_dir: Path, data_path: Path, out: Path, sequences: int, pro
     cfg = RegenConfig(sequences=sequences, prompt_tokens=prompt_tokens, new_tokens=new_tokens, batch=batch,
                       temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     with claim_output(out, force=force, inputs={"--target": target_dir, "--data": data_path}, kind="file",
-                      partial=True, resume=resume) as claim:  # before loading anything
-        for note in claim.notes:
-            click.echo(f"note: {note}", err=True)
+                      partial=True, resume=resume, companions=(card_path(Path(out)),)) as claim:  # before loading
         assert claim.partial is not None
         if resume and claim.partial.exists():
             verify_partial(out)  # a partial cut short or changed is refused before the target is loaded
         check_seq_len(target_dir, prompt_tokens + new_tokens, batch, training=False,
                       what=f"--prompt-tokens {prompt_tokens} + --new-tokens {new_tokens}")
+        check_data(data_path)  # a device, a FIFO or more text than memory: refused before loading
         target = load_target(target_dir)
         tok = load_tokenizer(target_dir)
         stream = data_stream(data_path, tok, target.config.eos_ids, target.config.vocab_size, target_dir)

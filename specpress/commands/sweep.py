@@ -68,7 +68,7 @@ def sweep(recipe: str, out: Path, resume: bool, force: bool, jobs: int | None, e
     """
     from dataclasses import replace
 
-    from specpress.artifacts import check_inputs, check_writable, hold_lock
+    from specpress.artifacts import claim_output
     from specpress.errors import UsageError
     from specpress.sweep.driver import Sweep, failure_summary, parse_loss
     from specpress.sweep.executors import ExecutorSpec, require_ray
@@ -87,11 +87,11 @@ def sweep(recipe: str, out: Path, resume: bool, force: bool, jobs: int | None, e
         spec = replace(spec, address=address)
     if spec.kind == "ray":
         require_ray()  # before any work: without Ray, say how to install it
-    check_inputs(out, {"target": r.target.path, "drafter": r.drafter.path, "prompts": r.prompts.path,
-                       "calibration": r.calibration.path, "agreement_data": r.agreement_data.path,
-                       "recipe": r.source})
-    check_writable(out / "results.jsonl")
-    with hold_lock(out):  # a second sweep into the same --out fails at once
+    inputs = {"target": r.target.path, "drafter": r.drafter.path, "prompts": r.prompts.path,
+              "calibration": r.calibration.path, "agreement_data": r.agreement_data.path, "recipe": r.source}
+    # what is already in --out (a sweep to resume or replace, or something else) is the Sweep's to check;
+    # a second sweep into the same --out fails at once
+    with claim_output(out, force=force, inputs=inputs, in_place=True):
         s = Sweep(r, out, resume=resume, force=force)
         s.open()
         if find_smallest:

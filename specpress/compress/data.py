@@ -6,7 +6,6 @@ by a seeded generator, so a run is deterministic for its seed and can resume at 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -15,6 +14,8 @@ import numpy as np
 import torch
 
 from specpress.errors import DataError, RequestError
+from specpress.limits import check_data_size
+from specpress.readback import parse_json, regular_file
 
 TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst", ".c", ".h", ".js", ".ts", ".java", ".go", ".rs", ".json", ".toml",
                  ".yaml", ".yml", ".cfg", ".sh")
@@ -24,10 +25,7 @@ def _jsonl_texts(path: Path) -> Iterable[str]:
     for n, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
+        obj = parse_json(line, f"{path}:{n}", error=DataError)
         if isinstance(obj, dict) and isinstance(obj.get("text"), str):
             yield obj["text"]
         elif isinstance(obj, dict) and isinstance(obj.get("messages"), list):
@@ -40,6 +38,23 @@ def _jsonl_texts(path: Path) -> Iterable[str]:
 ZOO_SPLITS = ("zoo:train", "zoo:val")
 
 
+def check_data(path: str | Path) -> list[Path]:
+    """The files --data `path` reads, checked before anything is loaded: it exists, it is a regular file or
+    a directory (a device such as /dev/zero or a FIFO never ends), and its text fits in memory
+    (limits.check_data_size). `zoo:train` / `zoo:val` are the zoo's own: []."""
+    if str(path) in ZOO_SPLITS:
+        return []
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise DataError(f"data path {path} does not exist")
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
+        check_data_size(sum(f.stat().st_size for f in files), f"--data {path} ({len(files)} text files)")
+        return files
+    check_data_size(regular_file(path, DataError, "give a text file, a .jsonl file or a directory"), f"--data {path}")
+    return [path]
+
+
 def read_texts(path: str | Path) -> list[str]:
     """Documents from a text file, a .jsonl file ("text" or chat "messages"), a directory (recursive),
     or `zoo:train` / `zoo:val`: the zoo's split of this interpreter's standard library."""
@@ -48,18 +63,17 @@ def read_texts(path: str | Path) -> list[str]:
 
         return load_split_text(str(path).split(":")[1])  # type: ignore[arg-type]
     path = Path(path).expanduser()
-    if not path.exists():
-        raise DataError(f"data path {path} does not exist")
+    files = check_data(path)
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
         texts = [f.read_text(errors="replace") for f in files]
-    elif path.suffix in (".jsonl", ".ndjson"):
-        texts = list(_jsonl_texts(path))
     else:
-        try:
-            texts = [path.read_text()]
-        except UnicodeDecodeError:
-            raise DataError(f"{path} is not a UTF-8 text file; give text, .jsonl, or a directory of text") from None
+        if path.suffix in (".jsonl", ".ndjson"):
+            texts = list(_jsonl_texts(path))
+        else:
+            try:
+                texts = [path.read_text()]
+            except UnicodeDecodeError:
+                raise DataError(f"{path} is not a UTF-8 text file; give text, .jsonl, or a directory of text") from None
     texts = [t for t in texts if t.strip()]
     if not texts:
         raise DataError(f"{path} holds no text (empty files, or no {', '.join(TEXT_SUFFIXES[:4])}… files)")

@@ -47,11 +47,11 @@ from specpress.compress.losses import LossContext, LossOut, get_loss, positions_
 from specpress.compress.progress import TrainProgress
 from specpress.compress.students import init_student, student_config
 from specpress.compress.teacher import Teacher, needed_taps
-from specpress.compress.training import (STATE_FILE, all_reduce_mean, data_fingerprint, from_rank0, load_state,
-                                         lr_at, lr_at_progress, module_fingerprint, partial_dir, Periodic,
+from specpress.compress.training import (START_OVER, STATE_FILE, all_reduce_mean, data_fingerprint, from_rank0,
+                                         load_state, lr_at, lr_at_progress, module_fingerprint, partial_dir, Periodic,
                                          save_state, step_generator, world_info)
 from specpress.artifacts import check_new
-from specpress.errors import DataError, RequestError
+from specpress.errors import CheckpointError, DataError, RequestError
 from specpress.models.drafter import Drafter, target_fingerprint
 from specpress.models.drafter_io import save_drafter
 from specpress.models.target import TargetModel
@@ -154,11 +154,16 @@ class _Trainer:
         self.recent: list[tuple[float, Tensor, Tensor]] = []  # (loss, hits[k], counts[k]) of the last <= 20 steps
         if resume and self.state_path is not None and self.state_path.is_file():
             state = load_state(self.state_path, self.key)
-            student.load_state_dict(state["student"])
-            self.opt.load_state_dict(state["optimizer"])
-            torch.set_rng_state(state["rng"])
+            try:
+                student.load_state_dict(state["student"])
+                self.opt.load_state_dict(state["optimizer"])
+                torch.set_rng_state(state["rng"])
+                self.recent = [(float(l), h, c) for l, h, c in state["recent"]]
+            except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as exc:
+                why = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+                raise CheckpointError(f"{self.state_path} does not fit this run's student and optimizer ({why}); "
+                                      + START_OVER.format(partial=self.state_path.parent)) from None
             self.steps, self.seconds, self.planned = int(state["step"]), float(state["seconds"]), int(state["planned"])
-            self.recent = [(float(l), h, c) for l, h, c in state["recent"]]
         self.resumed_from = self.steps
         self.frozen = [p for p in target.parameters() if p.requires_grad]
         for p in self.frozen:

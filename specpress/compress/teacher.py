@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -28,6 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from specpress.artifacts import atomic_file, write_file
 from specpress.compress.losses import TeacherBatch
 from specpress.errors import CheckpointError
 from specpress.models.drafter import Drafter
@@ -67,9 +67,7 @@ class Teacher:
             self.dir.mkdir(parents=True, exist_ok=True)
             meta = self.dir / "key.json"
             if not meta.exists():
-                tmp = meta.with_name(f".key.json.tmp-{os.getpid()}")
-                tmp.write_text(json.dumps(full, indent=2, sort_keys=True, default=str) + "\n")
-                tmp.replace(meta)
+                write_file(meta, json.dumps(full, indent=2, sort_keys=True, default=str) + "\n")
         self.hits = self.misses = 0
 
     def signals(self, step: int, ids: Tensor, rows: tuple[int, int] = (0, 0)) -> TeacherBatch:
@@ -93,7 +91,6 @@ class Teacher:
         self.misses += 1
         batch = target_signals(self.forward, ids, self.taps)
         stacked = torch.stack([batch.hidden] + [batch.taps[t] for t in self.taps]).float().cpu().numpy()
-        tmp = f.with_name(f".{f.name}.tmp-{os.getpid()}.npy")
-        np.save(tmp, stacked)
-        os.replace(tmp, f)
+        with atomic_file(f) as tmp, open(tmp, "wb") as fh:
+            np.save(fh, stacked)
         return batch

@@ -10,13 +10,14 @@ on exactly the text it produces for this traffic.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
+from specpress.errors import CheckpointError
 from specpress.models.target import TargetModel
+from specpress.readback import parse_json
 
 CONTINUATION_TOKENS = 128  # greedy tokens the target generates per prompt of a prompts file given as --data
 BATCH = 64  # prompts of one length continued together
@@ -31,8 +32,8 @@ def is_prompts_file(path: str | Path) -> bool:
     with p.open(encoding="utf-8", errors="replace") as f:
         first = next((ln for ln in f if ln.strip()), "")
     try:
-        obj = json.loads(first)
-    except json.JSONDecodeError:
+        obj = parse_json(first, str(p))
+    except CheckpointError:
         return False
     return isinstance(obj, dict) and ("prompt" in obj or "input_ids" in obj)
 
@@ -52,7 +53,7 @@ def traffic_stream(target: TargetModel, path: str | Path, tokenizer: Any | None,
     from specpress.runtime.prompts import load_prompts
     from specpress.runtime.sampling import SamplingParams
 
-    prompts = load_prompts(path, tokenizer, target.config.vocab_size)
+    prompts = load_prompts(path, tokenizer, target.config.vocab_size, target.config.max_context)
     eos = list(target.config.eos_ids)
     by_len: dict[int, list[int]] = {}
     for i, p in enumerate(prompts):

@@ -101,24 +101,46 @@ class Periodic:
 
 
 def save_state(path: Path, state: dict[str, Any]) -> None:
-    """torch.save to a temp file beside `path`, then an atomic rename (a crash leaves the old state)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    """torch.save to a temp file beside `path`, then an atomic rename (a crash leaves the old state; a full disk
+    leaves it too, and no temp file: `specpress.artifacts.save_torch`)."""
+    from specpress.artifacts import save_torch
+
+    save_torch(path, state)
+
+
+# what a distill checkpoint holds: key -> the types its value may have
+STATE_FIELDS: dict[str, tuple[type, ...]] = {"student": (dict,), "optimizer": (dict,), "step": (int,),
+                                             "seconds": (int, float), "planned": (int,), "rng": (Tensor,),
+                                             "recent": (list,), "key": (dict,)}
+START_OVER = "to start over, run the same command with --force instead of --resume (it discards {partial})"
+
+
+def check_state(state: Any, path: Path, fields: Mapping[str, tuple[type, ...]], fix: str) -> dict[str, Any]:
+    """`state` (what torch.load returned) as a dict holding `fields` with their types; else a CheckpointError
+    saying what it holds instead."""
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} holds a {type(state).__name__}, not a specpress checkpoint; {fix}")
+    missing = [k for k in fields if k not in state]
+    wrong = [k for k, types in fields.items() if k in state and not isinstance(state[k], types)
+             or isinstance(state.get(k), bool)]
+    if missing or wrong:
+        found = ", ".join([f"no {k!r}" for k in missing] + [f"{k!r} is a {type(state[k]).__name__}" for k in wrong])
+        raise CheckpointError(f"{path} is not a checkpoint of this kind ({found}); {fix}")
+    return state
 
 
 def load_state(path: Path, key: Mapping[str, Any]) -> dict[str, Any]:
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, OSError, EOFError, ValueError) as exc:
-        raise CheckpointError(f"{path} is not a readable distill checkpoint ({exc}); delete it or run "
-                              "without --resume") from None
-    diff = first_difference(state.get("key"), dict(key))
+    """The distill checkpoint at `path`, checked: readable without running code, the objects a checkpoint
+    holds, and written by a run with the same `key` (config, student, target, data, world size)."""
+    from specpress.readback import load_torch
+
+    fix = START_OVER.format(partial=path.parent)
+    state = check_state(load_torch(path, fix, "distill checkpoint"), path, STATE_FIELDS, fix)
+    diff = first_difference(state["key"], dict(key))
     if diff:
         where, old, new = diff
         raise CheckpointError(f"{path.parent} is from a different run: {where} is {old!r} there but {new!r} now; "
-                              f"rerun with the original settings, or without --resume to start over")
+                              f"rerun with the original settings to continue it, or {fix}")
     return state
 
 

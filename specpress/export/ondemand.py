@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from specpress import __version__
-from specpress.artifacts import artifact_kind
+from specpress.artifacts import artifact_kind, claim_cache
 from specpress.errors import SpecpressError, UsageError
 from specpress.export.onnx import ExportOptions, export_from_dirs
 from specpress.export.target import TargetExportOptions, export_target_from_dir
@@ -59,7 +59,7 @@ def exported_dir_for(drafter_dir: str | Path, target_dir: str | Path, options: E
     drafter_dir, target_dir = Path(drafter_dir).expanduser(), Path(target_dir).expanduser()
     out = cache_root() / "onnx" / export_key(drafter_dir, target_dir, options)
     forced = dataclasses.replace(options, force=True)
-    return _reuse_or_export(out, str(drafter_dir), open_export,
+    return _reuse_or_export(out, str(drafter_dir), lambda o: open_export(o, cache_fix(o)),
                             lambda o: export_from_dirs(drafter_dir, target_dir, o, forced, progress), progress)
 
 
@@ -72,8 +72,13 @@ def exported_target_for(target_dir: str | Path, options: TargetExportOptions = T
     _hash_target(h, target_dir)
     out = cache_root() / "onnx-target" / _hash_options(h, options)
     forced = dataclasses.replace(options, force=True)
-    return _reuse_or_export(out, f"target {target_dir}", open_target_export,
+    return _reuse_or_export(out, f"target {target_dir}", lambda o: open_target_export(o, cache_fix(o)),
                             lambda o: export_target_from_dir(target_dir, o, forced, progress), progress)
+
+
+def cache_fix(entry: Path) -> str:
+    """What a refusal of the cache entry `entry` tells the user (the user gave no --out to export again)."""
+    return f"delete {entry} and run the command again: specpress exports it anew into the cache"
 
 
 def runner_input(backend: str, drafter_dir: str | Path, target_dir: str | Path,
@@ -109,17 +114,32 @@ def _stderr(message: str) -> None:
 def _reuse_or_export(out: Path, what: str, load: Callable[[Path], object], export: Callable[[Path], object],
                      progress: Callable[[str], None], warn: Callable[[str], None] = _stderr) -> tuple[Path, bool]:
     """(out, False) when `out` holds an export that `load` accepts (its files checked against their sha256);
-    else export into it: (out, True). A cached export that fails the check is never run: it is exported
-    again, and `warn` (stderr) says why."""
-    if out.is_dir():
-        try:
-            load(out)
-            progress(f"using the ONNX export of {what} cached at {out}")
+    else export into it, the cache entry claimed (`claim_cache`: locked, leftovers of a killed export
+    removed): (out, True). A cached export that fails the check is never run: it is exported again, and
+    `warn` (stderr) says why."""
+    if _reusable(out, what, load, progress, warn):
+        return out, False
+    with claim_cache(out) as removed:
+        for leftover in removed:
+            warn(f"note: {leftover}")
+        if _reusable(out, what, load, progress, lambda m: None):  # another process exported it meanwhile
             return out, False
-        except SpecpressError as exc:
-            warn(f"warning: the cached ONNX export of {what} at {out} failed its check ({exc}); exporting it again")
-            if artifact_kind(out) is None and not out.is_symlink():
-                shutil.rmtree(out)  # our cache entry, its manifest unreadable: atomic_dir would not replace it
-    progress(f"exporting {what} to ONNX (once) into {out}")
-    export(out)
+        if out.is_dir() and artifact_kind(out) is None and not out.is_symlink():
+            shutil.rmtree(out)  # our cache entry, its manifest unreadable: atomic_dir would not replace it
+        progress(f"exporting {what} to ONNX (once) into {out}")
+        export(out)
     return out, True
+
+
+def _reusable(out: Path, what: str, load: Callable[[Path], object], progress: Callable[[str], None],
+              warn: Callable[[str], None]) -> bool:
+    if not out.is_dir():
+        return False
+    try:
+        load(out)
+    except SpecpressError as exc:
+        why = str(exc).removesuffix(f"; {cache_fix(out)}")
+        warn(f"warning: the cached ONNX export of {what} at {out} failed its check ({why}); exporting it again")
+        return False
+    progress(f"using the ONNX export of {what} cached at {out}")
+    return True

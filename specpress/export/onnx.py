@@ -13,6 +13,7 @@ onnxruntime backend against the torch drafter (export/rounds.py).
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -240,14 +241,17 @@ def _quantization(drafter: Any, o: ExportOptions, notes: list[str]) -> dict[str,
 
 def export_from_dirs(drafter_dir: str | Path, target_dir: str | Path, out: str | Path,
                      options: ExportOptions = ExportOptions(),
-                     progress: Callable[[str], None] = lambda s: None) -> ExportReport:
-    """Load the drafter artifact attached to its target (fp32) and export it (see export_onnx)."""
-    from specpress.models.drafter_io import load_drafter
+                     progress: Callable[[str], None] = lambda s: None,
+                     warn: Callable[[str], None] | None = None) -> ExportReport:
+    """Load the drafter artifact attached to its target (fp32) and export it (see export_onnx). A drafter
+    built for another target of the same shape loads with a warning (`warn`, default stderr), as `run` says."""
     from specpress.models.target import load_target
+    from specpress.models.drafter_io import load_drafter_for
 
     require_onnxruntime()
     progress(f"loading target {target_dir}")
     target = load_target(target_dir, device="cpu")
     progress(f"loading drafter {drafter_dir}")
-    drafter = load_drafter(drafter_dir, target=target, device="cpu").eval()
+    drafter = load_drafter_for(target, drafter_dir, warn=warn or (lambda m: print(m, file=sys.stderr)),
+                               device="cpu").eval()
     return export_onnx(drafter, out, options, progress, target=target)

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from specpress.errors import CheckpointError, ConfigError, RequestError
 from specpress.config import config_kwargs
+from specpress.limits import check_dims
 from specpress.models.family import REQUIRED_TRAITS, TRAITS, Family
 from specpress.models.io import load_into
 from specpress.models.kv import Fp8KVCache, KVCache
@@ -70,6 +71,8 @@ class DrafterConfig:
             v = getattr(self, f.name)
             if want is not None and (not isinstance(v, want) or (want is not bool and isinstance(v, bool))):
                 raise ConfigError(f"{self.family} config field {f.name!r} must be {f.type}, found {v!r}")
+        check_dims({f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), int)},
+                   f"{self.family} config")
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"family": self.family, "version": self.version}

@@ -111,12 +111,37 @@ def read_drafter_config(path: str | Path) -> tuple[str, Any, dict[str, Any]]:
     cfg = serving_io.to_specpress_config(read_config(path), path)  # speculators / compressed-tensors / ModelOpt
     source = str(path / "config.json" if path.is_dir() else path)
     names = set(tensor_index(path)) if path.is_dir() else None
+    block = check_block(cfg.get("specpress"), source)
     family = detect_family(cfg, names, source)
-    block = cfg.get("specpress") or {}
-    if int(block.get("format_version", FORMAT_VERSION)) > FORMAT_VERSION:
+    if block.get("format_version", FORMAT_VERSION) > FORMAT_VERSION:
         raise CheckpointError(f"{source}: artifact format_version {block['format_version']} is newer than this "
                               f"specpress reads ({FORMAT_VERSION}); upgrade specpress")
-    return family, get_family(family).reader(cfg, source), cfg
+    reader = get_family(family).reader
+    try:
+        return family, reader(cfg, source), cfg
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError) as exc:
+        # the family's reader met a field of the wrong type or shape (a hand-edited config.json)
+        why = f"{type(exc).__name__}: {exc}" if isinstance(exc, KeyError) else str(exc).splitlines()[0][:200]
+        raise ConfigError(f"{source}: not a readable {family} config ({why}); restore it, or compare it with one "
+                          f"specpress wrote") from None
+
+
+def check_block(block: Any, source: str) -> dict[str, Any]:
+    """The `specpress` block of a drafter's config.json (what specpress wrote), its fields of the types
+    specpress writes; {} when there is none."""
+    if block is None:
+        return {}
+    fix = "restore it (or remove the `specpress` block to read the config as a public checkpoint)"
+    if not isinstance(block, dict):
+        raise CheckpointError(f"{source}: the `specpress` block must be an object, found {block!r:.60}; {fix}")
+    types = {"family": str, "format_version": int, "config_version": int, "target": (dict, type(None)),
+             "steps": list}
+    for key, want in types.items():
+        if key in block and (not isinstance(block[key], want) or isinstance(block[key], bool)):
+            raise CheckpointError(f"{source}: specpress.{key} has the wrong type ({block[key]!r:.60}); {fix}")
+    if not all(isinstance(step, dict) for step in block.get("steps", [])):
+        raise CheckpointError(f"{source}: specpress.steps must be a list of objects (the compression steps); {fix}")
+    return block
 
 
 def load_drafter(path: str | Path, target: "TargetModel | None" = None, *,
@@ -164,10 +189,10 @@ def load_drafter(path: str | Path, target: "TargetModel | None" = None, *,
 
 
 def load_drafter_for(target: "TargetModel", path: str | Path, *, strict: bool = False,
-                     warn: Callable[[str], None] = print) -> Drafter:
+                     warn: Callable[[str], None] = print, device: torch.device | str | None = None) -> Drafter:
     """`load_drafter(path, target)` for decoding against `target`: a drafter built for another target (its
     recorded fingerprint differs) warns through `warn`, or fails with `strict`, since acceptance will suffer."""
-    drafter = load_drafter(path, target)
+    drafter = load_drafter(path, target, device=device)
     if drafter.fingerprint_mismatch:
         msg = (f"drafter {path} was built for a different target (differs in "
                f"{', '.join(drafter.fingerprint_mismatch)}); acceptance will suffer")

@@ -86,7 +86,15 @@ def inspect_artifact(path: str | Path) -> dict[str, Any]:
         nbytes, source_kind, dtype = _implied_bytes(model, dt), "dtype", str(dt).removeprefix("torch.")
     archs = cfg.get("architectures") or []
     quant = _quantization(block or {}, own, model)
+    warnings = []
+    bits = 8 * nbytes / params if params else None
+    if source_kind == "weights" and bits is not None and not MIN_BITS <= bits <= MAX_BITS:
+        warnings.append(f"config.json implies {params:,} parameters but the weights hold {nbytes:,} bytes "
+                        f"({bits:.3g} bits per parameter, outside {MIN_BITS}..{MAX_BITS}): the config and the weights "
+                        f"disagree (an edited config.json, or weights of another model); the counts above are the "
+                        f"config's")
     return {
+        "warnings": warnings,
         "path": str(path),
         "family": family,
         "architecture": archs[0] if archs else cfg.get("model_type"),
@@ -101,6 +109,9 @@ def inspect_artifact(path: str | Path) -> dict[str, Any]:
         "provenance": list((block or {}).get("steps") or []),
         **({"quantization": quant} if quant else {}),
     }
+
+
+MIN_BITS, MAX_BITS = 1, 64  # bits per parameter any stored scheme takes (nf4 ~4.1 ... fp64 64)
 
 
 def _quantization(block: dict[str, Any], index: dict[str, Any], model: nn.Module) -> dict[str, Any] | None:

@@ -5,7 +5,6 @@ Loading never executes code: safetensors, or `torch.load(weights_only=True)` for
 
 from __future__ import annotations
 
-import json
 import math
 import struct
 from dataclasses import dataclass
@@ -33,12 +32,14 @@ def read_config(path: Path | str) -> dict[str, Any]:
     cfg_path = path / "config.json" if path.is_dir() else path
     if not cfg_path.is_file():
         raise CheckpointError(f"{path} holds no config.json; is it a Hugging Face model directory?")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{cfg_path} is not valid JSON ({exc}); restore or regenerate it") from None
-    if not isinstance(cfg, dict):
-        raise CheckpointError(f"{cfg_path} must hold a JSON object, found {type(cfg).__name__}")
+    from specpress.readback import read_json_object
+
+    cfg = read_json_object(cfg_path, "restore or regenerate it", what="config.json")
+    archs, mtype = cfg.get("architectures"), cfg.get("model_type")
+    if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise CheckpointError(f"{cfg_path}: architectures must be a list of class names, found {archs!r}")
+    if mtype is not None and not isinstance(mtype, str):
+        raise CheckpointError(f"{cfg_path}: model_type must be a string, found {mtype!r}")
     return cfg
 
 
@@ -57,10 +58,13 @@ def read_weights(path: Path | str) -> dict[str, Tensor]:
     for legacy in ("pytorch_model.bin", "model.pt"):
         f = path / legacy
         if f.is_file():
-            try:
-                sd = torch.load(f, map_location="cpu", weights_only=True)
-            except Exception as exc:  # torch raises many types for corrupt pickles
-                raise CheckpointError(f"{f} could not be read safely ({exc})") from None
+            from specpress.readback import load_torch
+
+            sd = load_torch(f, "convert it to model.safetensors where it came from, or re-download it", "weight file")
+            if not isinstance(sd, Mapping) or not all(isinstance(k, str) and isinstance(v, Tensor)
+                                                      for k, v in sd.items()):
+                raise CheckpointError(f"{f} holds a {type(sd).__name__}, not a state dict of named tensors; give "
+                                      f"the model's weights")
             return dict(sd)
     raise CheckpointError(f"{path} holds no weights (model.safetensors, model.safetensors.index.json "
                           f"or pytorch_model.bin)")
@@ -102,10 +106,13 @@ def tensor_index(path: Path | str) -> dict[str, TensorInfo]:
 
 def _shards(index: Path) -> list[str]:
     """The shard file names a model.safetensors.index.json names, sorted."""
+    from specpress.readback import read_json
+
+    fix = 'it must hold {"weight_map": {tensor name: shard file}}'
     try:
-        weight_map = json.loads(index.read_text())["weight_map"]
+        weight_map = read_json(index, fix)["weight_map"]
         shards = sorted(set(weight_map.values()))
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, AttributeError, TypeError) as exc:
+    except (KeyError, AttributeError, TypeError) as exc:
         raise CheckpointError(f"{index} is not a valid safetensors index ({type(exc).__name__}: {exc}); it must "
                               f'hold {{"weight_map": {{tensor name: shard file}}}}') from None
     if not all(isinstance(x, str) and x and "/" not in x for x in shards):
@@ -131,10 +138,9 @@ def read_header(f: Path) -> dict[str, TensorInfo]:
         if n > min(MAX_HEADER_BYTES, size - 8):
             raise bad(f"its header length field says {n:,} bytes, but the file holds {size - 8:,} after it")
         raw = fh.read(n)
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise bad(f"its header is not UTF-8 JSON ({exc})") from None
+    from specpress.readback import parse_json
+
+    header = parse_json(raw, f"{f} (its safetensors header)", "re-download or rebuild it")
     if not isinstance(header, dict):
         raise bad(f"its header is a JSON {type(header).__name__}, not an object")
     data_bytes = size - 8 - n

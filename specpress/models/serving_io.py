@@ -20,7 +20,6 @@ int4 / int8 / fp8 per channel).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -53,10 +52,9 @@ def _hf_quant_config(path: Path) -> dict[str, Any]:
     f = _dir(path) / "hf_quant_config.json"
     if not f.is_file():
         raise CheckpointError(f"{_dir(path)}: a ModelOpt quantization_config without hf_quant_config.json")
-    try:
-        return json.loads(f.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{f} is not valid JSON ({exc})") from None
+    from specpress.readback import read_json_object
+
+    return read_json_object(f, "restore it (ModelOpt writes it beside config.json)")
 
 
 def _quant(cfg: Mapping[str, Any], path: Path, mine: Mapping[str, Any] | None = None
@@ -98,8 +96,10 @@ def _num_target_layers(block: Mapping[str, Any], cfg: Mapping[str, Any]) -> int 
         return int(fp["num_hidden_layers"])
     ver = ((cfg.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
     if ver and (Path(ver).expanduser() / "config.json").is_file():
-        return int(json.loads((Path(ver).expanduser() / "config.json").read_text()).get("num_hidden_layers") or 0) \
-            or None
+        from specpress.models.io import read_config
+
+        layers = read_config(Path(ver).expanduser()).get("num_hidden_layers")
+        return layers if isinstance(layers, int) and not isinstance(layers, bool) and layers > 0 else None
     return None
 
 

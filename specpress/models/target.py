@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from specpress.errors import CheckpointError, ConfigError, RequestError
+from specpress.limits import DIM_BOUNDS, check_dim, check_dims
 from specpress.models.kv import Fp8KVCache, KVCache
 from specpress.models.layers import (MLP, RMSNorm, RopeConfig, Rotary, apply_rotary, attention, resolve_mask,
                                      resolve_positions)
@@ -57,6 +58,7 @@ class TargetConfig:
         if self.architecture not in ARCHITECTURES:
             raise ConfigError(
                 f"architecture {self.architecture!r} is not supported; supported: {', '.join(ARCHITECTURES)}")
+        check_dims({f: getattr(self, f) for f in DIM_BOUNDS if hasattr(self, f)}, "model config")
         _, qkvb, ob, _ = ARCHITECTURES[self.architecture]
         put = object.__setattr__
         if self.num_key_value_heads is None:
@@ -118,17 +120,25 @@ class TargetConfig:
         qkvb = ob = None
         if arch in ("LlamaForCausalLM", "Qwen3ForCausalLM"):
             qkvb = ob = bool(cfg.get("attention_bias", False))
+        for k in ("eos_token_id", "bos_token_id"):
+            v = cfg.get(k)
+            ids = v if isinstance(v, list) else [v]
+            if v is not None and not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+                raise ConfigError(f"{source}: {k} must be a token id or a list of them, found {v!r}")
+        dims = {k: check_dim(k, cfg[k], source) for k in required}  # before anything is sized from them
+        dims.update({k: check_dim(k, cfg[k], source) for k in ("num_key_value_heads", "head_dim",
+                                                               "max_position_embeddings") if cfg.get(k) is not None})
         try:
             return cls(
                 architecture=arch,
-                vocab_size=int(cfg["vocab_size"]),
-                hidden_size=int(cfg["hidden_size"]),
-                intermediate_size=int(cfg["intermediate_size"]),
-                num_hidden_layers=int(cfg["num_hidden_layers"]),
-                num_attention_heads=int(cfg["num_attention_heads"]),
-                num_key_value_heads=cfg.get("num_key_value_heads"),
-                head_dim=cfg.get("head_dim"),
-                max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+                vocab_size=dims["vocab_size"],
+                hidden_size=dims["hidden_size"],
+                intermediate_size=dims["intermediate_size"],
+                num_hidden_layers=dims["num_hidden_layers"],
+                num_attention_heads=dims["num_attention_heads"],
+                num_key_value_heads=dims.get("num_key_value_heads"),
+                head_dim=dims.get("head_dim"),
+                max_position_embeddings=dims.get("max_position_embeddings", 4096),
                 rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
                 rope=RopeConfig.from_hf(cfg),
                 rope_theta=float((cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 1e4))),

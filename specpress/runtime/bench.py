@@ -17,12 +17,22 @@ from specpress.runtime.prompts import Prompt, load_prompts
 from specpress.runtime.sampling import SamplingParams
 
 
-def load_bench_inputs(target_dir: str | Path, prompts_file: str | Path, dtype: str = "fp32"
-                      ) -> tuple[TargetModel, list[Prompt]]:
-    target = load_target(target_dir, dtype=dtype)
+def load_bench_inputs(target_dir: str | Path, prompts_file: str | Path, dtype: str = "fp32",
+                      max_new_tokens: int | None = None) -> tuple[TargetModel, list[Prompt]]:
+    """The target and the prompts, read in that order of cost: the prompts first (checked against the
+    target's config), then, with `max_new_tokens`, the decoding's context and KV memory checked
+    (machine.check_decode), then the target's weights."""
+    from specpress.machine import check_decode
+    from specpress.models.io import read_config
+    from specpress.models.target import TargetConfig
+
+    cfg = TargetConfig.from_hf(read_config(target_dir), source=str(Path(target_dir) / "config.json"))
     tok = load_tokenizer(target_dir) if (Path(target_dir).expanduser() / "tokenizer.json").is_file() else None
-    prompts = load_prompts(prompts_file, tok, target.config.vocab_size)
-    return target, prompts
+    prompts = load_prompts(prompts_file, tok, cfg.vocab_size, cfg.max_context)
+    if max_new_tokens is not None:
+        i = max(range(len(prompts)), key=lambda j: len(prompts[j].ids))
+        check_decode(target_dir, len(prompts[i].ids), max_new_tokens, dtype, label=f"prompt {i + 1}")
+    return load_target(target_dir, dtype=dtype), prompts
 
 
 def default_policy(family: str) -> str:

@@ -95,6 +95,10 @@ def _read_stream(source: DataSource, tokenizer: Any | None, eos_id: int | None, 
         raise DataError(f"data {source.path} does not exist; fix the recipe's path (relative paths start at the "
                         f"recipe's directory)")
     if source.path is not None and source.path.suffix == ".jsonl" and source.path.is_file():
+        from specpress.limits import check_data_size
+        from specpress.readback import parse_json, regular_file
+
+        check_data_size(regular_file(source.path, DataError), f"data {source.path}")
         try:
             lines = source.path.read_text(encoding="utf-8").splitlines()
         except UnicodeDecodeError:
@@ -104,10 +108,7 @@ def _read_stream(source: DataSource, tokenizer: Any | None, eos_id: int | None, 
             ids: list[int] = []
             for n, line in enumerate(lines, start=1):
                 if line.strip():
-                    try:
-                        obj = json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise DataError(f"{source.path}:{n}: not valid JSON ({exc.msg})") from None
+                    obj = parse_json(line, f"{source.path}:{n}", error=DataError)
                     row = obj.get("input_ids") if isinstance(obj, dict) else None
                     if not isinstance(row, list) or not all(isinstance(i, int) for i in row):
                         raise DataError(f"{source.path}:{n}: \"input_ids\" must be a list of integers")
@@ -242,7 +243,7 @@ def open_context(recipe: Recipe, out: Path, target_dir: Path, base_dir: Path, ba
     tok, tag = _tokenizer(target_dir)
     spec = recipe.prompts
     if spec.path is not None:
-        prompts = load_prompts(spec.path, tok, target.config.vocab_size)
+        prompts = load_prompts(spec.path, tok, target.config.vocab_size, target.config.max_context)
     else:
         if tok is None:
             raise RequestError(f"held-out prompts need the target's tokenizer.json ({target_dir} has none); give "

@@ -305,15 +305,11 @@ class Sweep:
     def point_bytes(self, point: Point) -> int:
         """The point's stored bytes: from its artifact when built, else from a cheap in-memory build (gptq as
         rtn, no recovery after pruning or quantizing, magnitude importance: the same shapes and storage)."""
-        import json
-
         from specpress.models.inspect import inspect_artifact
-        from specpress.sweep.run import artifact_key, point_dir
+        from specpress.sweep.run import artifact_key, key_matches, point_dir
 
         art = point_dir(self.out, point) / "drafter"
-        keyfile = art.parent / "point.json"
-        if (art / "config.json").is_file() and keyfile.is_file() and \
-                json.loads(keyfile.read_text()) == artifact_key(self.ctx, point):
+        if (art / "config.json").is_file() and key_matches(art.parent / "point.json", artifact_key(self.ctx, point)):
             return int(inspect_artifact(art)["bytes"])
         return sizing_bytes(self.ctx, point, self._base_copy())
 

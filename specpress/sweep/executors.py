@@ -16,7 +16,6 @@ sees where each point runs; the driver removes it when the point's records are w
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
@@ -101,10 +100,10 @@ def running_dir(out: Path) -> Path:
 def mark_running(out: Path, point: Point, attempt: int | None) -> None:
     d = running_dir(out)
     d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f".{point.id}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({"point": point.id, "pid": os.getpid(), "host": socket.gethostname(),
-                               "attempt": attempt, "started": time.time()}))
-    tmp.replace(d / f"{point.id}.json")
+    from specpress.artifacts import write_json
+
+    write_json(d / f"{point.id}.json", {"point": point.id, "pid": os.getpid(), "host": socket.gethostname(),
+                                        "attempt": attempt, "started": time.time()})
 
 
 def clear_running(out: Path, point: Point) -> None:

@@ -19,6 +19,7 @@ chain: prune refuses quantized drafters. Point ids are built from the settings (
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -234,6 +235,32 @@ def _stages(entry: Any, where: str) -> list[tuple[str, Any, str]]:
     return out
 
 
+MAX_POINTS = 10_000  # a point is built and benched in minutes: more is weeks, or a typo
+
+
+def _product_size(kind: str, body: Any) -> int:
+    """How many option tuples a stage spec expands to, counted before expanding it."""
+    if not isinstance(body, Mapping):
+        return 1
+    return math.prod(len(v) if isinstance(v, list) and k not in NAME_LISTS else 1 for k, v in body.items())
+
+
+def check_grid_size(grid: Any, where: str = "grid") -> None:
+    """Refuse a grid that expands to more than MAX_POINTS points, with its size, before expanding it."""
+    total = 0
+    for i, entry in enumerate(grid if isinstance(grid, list) else []):
+        try:
+            stages = _stages(entry, f"{where}[{i}]")
+        except ConfigError:
+            continue  # expand_entry says what is wrong with it
+        n = math.prod(_product_size(kind, body) for kind, body, _ in stages)
+        total += n
+        if total > MAX_POINTS:
+            before = f" ({total:,} with the entries before it)" if total != n else ""
+            raise ConfigError(f"{where}[{i}] expands to {n:,} points{before}; a grid holds at most {MAX_POINTS:,} "
+                              f"(each point is built and measured): list fewer values")
+
+
 def expand_entry(entry: Any, where: str) -> tuple[list[Point], list[str]]:
     """(points, skipped combinations with the reason) of one grid entry."""
     stages = _stages(entry, where)
@@ -277,6 +304,7 @@ def expand_grid(grid: Any, where: str = "grid") -> tuple[tuple[Point, ...], tupl
                           f"measured too), e.g. `grid: [{{quantize: {{scheme: int8}}}}]`")
     if not isinstance(grid, list):
         raise ConfigError(f"{where} must be a list of entries, found {type(grid).__name__}")
+    check_grid_size(grid, where)
     points: list[Point] = [BASE]
     skipped: list[str] = []
     seen: dict[str, Point] = {BASE_ID: BASE}

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from specpress.artifacts import atomic_file
 from specpress.sweep.labels import place_labels
 from specpress.sweep.report import group_title, groups
 
@@ -34,7 +35,8 @@ def _save(fig: Any, out: Path, name: str) -> list[Path]:
     paths = []
     for fmt in FORMATS:
         p = out / f"{name}.{fmt}"
-        fig.savefig(p, dpi=120)
+        with atomic_file(p) as tmp:
+            fig.savefig(tmp, dpi=120, format=fmt)
         paths.append(p)
     return paths
 

@@ -357,45 +357,13 @@ def resolve_recipe_path(arg: str | Path) -> Path:
     raise ConfigError(f"recipe {str(arg)!r} is neither a file nor a bundled recipe (bundled: {', '.join(bundled)})")
 
 
-def _strict_loader() -> Any:
-    """yaml.SafeLoader that refuses a key given twice in one mapping (plain YAML keeps the last silently)."""
-    import yaml
-
-    class StrictLoader(yaml.SafeLoader):
-        pass
-
-    def mapping(loader: Any, node: Any, deep: bool = False) -> Any:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = loader.construct_object(key_node, deep=deep)
-            if not isinstance(key, (str, int, float, bool, type(None))):
-                continue  # construct_mapping says what is wrong with such a key
-            if key in seen:
-                raise ConfigError(f"line {key_node.start_mark.line + 1}: key {key!r} is given twice in the same "
-                                  f"mapping; keep one")
-            seen.add(key)
-        return loader.construct_mapping(node, deep=deep)
-
-    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
-    return StrictLoader
-
-
 def load_recipe(arg: str | Path) -> Recipe:
-    """Read and validate a recipe file (or a bundled recipe's name)."""
-    import yaml
+    """Read and validate a recipe file (or a bundled recipe's name); its YAML is read safely first
+    (recipe_yaml.read_recipe_yaml: size, aliases, depth, duplicate keys)."""
+    from specpress.sweep.recipe_yaml import read_recipe_yaml
 
     path = resolve_recipe_path(arg)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
-                          f"save the recipe as UTF-8") from None
-    try:
-        obj = yaml.load(text, Loader=_strict_loader())  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
-    except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+    obj = read_recipe_yaml(path)
     if obj is None:
         raise ConfigError(f"{path}: the file is empty; a recipe needs {', '.join(REQUIRED)}")
     return parse_recipe(obj, path.parent, path)

@@ -144,8 +144,10 @@ def csv_text(records: list[dict[str, Any]]) -> str:
 
 def write_tables(out: Path, records: list[dict[str, Any]], title: str = "") -> list[Path]:
     md, cs = Path(out) / "table.md", Path(out) / "table.csv"
-    md.write_text(markdown(records, title))
-    cs.write_text(csv_text(records))
+    from specpress.artifacts import write_file
+
+    write_file(md, markdown(records, title))
+    write_file(cs, csv_text(records))
     return [md, cs]
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from specpress.errors import RequestError
+from specpress.readback import parse_json, read_json_object
 from specpress.sweep.recipe import Recipe
 
 RESULTS = "results.jsonl"
@@ -46,7 +47,8 @@ def guard_out(out: Path, recipe: Recipe, *, resume: bool, force: bool) -> None:
                                f"holds {dir_listing(out)}); --force replaces only a sweep's outputs: remove it by hand "
                                f"or choose another --out")
         else:
-            old = json.loads(rfile.read_text())
+            old = read_json_object(rfile, f"it is not a sweep's {RECIPE}: remove {out} by hand or choose another --out",
+                                   error=RequestError)
             n = len(read_results(out))
             if old.get("hash") != recipe.hash() and not force:
                 raise RequestError(f"--out {out} holds results of a different recipe ({old.get('source')}, hash "
@@ -81,15 +83,22 @@ def read_results(out: Path) -> list[dict[str, Any]]:
     if not f.is_file():
         return []
     recs = []
-    lines = f.read_text().splitlines()
+    lines = f.read_bytes().decode("utf-8", "replace").splitlines()  # a bad byte fails its line's JSON below
     for i, line in enumerate(lines):
         if not line.strip():
             continue
+        where, fix = f"{f}:{i + 1}", "fix or remove that line"
         try:
-            recs.append(json.loads(line))
-        except json.JSONDecodeError:
+            rec = parse_json(line, where, fix, error=RequestError)
+        except RequestError:
             if i != len(lines) - 1:
-                raise RequestError(f"{f}:{i + 1} is not valid JSON; fix or remove that line") from None
+                raise
+            continue
+        if not isinstance(rec, dict) or not all(isinstance(rec.get(k), (str, int, float)) and rec.get(k) is not None
+                                                for k in ("point", "policy", "temperature", "backend")):
+            raise RequestError(f"{where} is not a sweep result (an object with point, policy, temperature and "
+                               f"backend); {fix}")
+        recs.append(rec)
     return recs
 
 
@@ -115,7 +124,6 @@ def append_result(out: Path, rec: dict[str, Any]) -> None:
 
 
 def rewrite_results(out: Path, records: list[dict[str, Any]]) -> None:
-    f = Path(out) / RESULTS
-    tmp = f.with_name(f".{f.name}.{os.getpid()}.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-    tmp.replace(f)
+    from specpress.artifacts import write_file
+
+    write_file(Path(out) / RESULTS, "".join(json.dumps(r) + "\n" for r in records))

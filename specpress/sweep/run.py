@@ -11,7 +11,6 @@ traceback, and the sweep goes on. Worker processes (--jobs) call `init_worker` o
 
 from __future__ import annotations
 
-import json
 import time
 import traceback
 from pathlib import Path
@@ -49,6 +48,17 @@ def artifact_key(ctx: SweepContext, point: Point) -> dict[str, Any]:
 def _uses_calibration(step: Step) -> bool:
     cfg = step.config()
     return bool(cfg.needs_data()) or (step.kind == "quantize" and step.recovery() is not None)
+
+
+def key_matches(keyfile: Path, key: Any) -> bool:
+    """Whether `keyfile` (a point's point.json) records `key`; unreadable or damaged counts as not (rebuilt)."""
+    from specpress.errors import CheckpointError
+    from specpress.readback import read_json
+
+    try:
+        return keyfile.is_file() and read_json(keyfile) == key
+    except CheckpointError:
+        return False
 
 
 def point_dir(out: Path, point: Point) -> Path:
@@ -126,13 +136,13 @@ def build_point(ctx: SweepContext, point: Point, log: Log | None = None) -> tupl
     pdir = point_dir(ctx.out, point)
     art, keyfile = pdir / "drafter", pdir / "point.json"
     key = artifact_key(ctx, point)
-    if (art / "config.json").is_file() and keyfile.is_file() and json.loads(keyfile.read_text()) == key:
+    if (art / "config.json").is_file() and key_matches(keyfile, key):
         return art, True
     if log:
         log(f"{point.id}: building (" + " -> ".join(s.label() for s in point.steps) + ")")
     drafter = load_drafter(ctx.base_dir, ctx.target)
     work = pdir / "recovery.partial"  # a recovery's checkpoints, continued by a rerun of the same point
-    if work.is_dir() and (not (work / "point.json").is_file() or json.loads((work / "point.json").read_text()) != key):
+    if work.is_dir() and not key_matches(work / "point.json", key):
         import shutil
 
         shutil.rmtree(work)

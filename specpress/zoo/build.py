@@ -20,7 +20,9 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from specpress.errors import RequestError, UsageError
+from specpress.artifacts import claim_output, write_file, write_json
+from specpress.errors import CheckpointError, RequestError, UsageError
+from specpress.readback import read_json
 from specpress.zoo.card import ZOO_FORMAT, ZOO_VERSION, model_card, zoo_json
 from specpress.zoo.corpus import CorpusFile, corpus_fingerprint, corpus_files, split_stats
 from specpress.zoo.tokenizer import EOS_ID, encode_documents, tokenizer_files, train_tokenizer
@@ -136,10 +138,8 @@ def is_zoo_dir(path: Path) -> bool:
     path = Path(path)
     if not all((path / f).is_file() for f in ZOO_FILES):
         return False
-    try:
-        return json.loads((path / "zoo.json").read_text()).get("format") == ZOO_FORMAT
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-        return False
+    meta = _read_json(path / "zoo.json")
+    return isinstance(meta, dict) and meta.get("format") == ZOO_FORMAT
 
 
 def preset_changes(path: Path, size: str) -> list[str]:
@@ -193,9 +193,6 @@ def build_zoo(out: Path, *, size: str = "small", minutes: float | None = None, s
     stdlib: a smaller or different corpus (tests). resume: continue from `<out>.partial/` when it
     was left by a build with the same settings. force: replace a zoo target already in `out` (else refused).
     """
-    from specpress.models.target import TargetModel, save_target
-    from specpress.zoo.progress import Reporter
-
     if preset is None:
         if size not in PRESETS:
             raise UsageError(f"unknown zoo size {size!r}; available: {', '.join(PRESETS)}")
@@ -204,6 +201,16 @@ def build_zoo(out: Path, *, size: str = "small", minutes: float | None = None, s
         raise UsageError(f"--minutes must be positive, got {minutes}")
     out = Path(out).expanduser().absolute()
     _check_out(out, force)
+    with claim_output(out, force=True, partial=True, resume=True):  # locked; its partial is _prepare_partial's
+        return _build(out, preset, minutes, seed, progress, resume, steps, max_files, stdlib)
+
+
+def _build(out: Path, preset: ZooPreset, minutes: float | None, seed: int, progress: bool, resume: bool,
+           steps: int | None, max_files: int | None, stdlib: Path | None) -> ZooReport:
+    """build_zoo once `out` is checked and claimed."""
+    from specpress.models.target import TargetModel, save_target
+    from specpress.zoo.progress import Reporter
+
     partial = out.with_name(out.name + ".partial")
     say = Reporter(enabled=progress)
     t_start = time.monotonic()
@@ -260,13 +267,13 @@ def _prepare_partial(partial: Path, key: dict[str, Any], resume: bool, say: Any)
                  else f"starting afresh: removing {partial}")
         _clear_partial(partial)
     partial.mkdir(parents=True, exist_ok=True)
-    meta.write_text(json.dumps(key, indent=2) + "\n")
+    write_json(meta, key)
 
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        return read_json(path)
+    except CheckpointError:
         return None
 
 
@@ -281,9 +288,7 @@ def _tokenize(files: list[CorpusFile], vocab_size: int,
         tok = load_tokenizer(partial)
     else:
         tok = train_tokenizer(texts["train"], vocab_size)
-        tmp = tok_file.with_name(".tokenizer.json.tmp")
-        tok.save(str(tmp))
-        tmp.replace(tok_file)
+        write_file(tok_file, tok.to_str(pretty=True))
     return tok, encode_documents(tok, texts["train"]), encode_documents(tok, texts["val"])
 
 

@@ -148,12 +148,18 @@ def save_state(path: Path, model: nn.Module, opt: Optimizer, *, step: int, token
                        "key": dict(key)})
 
 
+ZOO_STATE_FIELDS: dict[str, tuple[type, ...]] = {"model": (dict,), "optimizer": (dict,), "step": (int,),
+                                                 "tokens_seen": (int,), "seconds": (int, float), "rng": (Tensor,),
+                                                 "key": (dict,)}
+
+
 def load_state(path: Path) -> dict[str, Any]:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, OSError, EOFError) as exc:
-        raise CheckpointError(f"{path} is not a readable training checkpoint ({exc}); delete it or "
-                              "build with --no-resume") from None
+    """The zoo build's checkpoint, readable without running code and holding what a checkpoint holds."""
+    from specpress.compress.training import check_state
+    from specpress.readback import load_torch
+
+    fix = "build again with --no-resume to start over"
+    return check_state(load_torch(path, fix, "training checkpoint"), path, ZOO_STATE_FIELDS, fix)
 
 
 def train(model: nn.Module, batches: TokenBatches, cfg: TrainConfig, *, state_dir: Path | None = None,
@@ -185,10 +191,14 @@ def _train(model: nn.Module, batches: TokenBatches, cfg: TrainConfig, *, state_d
         state = load_state(state_path)
         if state["key"] != key:
             raise CheckpointError(f"{state_path} was written by a different build (config, seed or corpus); "
-                                  "delete it or build with --no-resume")
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng"])
+                                  "build again with --no-resume to start over")
+        try:
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["optimizer"])
+            torch.set_rng_state(state["rng"])
+        except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as exc:
+            raise CheckpointError(f"{state_path} does not fit this build's model ({str(exc).splitlines()[0][:160]}); "
+                                  "build again with --no-resume to start over") from None
         step, tokens_seen, seconds = int(state["step"]), int(state["tokens_seen"]), float(state["seconds"])
     resumed_from = step
     model.train()

@@ -150,6 +150,7 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
 def _resume_quantized(part: Path, config: QuantizeConfig, extra: dict[str, Any], target: Any) -> Any | None:
     """The quantized drafter an interrupted recovery left in `<out>.partial/quantized`, or None when there is none;
     one quantized from another source or config is an error naming the difference."""
+    from specpress.compress.training import START_OVER
     from specpress.models.drafter_io import load_drafter
     from specpress.models.quantized.restore import active_quantize_step
 
@@ -162,5 +163,6 @@ def _resume_quantized(part: Path, config: QuantizeConfig, extra: dict[str, Any],
                       ("source_bytes", extra["source_bytes"]), ("float_dtype", extra["float_dtype"])):
         if step.get(key) != want:
             raise CheckpointError(f"{qdir} is from a different run: its quantize step's {key} is {step.get(key)!r}, "
-                                  f"now {want!r}; rerun with the original settings, or without --resume to start over")
+                                  f"now {want!r}; rerun with the original settings, or "
+                                  + START_OVER.format(partial=part))
     return d

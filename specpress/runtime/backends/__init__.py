@@ -109,9 +109,25 @@ def is_drafter_artifact(path: Path) -> bool:
     return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
 
 
+def export_kind(path: Path) -> str | None:
+    """"onnx" or "engine" when `path` holds an export's manifest.json of that kind (by its format tag),
+    else None."""
+    from specpress.artifacts import MARKERS, artifact_kind
+
+    kind = artifact_kind(path) or ""
+    onnx_format, engine_format = MARKERS["manifest.json"]
+    return "onnx" if f"a specpress {onnx_format} " in kind else "engine" if engine_format in kind else None
+
+
 def check_reads(backend: Backend, path: Path) -> None:
     """Refuse a --drafter directory the backend does not read, saying what it reads and how to make it."""
     path = Path(path).expanduser()
+    kind = export_kind(path)
+    if kind is not None and backend.reads != kind:
+        others = [b.name for b in backends().values() if b.reads == kind]
+        run = f"pass --backend {' or '.join(others)} to run it" if others else "no registered backend runs it here"
+        raise RequestError(f"--drafter {path} is {READS[kind]}, but --backend {backend.name} reads "
+                           f"{READS[backend.reads]}: {run}, or give the drafter artifact it was exported from")
     if backend.reads != "drafter" and is_drafter_artifact(path):
         raise RequestError(f"--backend {backend.name} reads {READS[backend.reads]}, but {path} is a drafter "
                            f"artifact; export it first with `{EXPORT[backend.reads]} ...` and pass that directory")

@@ -33,15 +33,23 @@ class SessionCall:
     """A session with `run(output_names, feeds) -> [outputs]` (an onnxruntime InferenceSession, a TensorRT
     EngineSession) as a GraphCall: torch tensors in (numpy when `numpy_io`), torch tensors on `device` out."""
 
-    def __init__(self, session: Any, outputs: Sequence[str], device: torch.device, numpy_io: bool = False) -> None:
+    def __init__(self, session: Any, outputs: Sequence[str], device: torch.device, numpy_io: bool = False,
+                 label: str = "the exported graph") -> None:
         self.session, self.outputs, self.device, self.numpy_io = session, list(outputs), device, numpy_io
+        self.label = label
 
     def __call__(self, feeds: Mapping[str, Tensor]) -> dict[str, Tensor]:
         if self.numpy_io:
             arrays: dict[str, Any] = {n: t.detach().cpu().contiguous().numpy() for n, t in feeds.items()}
         else:
             arrays = {n: t.contiguous() for n, t in feeds.items()}
-        outs = self.session.run(self.outputs, arrays)
+        try:
+            outs = self.session.run(self.outputs, arrays)
+        except Exception as exc:  # the session's own refusal (onnxruntime's error types share no base): typed
+            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+            raise CheckpointError(f"{self.label} refused the inputs its manifest describes ({first}): the export's "
+                                  f"manifest.json and its graphs disagree (edited, or from another specpress); "
+                                  f"export it again") from None
         return {n: torch.as_tensor(a).to(self.device) for n, a in zip(self.outputs, outs)}
 
 
@@ -76,7 +84,10 @@ def build_runner(manifest: ExportManifest | Mapping[str, Any], sessions: Mapping
     if missing:
         raise CheckpointError(f"graphs {missing} of the {m.family} export have no session; rebuild the backend's "
                               f"files from a complete `specpress export onnx` directory")
-    calls = {g.name: SessionCall(sessions[g.name], [o.name for o in g.outputs], dev, numpy_io) for g in m.graphs}
+    for g in m.graphs:
+        check_io(g, sessions[g.name])
+    calls = {g.name: SessionCall(sessions[g.name], [o.name for o in g.outputs], dev, numpy_io, g.file)
+             for g in m.graphs}
     kinds = [cls for call, cls in RUNNERS.items() if m.graphs_for(call)]
     if len(kinds) != 1:
         served = sorted({g.role.call for g in m.graphs})
@@ -84,6 +95,22 @@ def build_runner(manifest: ExportManifest | Mapping[str, Any], sessions: Mapping
                               f"exactly one of {', '.join(RUNNERS)} graphs; export it again with `specpress export "
                               f"onnx`")
     return kinds[0](m, calls, dev, backend, provider)
+
+
+def check_io(graph: GraphSpec, session: Any) -> None:
+    """The inputs and outputs the manifest lists for `graph` are the session's (by name), when the session
+    says what they are (onnxruntime's get_inputs / get_outputs): a manifest edited to call a graph with
+    other names is refused before anything runs."""
+    if not (hasattr(session, "get_inputs") and hasattr(session, "get_outputs")):
+        return
+    for kind, listed, actual in (("inputs", graph.inputs, session.get_inputs()),
+                                 ("outputs", graph.outputs, session.get_outputs())):
+        want, have = sorted(t.name for t in listed), sorted(a.name for a in actual)
+        if want != have:
+            extra = sorted(set(want) - set(have)) or sorted(set(have) - set(want))
+            raise CheckpointError(f"{graph.file}: the manifest lists {kind} {want} but the graph has {have} (differ "
+                                  f"in {extra}): the export's manifest.json and its graphs disagree (edited, or from "
+                                  f"another specpress); export it again")
 
 
 def run_cached(call: GraphCall, feeds: dict[str, Tensor], cache: KVCache, layers: Sequence[int], past: int,

@@ -122,7 +122,7 @@ class OnnxTarget:
         if taps not in self._calls:
             kv = [f"present_{x}.{i}" for i in range(self.manifest.layers) for x in ("key", "value")]
             outs = ["logits", "hidden", *kv, *(f"hidden_states.{i}" for i in taps if i < self.manifest.layers)]
-            self._calls[taps] = SessionCall(self.session, outs, self._device, numpy_io=True)
+            self._calls[taps] = SessionCall(self.session, outs, self._device, numpy_io=True, label=self.manifest.file)
         return self._calls[taps]
 
     def forward(self, ids: Tensor, *, cache: KVCache, positions: Tensor | None = None, mask: Tensor | None = None,

@@ -11,13 +11,13 @@ sessions by `build_runner` (runtime/backends/exported.py), as the onnxruntime ba
 from __future__ import annotations
 
 import importlib
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from specpress.errors import RequestError, SpecpressError
+from specpress.readback import read_json
 from specpress.runtime.backends.exported import ExportedRunner, build_runner
 from specpress.runtime.backends.tensorrt import INSTALL_HINT
 
@@ -37,11 +37,10 @@ def read_engine_manifest(path: Path) -> dict[str, Any]:
     onnx_manifest.json: inside `path`, with the size and sha256 it records)."""
     path = Path(path)
     mpath = path / "manifest.json"
-    try:
-        manifest = json.loads(mpath.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise RequestError(f"--drafter {path} is not an `specpress export trt` output (no readable manifest.json: "
-                           f"{exc}); build one with `specpress export trt --onnx DIR --out DIR`") from exc
+    fix = "build one with `specpress export trt --onnx DIR --out DIR`"
+    if not mpath.is_file():
+        raise RequestError(f"--drafter {path} is not an `specpress export trt` output (no manifest.json); {fix}")
+    manifest = read_json(mpath, fix, what="manifest")
     if not isinstance(manifest, dict) or manifest.get("format") != ENGINE_FORMAT:
         found = manifest.get("format", "unknown") if isinstance(manifest, dict) else type(manifest).__name__
         raise RequestError(f"{mpath} is a {found!r} manifest, expected {ENGINE_FORMAT!r} "
@@ -158,5 +157,6 @@ def load_runner(path: Path, target: Any, device: torch.device, **opts: Any) -> E
     if "onnx_manifest.json" not in manifest["files"]:  # recorded (and so checked), or absent
         raise RequestError(f"{path} lacks onnx_manifest.json (the export's I/O description); rebuild it with "
                            f"`specpress export trt --onnx <an export onnx dir>`")
-    return build_runner(json.loads(onnx_manifest_path.read_text()), sessions, target, device, backend="tensorrt",
+    onnx_manifest = read_json(onnx_manifest_path, "rebuild the engines with `specpress export trt`")
+    return build_runner(onnx_manifest, sessions, target, device, backend="tensorrt",
                         provider=f"{manifest['tensorrt']['flavour']} {manifest['tensorrt']['version']}", **opts)
