@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU check, prepared to run when an NVIDIA GPU machine is lent (no network, nothing installed):
-#   bash bench/gpu_check.sh OUT                 # on the GPU machine, < 8 minutes
+#   bash bench/gpu_check.sh OUT                 # on the GPU machine; never run on one yet, so its time there is unmeasured
 #   bash bench/gpu_check.sh OUT --dry-run       # the same steps on CPU at tiny sizes (a default test runs it)
 # Steps: environment; CUDA/TensorRT-marked tests; a target (TARGET=dir carried, else ~/.cache/specpress/zoo/small,
 # else `zoo build` capped at 3 min); an eagle3 drafter (DRAFTER=dir carried, else a 2-min distill); held-out
