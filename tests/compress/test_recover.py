@@ -21,10 +21,11 @@ from specpress.compress.data import WindowSampler
 from specpress.compress.quantize.api import quantize
 from specpress.compress.quantize.fakequant import FakeQuantLinear, freeze, wrap
 from specpress.compress.quantize.recover import RecoverConfig, recover, source_weights
-from specpress.errors import CheckpointError, ConfigError, RequestError
+from specpress.errors import CheckpointError, ConfigError, Interrupted, RequestError
 from specpress.models.drafter import build_drafter
 from specpress.models.drafter_io import load_drafter, save_drafter
 from specpress.models.quantized import primitives as P
+from specpress.models.quantized.fusion import fused_groups
 from specpress.models.quantized.modules import quantized_modules
 from specpress.models.quantized.scheme import (
     config_for,
@@ -87,7 +88,11 @@ def test_fake_quantization_is_the_schemes_numerics_and_passes_gradients(cell, sc
     with torch.no_grad():
         y = d(IDS).logits
     assert sorted(freeze(d)) == sorted(fakes)
-    for name, mod in quantized_modules(d).items():
+    frozen = quantized_modules(d)
+    for group in fused_groups(list(frozen)):  # nvfp4: q/k/v and gate/up keep one global scale (engines fuse them)
+        held = [frozen[n].global_scale for n in group if hasattr(frozen[n], "global_scale")]
+        assert all(torch.equal(g, held[0]) for g in held), group
+    for name, mod in frozen.items():
         assert isinstance(mod, scheme_of(cfg).modules) and mod.act_mode == cfg.act_mode
         assert torch.equal(mod.dequantize(torch.float32), want[name]), name  # stores what the forward computed
         _codes_valid(mod)
@@ -256,7 +261,8 @@ def test_quantize_resume_continues_an_interrupted_recovery(tmp_path, monkeypatch
 
     monkeypatch.setattr(TrainProgress, "update", ctrl_c)
     res = CliRunner().invoke(cli, args(tmp_path / "q"))
-    assert res.exit_code == 130 and not (tmp_path / "q").exists()
+    assert isinstance(res.exception, Interrupted) and res.exception.exit_code == 130  # main() exits with it
+    assert not (tmp_path / "q").exists()
     assert "the recovery at step 2 of 4 saved" in str(res.exception) and "--resume" in str(res.exception)
     part = tmp_path / "q.partial"
     assert (part / "state.pt").is_file() and (part / "quantized" / "config.json").is_file()

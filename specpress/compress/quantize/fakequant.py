@@ -21,6 +21,9 @@ Two ways to get the scales (`scales`):
              W), Ŵ = its dequantized weight: works for every registered scheme (fp8, nvfp4, mx, bitsandbytes
              formats included) and is what `learned` falls back to for schemes without a "qat" facet. A
              calibrated method's choice (GPTQ's codes, AWQ's clipping) does not survive the first step.
+             What one Linear cannot re-derive alone stays as stored, through the scheme's "rederive" facet:
+             nvfp4's global scale, shared within q/k/v and gate/up (only the block scales follow W), so a
+             recovered drafter keeps the one global scale per fused group the engines require.
 
 The master weight starts at the source float weight when given (the layer before quantization, in the
 module's pre_quant_scale space), moved into the rounding cell of the stored code (learned: the first
@@ -85,6 +88,14 @@ def _lowbit_rebuild(m: Any, lin: nn.Linear, q: Tensor, s: Tensor, z: Tensor) -> 
 
 register_facet("qat", "integer")(CodeRule(_int_params, _int_rebuild))
 register_facet("qat", "lowbit")(CodeRule(_lowbit_params, _lowbit_rebuild))
+
+
+@register_facet("rederive", "nvfp4")
+def _nvfp4_rederive(inner: Any, lin: nn.Linear) -> QuantizedLinear:
+    """nvfp4 of `lin` under `inner`'s stored global scale (a fused group's shared one: not this Linear's amax)."""
+    from specpress.models.quantized.nvfp4 import NVFP4Linear
+
+    return NVFP4Linear.from_linear(lin, global_scale=inner.global_scale)
 
 
 def _linear(weight: Tensor, bias: Tensor | None, dtype: torch.dtype) -> nn.Linear:
@@ -204,7 +215,11 @@ class FakeQuantLinear(nn.Module):
         """The scheme's round-to-nearest module for master weight `w` (detached), with this Linear's input settings."""
         holder = nn.Module()
         holder.lin = _linear(w, None if self.bias is None else self.bias.detach(), self.inner.compute_dtype)
-        scheme_of(self.config).quantize(holder, ["lin"], self.config, [])
+        keep = facet("rederive", scheme_of(self.config))
+        if keep is not None:
+            holder.lin = keep(self.inner, holder.lin)
+        else:
+            scheme_of(self.config).quantize(holder, ["lin"], self.config, [])
         mod = holder.lin
         mod.configure_input(self.inner.act_mode, self.inner.pre_quant_scale, self.inner.input_scale)
         return mod
