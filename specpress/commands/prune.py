@@ -91,7 +91,7 @@ def prune(drafter_dir: Path, out: Path, ffn: int | float | None, kv_heads: int |
     --vocab (EAGLE-3) rebuilds lm_head, d2t and t2d for the tokens the target predicts most often on
     --data, counted over --vocab-tokens predictions. Rank on enough of them: on the zoo target a
     quarter of the vocabulary ranked on 2,048 predictions kept 94.5 % of tau, ranked on 262,144 (the
-    default, ~10 s of target forwards) 102.7 % (BENCHMARKS.md, "Compression").
+    default, ~10 s of target forwards) 102.7 % (recorded in BENCHMARKS.md at b5bd58d, 2026-11-29).
 
     Rank on data that looks like your traffic: a vocabulary ranked on one kind of text covers another
     worse, and tau falls with it (`bench` reports eval_coverage beside the calibration coverage recorded

@@ -45,7 +45,7 @@ def regenerate(target_dir: Path, data_path: Path, out: Path, sequences: int, pro
     Give a distillation enough of it: on the zoo target a 10-minute DFlash distill makes about three
     passes over 6,144 sequences and starts memorising them (tau 2.92 at block:8); with three times as
     many (a second file of 12,288 sequences drawn with --seed 1, concatenated) it reached 3.18-3.38
-    (BENCHMARKS.md, "Acceptance per drafter family").
+    (recorded in BENCHMARKS.md at 01a67ba, 2026-11-30).
 
     \b
     Example (about 5 minutes for the small zoo target on 2 CPU cores):

@@ -375,8 +375,8 @@ def vocab_count_stream(source: str, target: TargetModel | None, calib: np.ndarra
     first windows are those the other stages calibrate on), or over every window when `calib` is windows
     [N, T]. A frequency ranking needs far more tokens than importance scoring: a 4096-token vocabulary cut to
     1024 covered 92.6 % of the zoo target's held-out greedy output when counted on 2k predictions, 97.9 %
-    on 131k (BENCHMARKS.md). On CPU an fp32 target predicts under bf16 autocast (a near-tie may rank
-    differently; the counts barely move). progress: a transient bar on stderr over the target's forwards.
+    on 131k (recorded in BENCHMARKS.md at b5bd58d). On CPU an fp32 target predicts under bf16 autocast (a
+    near-tie may rank differently; the counts barely move). progress: a transient bar on stderr over the target's forwards.
     """
     if isinstance(calib, Tensor) and calib.dim() == 2:
         windows = list(calib.long().cpu().split(batch))

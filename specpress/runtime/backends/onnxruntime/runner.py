@@ -55,7 +55,7 @@ def session_options(ort: Any, threads: int | None, fold_dequantize: bool = True)
     opts.log_severity_level = 3
     # no spin-waiting of idle workers after a run: the loop runs torch (the target, tree building) between
     # two session runs on the same cores, and spinning workers took them from it (medium target, 2 threads,
-    # BENCHMARKS.md "Export": the onnxruntime drafter's forwards 1.9x -> 0.57x the compiled torch drafter's)
+    # BENCHMARKS.md at 173085a: the onnxruntime drafter's forwards 1.9x -> 0.57x the compiled torch drafter's)
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     # compute what the graph says: no fusing of Q/DQ int4 + MatMul into int8-activation MatMulNBits
     opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
