@@ -41,9 +41,16 @@ from specpress.export.hf.engines import ENGINES, help_text
 @click.option("--policy", default=None,
               help="Draft policy to record as the proposal method (chain:K; tree / dynamic are written as the "
                    "nearest chain; block:B for dflash). Default: chain of 3, dflash block_size - 1.")
+@click.option("--materialize-head", is_flag=True,
+              help="Write a low-rank head (prune --head-rank) as its dense product, or a shared head over a reduced "
+                   "draft vocabulary (prune --share-head) as the target's rows (read from --target, a local "
+                   "directory), as one lm_head: vLLM, SGLang and TensorRT-LLM load no other head. Costs the bytes "
+                   "the head saved (the export says how many); without it such a head is refused with the engine's "
+                   "rule. A shared head over the whole vocabulary needs no flag: it is written as the engine shares "
+                   "the target's head.")
 @click.option("--force", is_flag=True, help="Replace --out if it exists.")
 def hf(drafter: str, out: str, engine: str | None, fmt: str | None, target: str | None, verifier: str | None,
-       policy: str | None, force: bool) -> None:
+       policy: str | None, materialize_head: bool, force: bool) -> None:
     """Export a drafter as vLLM, SGLang or TensorRT-LLM loads it (--for), or in a serving layout (--format): the
     same codes and scales specpress measured, re-laid out. Give --for, --format, or both.
 
@@ -70,7 +77,8 @@ def hf(drafter: str, out: str, engine: str | None, fmt: str | None, target: str 
         target = verifier
     local = target if target is not None and Path(target).expanduser().exists() else None  # not a model id
     with claim_output(out, force=force, inputs={"--drafter": drafter, "--target": local}):
-        summary = export_hf(drafter, out, fmt, engine=engine, verifier=target, policy=policy, force=force)
+        summary = export_hf(drafter, out, fmt, engine=engine, verifier=target, policy=policy, force=force,
+                            materialize_head=materialize_head)
     for line in summary.lines():
         click.echo(line)
 

@@ -65,7 +65,9 @@ def inspect_cmd(path: Path | None, json_out: Path | None, force: bool) -> None:
             ("bytes", f"{info['bytes']:,} ({_fmt_bytes(info['bytes'])}, from {info.get('bytes_source')})"),
             ("dtype", info.get("dtype")), ("bits/param", f"{info.get('bits_per_param', 0):.2f}")]
     if info.get("shared_bytes"):
-        rows.append(("shared with target", f"{info['shared_bytes']:,} bytes (not counted above)"))
+        head = info.get("shared_head_params") or 0
+        rows.append(("shared with target", f"{info['shared_bytes']:,} bytes (not counted above"
+                     + (f"; {head:,} of the target's head parameters read as the draft head)" if head else ")")))
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         click.echo(f"{k:<{width}}  {v}")
@@ -124,6 +126,10 @@ def describe_step(step: dict[str, Any]) -> str:
         agr = step.get("agreement") or {}
         if agr.get("before") and agr.get("after"):
             parts.append(f"acc@k {_acc(agr['before'])} -> {_acc(agr['after'])}")
+        if step.get("allocation"):
+            from specpress.commands.quantize import allocation_line
+
+            parts.append("budget " + allocation_line(step["allocation"]))
         return "; ".join(parts)
     scalars = [f"{k} {v}" for k, v in step.items() if k not in ("step", "name") and isinstance(v, (str, int, float))]
     return f"{kind}: {', '.join(scalars)}" if scalars else kind
@@ -135,6 +141,9 @@ def _quant_label(cfg: dict, step: dict) -> str:
     from specpress.errors import ConfigError
     from specpress.models.quantized.scheme import config_from_dict
 
+    if step.get("scheme") == "mixed":
+        kinds = sorted({config_from_dict(c).storage_label() for c in step["module_configs"].values()})
+        return f"mixed ({', '.join(kinds)})"
     try:
         return f"{config_from_dict(cfg).storage_label()} {step.get('method')}"
     except ConfigError:

@@ -43,6 +43,17 @@ class KeepCount(click.ParamType):
               help="Draft-vocabulary tokens to keep (eagle3), most frequent first.")
 @click.option("--heads", type=click.FloatRange(0, 1, min_open=True, max_open=True), hidden=True,
               help="Deprecated: the share of KV groups to remove (use --kv-heads).")
+@click.option("--head-rank", type=click.IntRange(min=1),
+              help="Factorise the drafter's own head (eagle3's draft head, an lm drafter's untied lm_head) into "
+                   "rank-R factors: R x (hidden + vocabulary) parameters instead of hidden x vocabulary. Seconds; "
+                   "give --recover-steps, the factorised head alone loses acceptance.")
+@click.option("--head-init", type=click.Choice(["svd", "activation"]), default="svd", show_default=True,
+              help="--head-rank's start: truncated SVD of the weight, or SVD whitened by the head's input "
+                   "covariance on --data (reproduces the logits the head produces; needs --target).")
+@click.option("--share-head", is_flag=True,
+              help="eagle3: drop the draft head; the target's lm_head rows of the draft vocabulary replace it, read "
+                   "from the target at load (shared bytes, not stored). Give --recover-steps: the rest of the "
+                   "drafter is trained against the frozen rows.")
 @click.option("--importance", type=click.Choice(["magnitude", "activation", "kl"]), default="magnitude",
               show_default=True, help="magnitude = weights only; activation / kl = measured on --data.")
 @click.option("--vocab-source", type=click.Choice(["target", "data"]), default="target", show_default=True,
@@ -73,12 +84,12 @@ class KeepCount(click.ParamType):
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--force", is_flag=True, help="Replace an existing --out.")
 def prune(drafter_dir: Path, out: Path, ffn: int | float | None, kv_heads: int | None, layers: int | None,
-          vocab: int | None, heads: float | None, importance: str, vocab_source: str,
-          target_dir: Path | None, data_path: Path | None,
+          vocab: int | None, heads: float | None, head_rank: int | None, head_init: str, share_head: bool,
+          importance: str, vocab_source: str, target_dir: Path | None, data_path: Path | None,
           continuation_tokens: int | None, recover_steps: int, recover_lr: float, batch: int, seq_len: int,
           calib_batches: int, vocab_tokens: int | None, kl_group: int,
           seed: int, force: bool) -> None:
-    """Remove FFN channels, KV groups, layers or draft-vocabulary tokens: a smaller dense drafter.
+    """Remove FFN channels, KV groups, layers or draft-vocabulary tokens, or shrink the draft head: a smaller drafter.
 
     Every size option says what stays, as the pruned drafter's config will (distill's student options
     --ffn, --kv-heads, --layers say the same). The result is in the family's public layout
@@ -98,6 +109,15 @@ def prune(drafter_dir: Path, out: Path, ffn: int | float | None, kv_heads: int |
     here, and warns when it is more than 3 points lower). Give your own prompts as --data (bench's
     prompts file) and --vocab ranks on the target's continuations of them.
 
+    The draft head (EAGLE-3's is ~46 % of a zoo drafter's parameters) shrinks two more ways: --head-rank R
+    keeps it as two rank-R factors (both ordinary Linears: every quantize scheme takes them with --include
+    lm_head), --share-head reads the target's own head rows instead (nothing stored; the bytes are
+    reported as shared by inspect and the sweep). vLLM, SGLang and TensorRT-LLM load neither a low-rank head
+    nor a shared head over a reduced vocabulary: `export hf --for ENGINE` refuses them with that engine's
+    rule, or writes a dense head with --materialize-head; a shared head over the target's whole vocabulary is
+    written as each engine shares the target's. Run after --vocab in the same call they act on the cut
+    vocabulary.
+
     \b
     Examples (a zoo EAGLE-3 drafter: 768 FFN channels, 4 KV groups, 4096 draft tokens):
       specpress prune --drafter drafters/eagle3 --out drafters/eagle3-ffn384 --ffn 384
@@ -105,6 +125,8 @@ def prune(drafter_dir: Path, out: Path, ffn: int | float | None, kv_heads: int |
           --importance kl --target ~/.cache/specpress/zoo/small --data zoo:train --recover-steps 200
       specpress prune --drafter drafters/eagle3 --out drafters/eagle3-v1024 --vocab 1024 \\
           --target ~/.cache/specpress/zoo/small --data my_prompts.jsonl --continuation-tokens 128
+      specpress prune --drafter drafters/eagle3 --out drafters/eagle3-r64 --head-rank 64 \\
+          --target ~/.cache/specpress/zoo/small --data zoo:train --recover-steps 200
     """
     import torch
 
@@ -120,7 +142,8 @@ def prune(drafter_dir: Path, out: Path, ffn: int | float | None, kv_heads: int |
     from specpress.models.target import load_target
     from specpress.models.tokenizer import load_tokenizer
 
-    config = PruneConfig(ffn=ffn, kv_heads=kv_heads, heads=heads, layers=layers, vocab=vocab, importance=importance,
+    config = PruneConfig(ffn=ffn, kv_heads=kv_heads, heads=heads, layers=layers, vocab=vocab, head_rank=head_rank,
+                         head_init=head_init, share_head=share_head, importance=importance,
                          vocab_source=vocab_source, kl_group=kl_group, batch=batch, seq_len=seq_len,
                          calib_batches=calib_batches, seed=seed, recover_steps=recover_steps, recover_lr=recover_lr,
                          **({} if vocab_tokens is None else {"vocab_tokens": vocab_tokens}))
@@ -162,7 +185,7 @@ def prune(drafter_dir: Path, out: Path, ffn: int | float | None, kv_heads: int |
         save_drafter(pruned, out, force=force)
     step = next(s for s in reversed(pruned.provenance) if s.get("step") == "prune")
     before, after = step["shape_before"], step["shape_after"]
-    changed = ", ".join(f"{k} {before[k]} -> {after[k]}" for k in after if before.get(k) != after[k])
+    changed = ", ".join(f"{k} {before.get(k)} -> {after[k]}" for k in after if before.get(k) != after[k])
     click.echo(f"{pruned.family} drafter written to {out}")
     click.echo(f"  {changed}")
     click.echo(f"  params {step['params_before']:,} -> {step['params_after']:,}  bytes {step['bytes_before']:,} -> "
@@ -175,6 +198,13 @@ def prune(drafter_dir: Path, out: Path, ffn: int | float | None, kv_heads: int |
         before, after = vocab_rec["coverage_before"], vocab_rec["coverage_after"]
         click.echo(f"  draft vocabulary ranked on {vocab_rec['counted_tokens']:,} tokens of {on}: it covers "
                    f"{100 * after:.1f} % of them (was {100 * before:.1f} %)")
+    head_rec = step["importance"].get("head")
+    if head_rec:
+        what = (f"the target's lm_head rows ({head_rec['rows']:,} draft tokens, read at load)" if head_rec.get("shared")
+                else f"rank {head_rec['rank']} factors ({head_rec['init']} init, weight error "
+                     f"{100 * head_rec['weight_rel_error']:.1f} %)")
+        click.echo(f"  draft head: {head_rec['params_before']:,} -> {head_rec['params_after']:,} parameters stored: "
+                   f"{what}")
     if "agreement_before" in cal:
         click.echo(f"  calibration top-1 agreement {cal['agreement_before']:.3f} -> {cal['agreement_after']:.3f}, "
                    f"KL {cal['kl_before']:.4f} -> {cal['kl_after']:.4f} ({cal['tokens']} tokens, before recovery)")

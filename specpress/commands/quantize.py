@@ -18,11 +18,23 @@ def _fmt(n: int) -> str:
                                         f"{'MiB' if n >= 1024 ** 2 else 'KiB'})"
 
 
+def allocation_line(a: dict) -> str:
+    """One line about a --budget allocation (quantize's output and inspect)."""
+    counts: dict[str, int] = {}
+    for lab in a["choice"].values():
+        counts[lab] = counts.get(lab, 0) + 1
+    return (f"{a['budget']} = {int(a['budget_bytes']):,} B; stores {int(a['measured_bytes']):,} B (predicted "
+            f"{int(a['predicted_bytes']):,}; candidates span {int(a['min_bytes']):,}..{int(a['max_bytes']):,}); "
+            + ", ".join(f"{n} x {lab}" for lab, n in counts.items())
+            + f"; {a['sensitivity']} sensitivity, {a['seconds']:.1f} s")
+
+
 @click.command()
 @click.option("--drafter", "drafter_dir", required=True, type=click.Path(path_type=Path),
               help="Drafter artifact directory (full precision).")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Drafter directory to write.")
-@click.option("--scheme", required=True, type=click.Choice(SCHEME_WORDS), help=f"Storage format. {schemes_help()}.")
+@click.option("--scheme", type=click.Choice(SCHEME_WORDS),
+              help=f"Storage format of every quantized Linear (or --budget: one per Linear). {schemes_help()}.")
 @click.option("--method", type=click.Choice(METHOD_WORDS),
               help="How codes are chosen  [default: the scheme's first method, listed with --scheme]")
 @click.option("--group-size", type=click.IntRange(min=1),
@@ -46,6 +58,22 @@ def _fmt(n: int) -> str:
                    "(per token and head), as TensorRT Edge-LLM's and vLLM's fp8 KV caches hold it  [default: none]")
 @click.option("--include", help="Optional modules to quantize too, comma-separated (e.g. lm_head).")
 @click.option("--exclude", help="Modules to keep in full precision, comma-separated (e.g. fc,down_proj).")
+@click.option("--budget", "budget_text", metavar="SIZE",
+              help="Instead of --scheme: pick a scheme per Linear from --candidates so that the drafter stores at "
+                   "most SIZE (1500000, 1.5MB, 1.5MiB: everything the drafter stores, as inspect counts it; or 4.5bpp: "
+                   "bits per parameter of the allocated Linears), keeping the candidates where the drafter's draft "
+                   "distribution moves least (--sensitivity). Pays when a uniform scheme is too big or loses too much "
+                   "tau at the size you need.")
+@click.option("--candidates", metavar="WORD[:gN][:METHOD],...", default="int8,int4", show_default=True,
+              help="With --budget: the schemes a Linear may get, any --scheme word with an optional group size and "
+                   "calibration-free method (int8,int4:g64,int4:g128,nf4,fp8), and float (kept unquantized).")
+@click.option("--sensitivity", type=click.Choice(["kl", "weight"]),
+              help="With --budget: how each (Linear, candidate) is scored. kl: the mean KL of the draft distribution "
+                   "to the float drafter's when that Linear alone is quantized, teacher-forced on --calib-batches "
+                   "windows of --data over --target: one drafter forward pass per batch per (Linear, candidate), "
+                   "seconds on a one-layer EAGLE-3, minutes for a many-layer drafter. weight: the weight's squared "
+                   "quantization error, no data, instant, blind to how much the output depends on each Linear  "
+                   "[default: kl with --target/--data, else weight]")
 @click.option("--target", "target_dir", type=click.Path(path_type=Path),
               help="Target model dir: the drafter runs on its hidden states (calibration, agreement).")
 @click.option("--data", "data_path", type=click.Path(path_type=Path),
@@ -87,7 +115,8 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
              symmetric: bool | None, activations: str | None, act_calibration: str | None, kv_cache: str | None,
              calib_inputs: str,
              include: str | None, exclude: str | None, target_dir: Path | None,
-             data_path: Path | None, dequantize_out: bool, dtype: str, legacy_float_dtype: str | None, force: bool,
+             data_path: Path | None, budget_text: str | None, candidates: str, sensitivity: str | None,
+             dequantize_out: bool, dtype: str, legacy_float_dtype: str | None, force: bool,
              calib_batches: int, batch: int, seq_len: int, eval_batches: int, seed: int, recover_steps: int,
              recover_lr: float, recover_scales: str, recover_batch: int, resume: bool) -> None:
     """Quantize a drafter's Linear weights and report bytes and agreement before / after.
@@ -124,6 +153,14 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
     refuse (`kernel_note` on the module says why) still dequantize every forward, and fp8, nvfp4, mx and every
     scheme that quantizes activations are emulated on the CPU: they save bytes, not time.
 
+    Budget: --budget SIZE --candidates int8,int4:g64,... picks one scheme per Linear instead: each selected
+    Linear is quantized alone with each candidate and scored (--sensitivity), then a greedy allocation
+    spends the bytes where the score drops most per byte; the drafter stores at most SIZE, exactly as
+    inspect counts it. The kl pass costs (Linears x candidates) teacher-forced passes of the drafter over
+    --calib-batches windows (seconds for a zoo EAGLE-3, 9 Linears x 3 candidates); it pays when the sizes you
+    need fall between two uniform schemes. More than one scheme makes a "mixed" artifact: it saves, loads,
+    decodes and exports to ONNX; export hf refuses it (one quantization_config per checkpoint there).
+
     \b
     Examples:
       specpress quantize --drafter drafters/eagle3 --out drafters/eagle3-int4 --scheme int4
@@ -136,6 +173,8 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
       specpress quantize --drafter drafters/eagle3 --out drafters/eagle3-sq --scheme int8 --method smoothquant \\
           --target ~/.cache/specpress/zoo/small --data zoo:train
       specpress quantize --drafter drafters/eagle3 --out drafters/eagle3-int4-fp --scheme int4 --dequantize
+      specpress quantize --drafter drafters/eagle3 --out drafters/eagle3-1m --budget 1MiB \\
+          --candidates int8,int4:g64,int4:g128 --target ~/.cache/specpress/zoo/small --data zoo:train
     """
     from specpress.artifacts import claim_output
     from specpress.commands.guards import check_seq_len
@@ -149,6 +188,30 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
         short = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(legacy_float_dtype, legacy_float_dtype)
         deprecated(f"--float-dtype {legacy_float_dtype}", f"use --dtype {short}")
         dtype = short
+    budget = cands = None
+    if budget_text is not None:
+        from specpress.compress.quantize.budget import parse_budget, parse_candidates
+        from specpress.errors import UsageError
+
+        given = [f for f, v in (("--scheme", scheme), ("--method", method), ("--group-size", group_size),
+                                ("--symmetric/--asymmetric", symmetric), ("--activations", activations),
+                                ("--act-calibration", act_calibration), ("--kv-cache", kv_cache)) if v is not None]
+        if given:
+            raise UsageError(f"--budget picks a scheme per Linear from --candidates: drop {', '.join(given)} (group "
+                             f"sizes and methods go in the candidates, e.g. int4:g128)")
+        if recover_steps:
+            raise UsageError("--recover-steps trains one scheme's codes; --budget writes a scheme per Linear, whose "
+                             "recovery is not supported: drop one")
+        budget, cands = parse_budget(budget_text), parse_candidates(candidates)
+        scheme = "int8"  # only selects the Linears (--include / --exclude); the allocation picks their schemes
+    elif scheme is None:
+        from specpress.errors import UsageError
+
+        raise UsageError("give --scheme WORD (one format for every Linear) or --budget SIZE (one per Linear)")
+    elif sensitivity is not None:
+        from specpress.errors import UsageError
+
+        raise UsageError("--sensitivity scores the candidates of --budget; give --budget SIZE or drop it")
     config = config_for(scheme, method, group_size=group_size, symmetric=symmetric, include=_names(include),
                         exclude=_names(exclude), activations=activations, act_calibration=act_calibration,
                         kv_cache=kv_cache)
@@ -169,7 +232,8 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
                                      dequantize_out=dequantize_out, force=force, calib_batches=calib_batches,
                                      batch=batch, seq_len=seq_len, seed=seed, eval_batches=eval_batches,
                                      float_dtype=dtype, calib_inputs=calib_inputs, recovery=recovery,
-                                     resume=resume, progress=recovery is not None)
+                                     resume=resume, progress=recovery is not None, budget=budget,
+                                     candidates=cands or (), sensitivity=sensitivity)
         except KeyboardInterrupt:
             if claim.partial is None:
                 raise
@@ -180,7 +244,8 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
                 "the quantized drafter" if (claim.partial / "quantized").is_dir() else None
             raise interrupted(claim.partial, saved) from None
     s = rep.step
-    what = f"{config_from_dict(s['config']).storage_label()}, method {s['method']}"
+    what = ("mixed: one scheme per Linear" if s["scheme"] == "mixed" else
+            f"{config_from_dict(s['config']).storage_label()}, method {s['method']}")
     click.echo(f"{rep.family} drafter quantized ({what}): {len(s['quantized'])} Linears -> {rep.out}"
                + ("  [written dequantized: plain float weights]" if s.get("dequantized") else ""))
     source, before, after = s["source_bytes"], s["bytes_before"], s["bytes_after"]
@@ -192,6 +257,8 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
                    f"({source / max(after, 1):.2f}x smaller; {100 * after / max(before, 1):.1f}% of the source in "
                    f"{s['float_dtype']}; quantized Linears "
                    f"{8 * s['quantized_bytes'] / max(s['quantized_params'], 1):.2f} bits/param)")
+    if s.get("allocation"):
+        click.echo("  budget  " + allocation_line(s["allocation"]))
     sq = {k: v for k, v in s["weight_sqnr_db"].items() if v is not None}
     if sq:
         worst = min(sq, key=sq.get)  # type: ignore[arg-type]

@@ -16,6 +16,10 @@ this order, each scored (importance.py) on the model the previous stage left:
           `vocab_tokens` tokens of calibration windows (a ranking needs far more than scoring does); lm_head rows,
           d2t and t2d rebuilt. eagle / mtp / dflash draft through the target's own head (no reduced head
           without model changes); lm owns its vocabulary.
+  head    (compress/head.py) `head_rank`: the drafter's own head (eagle3's, an lm drafter's untied one) as
+          rank-R factors, by truncated SVD (`head_init` "svd") or SVD whitened by the head's input covariance
+          on the calibration windows ("activation"); `share_head` (eagle3): no head, the target's lm_head rows
+          of the draft vocabulary instead (shared bytes, not stored).
 
 The result is a fresh module built from the smaller config (no masks) that save_drafter / load_drafter write
 and read in the public layout; the input's weights are left unchanged. `recover_steps` then distills it
@@ -27,7 +31,6 @@ before/after, when measured)}; recovery appends its own "distill" step (with its
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Mapping, Sequence
@@ -37,17 +40,19 @@ import torch
 from torch import Tensor
 
 from specpress.compress.data import WindowSampler
-from specpress.compress.importance import (METHODS, attentions, calibration_signals, calibration_windows, ffn_scores,
-                                           fit, head_scores, layer_scores, layer_stack, lowest, make_probes, mlps,
+from specpress.compress.head import HEAD_INITS, check_head_request, factorise_head, head_input_covariance, share_head
+from specpress.compress.importance import (METHODS, calibration_signals, calibration_windows, ffn_scores, fit,
+                                           head_scores, layer_scores, layer_stack, lowest, make_probes,
                                            vocab_count_stream)
-from specpress.errors import ConfigError, RequestError, UsageError
+from specpress.compress.slicing import drop_layers, shrink_vocab, slice_ffn, slice_heads
 from specpress.config import config_kwargs
+from specpress.errors import ConfigError, RequestError, UsageError
 from specpress.models.drafter import Drafter, families_phrase, get_family
 from specpress.models.target import TargetModel
 
 VOCAB_SOURCES = ("target", "data")
 SHAPE_FIELDS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
-                "draft_vocab_size")
+                "draft_vocab_size", "head_rank", "shared_head")
 
 
 VOCAB_TOKENS = 262144  # tokens the vocab stage counts by default (256 forwards of 8 x 128 windows)
@@ -64,6 +69,8 @@ class PruneConfig:
     kl. Calibration: calib_batches windows batches of [batch, seq_len] drawn with `seed` from the data;
     vocab_tokens: how many tokens of such windows the vocab stage counts (all of them when given windows);
     draft_steps: chained steps it runs (eagle, eagle3, mtp; default 1, every module for mtp).
+    head_rank: the rank of a low-rank draft head, initialised by head_init (svd | activation); share_head: the
+    target's head rows instead of the drafter's own (eagle3).
     recover_steps / recover_lr: distillation after pruning (0 = none), on [batch, seq_len] windows.
     """
 
@@ -72,6 +79,9 @@ class PruneConfig:
     heads: float | None = None  # deprecated: the share of KV groups to remove (kv_heads says what stays)
     layers: int | None = None
     vocab: int | None = None
+    head_rank: int | None = None
+    share_head: bool = False
+    head_init: str = "svd"
     importance: str = "magnitude"
     vocab_source: str = "target"
     vocab_tokens: int = VOCAB_TOKENS
@@ -96,8 +106,9 @@ class PruneConfig:
                               f"(0, 1); found {h!r}; give the KV groups to keep with --kv-heads N")
         if h is not None and self.kv_heads is not None:
             raise ConfigError("--heads is the deprecated spelling of --kv-heads (what stays): give --kv-heads only")
-        for name, lo in (("kv_heads", 1), ("layers", 1), ("vocab", 1), ("kl_group", 1), ("batch", 1), ("seq_len", 2),
-                         ("calib_batches", 1), ("vocab_tokens", 1), ("draft_steps", 1), ("recover_steps", 0)):
+        for name, lo in (("kv_heads", 1), ("layers", 1), ("vocab", 1), ("head_rank", 1), ("kl_group", 1),
+                         ("batch", 1), ("seq_len", 2), ("calib_batches", 1), ("vocab_tokens", 1), ("draft_steps", 1),
+                         ("recover_steps", 0)):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < lo):
                 raise ConfigError(f"--{name.replace('_', '-')} must be an integer >= {lo}, found {v!r}")
@@ -107,9 +118,14 @@ class PruneConfig:
             raise ConfigError(f"--vocab-source {self.vocab_source!r} is not known; choose {' or '.join(VOCAB_SOURCES)}")
         if not (isinstance(self.recover_lr, (int, float)) and self.recover_lr > 0):
             raise ConfigError(f"--recover-lr must be a positive number, found {self.recover_lr!r}")
-        if all(getattr(self, f) is None for f in ("ffn", "kv_heads", "heads", "layers", "vocab")):
+        if not isinstance(self.share_head, bool):
+            raise ConfigError(f"share_head must be true or false, found {self.share_head!r}")
+        if self.head_init not in HEAD_INITS:
+            raise ConfigError(f"--head-init {self.head_init!r} is not known; choose {' or '.join(HEAD_INITS)}")
+        if all(getattr(self, f) is None for f in ("ffn", "kv_heads", "heads", "layers", "vocab", "head_rank")) \
+                and not self.share_head:
             raise ConfigError("nothing to prune: give at least one of --ffn N, --kv-heads N, --layers N, --vocab N "
-                              "(what stays)")
+                              "(what stays), --head-rank R, --share-head")
 
     @property
     def structural(self) -> bool:
@@ -129,7 +145,8 @@ class PruneConfig:
     def needs_target(self) -> bool:
         """Whether the run must see the target (calibration signals or recovery)."""
         return (self.structural and self.importance != "magnitude") or self.recover_steps > 0 or (
-            self.vocab is not None and self.vocab_source == "target")
+            self.vocab is not None and self.vocab_source == "target") or (
+            self.head_rank is not None and self.head_init == "activation")
 
     def needs_data(self) -> bool:
         return self.needs_target() or self.vocab is not None
@@ -174,6 +191,11 @@ def prune(drafter: Drafter, config: PruneConfig, *, target: TargetModel | None =
             toks = vocab_count_stream(config.vocab_source, target, calib, config.batch, config.seq_len,
                                       config.seed, config.vocab_tokens, progress=progress)
             model, record["vocab"] = _stage_vocab(model, counts["vocab"], toks, config.vocab_source)
+        if config.head_rank is not None:
+            cov = head_input_covariance(model, probes) if config.head_init == "activation" and probes else None
+            model, record["head"] = factorise_head(model, config.head_rank, cov)
+        elif config.share_head:
+            model, record["head"] = share_head(model)
         calibration: dict[str, Any] = dict(provenance_extra or {})
         if probes:
             after = fit(model, make_probes(model, signals, config.draft_steps))
@@ -273,8 +295,11 @@ def check_request(d: Drafter, config: PruneConfig, *, has_target: bool, has_cali
                                f"({c.draft_vocab_size}; the target's vocabulary is {c.vocab_size}); valid range "
                                f"1..{c.draft_vocab_size}")
         out["vocab"] = config.vocab
+    if config.head_rank is not None or config.share_head:
+        check_head_request(d, config.head_rank, config.share_head)
     why = (f"--importance {config.importance}" if config.structural and config.importance != "magnitude" else
-           "--recover-steps" if config.recover_steps else f"--vocab (with --vocab-source {config.vocab_source})")
+           "--recover-steps" if config.recover_steps else "--head-init activation" if config.head_rank and
+           config.head_init == "activation" else f"--vocab (with --vocab-source {config.vocab_source})")
     if config.needs_target() and not has_target:
         raise UsageError(f"{why} needs calibration by the target: give --target DIR and --data PATH")
     if config.needs_data() and not has_calib:
@@ -289,7 +314,8 @@ def size_of(d: Drafter) -> tuple[int, int]:
 
 
 def shape_of(d: Drafter) -> dict[str, int]:
-    return {f: getattr(d.config, f) for f in SHAPE_FIELDS if getattr(d.config, f, None) is not None}
+    """The shape fields the drafter's config sets (a flag such as shared_head only when on)."""
+    return {f: getattr(d.config, f) for f in SHAPE_FIELDS if getattr(d.config, f, None) not in (None, False)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -338,111 +364,6 @@ def _stage_vocab(d: Drafter, n: int, tokens: np.ndarray, source: str) -> tuple[D
     t, new = torch.from_numpy(np.asarray(tokens, dtype=np.int64)), shrink_vocab(d, ids)
     return new, {"source": source, "counted_tokens": int(t.numel()), **{  # share of the counted tokens drafted
         f"coverage_{when}": _r(m.t2d.cpu()[t].float().mean()) for when, m in (("before", d), ("after", new))}}
-
-
-def _rebuild(old: Drafter, config: Any, sd: dict[str, Tensor]) -> Drafter:
-    """A new module of old's family for `config`, holding `sd` (public names), with old's metadata."""
-    from specpress.models.drafter_io import _rebuild_rotaries
-
-    dev = old.compute_param().device
-    with torch.device("meta"):
-        new = get_family(old.family).model_cls(config)  # type: ignore[call-arg]
-    new.load_public(sd, f"pruned {old.family} drafter")
-    _rebuild_rotaries(new)
-    new = new.to(dev)
-    assert not any(t.is_meta for t in (*new.parameters(), *new.buffers())), "a tensor left on the meta device"
-    new.provenance, new.target_fingerprint = tuple(old.provenance), old.target_fingerprint
-    new.fingerprint_mismatch = list(old.fingerprint_mismatch)
-    new._shared = old._shared
-    return new.train(old.training)
-
-
-def _state(d: Drafter) -> dict[str, Tensor]:
-    return {k: v.detach().clone() for k, v in d.public_state_dict().items()}
-
-
-def slice_ffn(d: Drafter, keep: Mapping[str, Tensor]) -> Drafter:
-    """Keep channels keep[path] (sorted ids, the same count for every MLP) of each MLP."""
-    sizes = {len(v) for v in keep.values()}
-    if set(keep) != set(mlps(d)) or len(sizes) != 1:
-        raise RequestError("slice_ffn needs the kept channels of every MLP, the same count in each")
-    sd = _state(d)
-    for p, idx in keep.items():
-        idx = idx.to(sd[f"{p}.gate_proj.weight"].device)
-        for name in ("gate_proj", "up_proj"):
-            sd[f"{p}.{name}.weight"] = sd[f"{p}.{name}.weight"].index_select(0, idx)
-        sd[f"{p}.down_proj.weight"] = sd[f"{p}.down_proj.weight"].index_select(1, idx).contiguous()
-    return _rebuild(d, dataclasses.replace(d.config, intermediate_size=sizes.pop()), sd)
-
-
-def slice_heads(d: Drafter, keep: Mapping[str, Tensor]) -> Drafter:
-    """Keep KV groups keep[path] (sorted ids, same count everywhere) of each attention: the KV head and its
-    query heads (q/k/v rows, biases, o_proj columns)."""
-    attn = attentions(d)
-    sizes = {len(v) for v in keep.values()}
-    if set(keep) != set(attn) or len(sizes) != 1:
-        raise RequestError("slice_heads needs the kept KV groups of every attention, the same count in each")
-    sd = _state(d)
-    for p, groups in keep.items():
-        a = attn[p]
-        rep, hd = a.nq // a.nkv, a.d
-        g = groups.long().cpu()
-        q_rows = ((g[:, None] * rep + torch.arange(rep))[..., None] * hd + torch.arange(hd)).flatten()
-        kv_rows = (g[:, None] * hd + torch.arange(hd)).flatten()
-        for name, rows in (("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)):
-            for kind in ("weight", "bias"):
-                key = f"{p}.{name}.{kind}"
-                if key in sd:
-                    sd[key] = sd[key].index_select(0, rows.to(sd[key].device))
-        key = f"{p}.o_proj.weight"
-        sd[key] = sd[key].index_select(1, q_rows.to(sd[key].device)).contiguous()
-    n = sizes.pop()
-    rep = d.config.num_attention_heads // d.config.num_key_value_heads
-    cfg = dataclasses.replace(d.config, num_attention_heads=rep * n, num_key_value_heads=n, head_dim=d.config.head_dim)
-    return _rebuild(d, cfg, sd)
-
-
-def drop_layers(d: Drafter, keep: Sequence[int]) -> Drafter:
-    """Keep layers `keep` (ascending) of the drafter's layer stack, renumbered 0..len(keep)-1."""
-    path, stack = layer_stack(d)
-    keep = list(keep)
-    if not keep or sorted(set(keep)) != keep or keep[-1] >= len(stack) or keep[0] < 0:
-        raise RequestError(f"layers to keep must be distinct ascending indices in 0..{len(stack) - 1}, got {keep}")
-    fam = get_family(d.family)
-    gone = [i for i in fam.pinned_layers if i not in keep]
-    if gone:
-        raise RequestError(f"a {d.family} drafter's layer(s) {gone} cannot be removed: {fam.note}")
-    pre = path + "."
-    sd = {}
-    for k, v in _state(d).items():
-        if not k.startswith(pre):
-            sd[k] = v
-            continue
-        i, _, rest = k[len(pre):].partition(".")
-        if int(i) in keep:
-            sd[f"{pre}{keep.index(int(i))}.{rest}"] = v
-    return _rebuild(d, dataclasses.replace(d.config, num_hidden_layers=len(keep)), sd)
-
-
-def shrink_vocab(d: Drafter, target_ids: Tensor) -> Drafter:
-    """eagle3: keep the draft tokens with target ids `target_ids` (each already in the draft vocab):
-    their lm_head rows; d2t / t2d rebuilt (target id = draft id + d2t[draft id])."""
-    if get_family(d.family).draft_vocab != "reduced":
-        who = families_phrase(lambda f: f.draft_vocab == "reduced")
-        raise RequestError(f"draft-vocabulary pruning is supported for {who} drafters, not {d.family}")
-    v = d.config.vocab_size
-    ids = torch.unique(torch.as_tensor(target_ids, dtype=torch.long).cpu())  # sorted, distinct
-    if ids.numel() < 1 or int(ids[0]) < 0 or int(ids[-1]) >= v or not bool(d.t2d.cpu()[ids].all()):
-        raise RequestError("the kept draft tokens must be target ids already in the drafter's draft vocabulary")
-    old = d.to_target_ids(torch.arange(d.config.draft_vocab_size, device=d.d2t.device)).cpu()
-    inv = torch.full((v,), -1, dtype=torch.long)
-    inv[old] = torch.arange(old.numel())
-    sd = _state(d)
-    w = sd["lm_head.weight"]
-    sd["lm_head.weight"] = w.index_select(0, inv[ids].to(w.device))
-    sd["d2t"] = (ids - torch.arange(ids.numel())).to(sd["d2t"].device)
-    sd["t2d"] = torch.zeros(v, dtype=torch.bool).index_fill(0, ids, True).to(sd["t2d"].device)
-    return _rebuild(d, dataclasses.replace(d.config, draft_vocab_size=int(ids.numel())), sd)
 
 
 __all__ = ["PruneConfig", "prune", "check_request", "slice_ffn", "slice_heads", "drop_layers", "shrink_vocab",

@@ -77,7 +77,7 @@ def init_student(config: "DistillConfig", target: TargetModel, stream: np.ndarra
         student = copy.deepcopy(init).attach_target(target)
         student.requires_grad_(True)
         if get_family(student.family).draft_vocab == "own":
-            student.lm_head.weight.requires_grad_(True)
+            student.lm_head.requires_grad_(True)  # a dense or low-rank head (tied: the embedding)
         return student.float()
     cfg = student_config(config, target.config, teacher)
     with torch.random.fork_rng(devices=[]):

@@ -12,7 +12,10 @@ Graph I/O (B = 1; dims: tokens T, past P, total = P + T (+ C for dflash), contex
 - dflash `fuse`: taps [1,C,n*H] -> features [1,C,H] (hidden_norm(fc)); `block`: features [1,C,H],
   block_ids [1,Bk] -> logits [1,Bk,V]; `markov` (with a Markov head): prev_ids [N] -> bias [N,V]
 - lm     `lm`: ids [1,T] -> logits [1,T,V]
-The target's embeddings and head (eagle, eagle3's embeddings, mtp, dflash) are shared initializers.
+The target's embeddings and head (eagle, eagle3's embeddings, mtp, dflash) are shared initializers. A drafter's
+own head (eagle3, lm) is its Linear or, low rank, its two factor Linears (each float or quantized as stored);
+eagle3's shared head is the target's head (the same shared initializer) gathered at the draft vocabulary's
+target ids, a drafter-own int64 constant.
 
 `EXPORTS` holds one `ExportFamily` per exportable family: its graph builder, the role of each graph it
 emits (manifest.GraphRole: the runner call and the cache layers, recorded in manifest.json, which is all
@@ -26,6 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
+import torch
 from onnx import TensorProto
 from torch import Tensor, nn
 
@@ -33,6 +38,7 @@ from specpress.errors import RequestError
 from specpress.export.blocks import Ctx, decoder_layer, linear, mlp, np_of, rms_norm, rotary, self_attention
 from specpress.export.graph import NP_TYPES
 from specpress.manifest import GraphRole
+from specpress.models.heads import LowRankHead
 
 INT64, INT32, BOOL = TensorProto.INT64, TensorProto.INT32, TensorProto.BOOL
 NewCtx = Callable[[str], Ctx]
@@ -63,6 +69,24 @@ def shared_embed(c: Ctx, d: nn.Module) -> str:
 def shared_head(c: Ctx, x: str, d: nn.Module) -> str:
     """x [1, T, H] -> logits [1, T, V] through the target's lm_head (stored transposed)."""
     w = c.g.shared_init(np_of(d.shared.lm_head.weight.t(), NP_TYPES[c.g.ft]), "lm_head_t")
+    return c.g.op("MatMul", x, w)
+
+
+def own_head(c: Ctx, x: str, head: nn.Module, hint: str = "lm_head") -> str:
+    """x [1, T, H] -> logits through a drafter's own head: a Linear, or a low-rank head's two factors."""
+    if isinstance(head, LowRankHead):
+        return linear(c, linear(c, x, head.down, f"{hint}.down"), head.up, f"{hint}.up")
+    return linear(c, x, head, hint)
+
+
+def draft_head(c: Ctx, x: str, d: nn.Module) -> str:
+    """eagle3: x [1, T, H] -> draft-vocab logits [1, T, Vd]: its own head, or the target's rows (shared_head)."""
+    if d.lm_head is not None:
+        return own_head(c, x, d.lm_head)
+    w = c.g.shared_init(np_of(d.shared.lm_head.weight.t(), NP_TYPES[c.g.ft]), "lm_head_t")  # [H, V]
+    ids = d.to_target_ids(torch.arange(d.config.draft_vocab_size, device=d.d2t.device)).cpu().numpy()
+    if not np.array_equal(ids, np.arange(d.config.vocab_size)):  # a reduced draft vocabulary: its rows only
+        w = c.g.op("Gather", w, c.g.const(ids), axis=1)  # [H, Vd]; constant-folded when a session loads
     return c.g.op("MatMul", x, w)
 
 
@@ -111,7 +135,7 @@ def eagle3_graphs(d: nn.Module, new: NewCtx) -> dict[str, Ctx]:
     x = g.op("Add", hidden, a)
     x = g.op("Add", x, mlp(c, rms_norm(c, x, m.post_attention_layernorm, "midlayer.post_attention_layernorm"),
                            m.mlp, "midlayer.mlp"))
-    logits = linear(c, rms_norm(c, x, d.norm, "norm"), d.lm_head, "lm_head")
+    logits = draft_head(c, rms_norm(c, x, d.norm, "norm"), d)
     _feature_outputs(c, logits, cfg.draft_vocab_size, x, cfg.hidden_size)
     present_io(c, [(pk, pv)], cfg.num_key_value_heads, cfg.head_dim)
     return {"fuse": fuse, "step": c}
@@ -199,7 +223,7 @@ def causal_lm(c: Ctx, d: nn.Module) -> tuple[str, str, list[tuple[str, str]], li
     if cfg.tie_word_embeddings:
         logits = g.op("MatMul", x, g.op("Transpose", embed, perm=[1, 0]))
     else:
-        logits = linear(c, x, d.lm_head, "lm_head")
+        logits = own_head(c, x, d.lm_head)
     return x, logits, presents, layer_inputs
 
 

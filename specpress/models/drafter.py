@@ -320,6 +320,12 @@ class Drafter(nn.Module):
         """The tensors this drafter stores itself, under the family's public names."""
         return dict(self.state_dict())
 
+    def shared_head_params(self) -> int:
+        """Parameters of the target's head it reads IN PLACE OF a head of its own (eagle3 shared_head: the draft
+        vocabulary's rows): not stored, counted as shared bytes. 0 for a drafter with its own head, and for the
+        families that always draft through the target's head (nothing of theirs was replaced)."""
+        return 0
+
     def load_public(self, weights: Mapping[str, Tensor], source: str) -> None:
         """Copy public-named tensors in (names and shapes checked); shared keys must be removed first."""
         load_into(self, weights, source)

@@ -8,6 +8,11 @@ reduced draft vocabulary; target id = draft id + d2t[draft id]; t2d = bool[V] dr
 Public layout: `fc.weight`, `midlayer.*`, `norm.weight`, `lm_head.weight`, `d2t`, `t2d`
 (+ optional `embed_tokens.weight`, shared with the target and dropped on load).
 
+The draft head (models/heads.py) is dense by default; `head_rank` R factorises it (`lm_head.down.weight`
+[R, H], `lm_head.up.weight` [Vd, R]; config.json `head_rank`), and `shared_head` drops it: the logits are
+the target's lm_head rows of the draft vocabulary, borrowed at attach_target (config.json
+`shared_head: true`). Neither is a public EAGLE-3 layout: `export hf` refuses them or writes a dense head.
+
 `target_hidden_size` is written only when it differs from hidden_size (see write_config): EAGLE's
 reference loader reads it as "this checkpoint stores its own embed_tokens".
 
@@ -28,6 +33,7 @@ from specpress.errors import CheckpointError, ConfigError, RequestError
 from specpress.models import forced
 from specpress.models.drafter import Drafter, LlamaDrafterConfig, as_int_tuple, register_family
 from specpress.models.family import DistillDefaults, StudentSpec
+from specpress.models.heads import check_rank, make_head, shared_head_logits
 from specpress.models.io import load_into
 from specpress.models.kv import KVCache
 from specpress.models.layers import MLP, RMSNorm, Rotary
@@ -52,6 +58,8 @@ class Eagle3Config(LlamaDrafterConfig):
     target_layer_ids: tuple[int, ...] | None = None
     # The target's layer count the taps were taken from; None (public checkpoints) = not recorded.
     num_target_layers: int | None = None
+    head_rank: int | None = None  # a low-rank draft head (models/heads.py); None = dense
+    shared_head: bool = False  # no head of its own: the target's lm_head rows of the draft vocabulary
 
     def validate(self) -> None:
         super().validate()
@@ -67,6 +75,10 @@ class Eagle3Config(LlamaDrafterConfig):
         if self.num_taps * self.target_hidden_size == self.hidden_size:  # type: ignore[operator]
             raise ConfigError("eagle3 config: num_taps * target_hidden_size equals hidden_size, so fused "
                               "target features and fed-back drafter features could not be told apart")
+        check_rank(self.head_rank, self.hidden_size, self.draft_vocab_size, "eagle3")
+        if self.shared_head and self.head_rank is not None:
+            raise ConfigError("eagle3 config: shared_head (the target's head rows) and head_rank (a low-rank head of "
+                              "its own) exclude each other; set one")
 
     @property
     def num_taps(self) -> int:
@@ -103,7 +115,7 @@ class Eagle3Drafter(Drafter):
         self.fc = nn.Linear(config.num_taps * config.target_hidden_size, h, bias=False)
         self.midlayer = Eagle3Layer(config.layer_config())
         self.norm = RMSNorm(h, config.rms_norm_eps)
-        self.lm_head = nn.Linear(h, vd, bias=False)
+        self.lm_head: nn.Module | None = None if config.shared_head else make_head(h, vd, config.head_rank)
         self.register_buffer("d2t", torch.zeros(vd, dtype=torch.long))
         t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
         t2d[:vd] = True
@@ -150,6 +162,18 @@ class Eagle3Drafter(Drafter):
     def to_target_ids(self, draft_ids: Tensor) -> Tensor:
         """Draft-vocab ids [...] -> target ids [...] (id + d2t[id])."""
         return draft_ids + self.d2t[draft_ids]
+
+    def head_logits(self, x: Tensor) -> Tensor:
+        """Normed features [B, T, H] -> draft-vocab logits [B, T, Vd]: its own head (dense or low rank), or the
+        target's lm_head rows of the draft vocabulary (shared_head; needs attach_target)."""
+        if self.lm_head is None:
+            ids = self.to_target_ids(torch.arange(self.config.draft_vocab_size, device=self.d2t.device))
+            return shared_head_logits(x, self.shared.lm_head.weight, ids)
+        return self.lm_head(x)
+
+    def shared_head_params(self) -> int:
+        c = self.config
+        return c.draft_vocab_size * c.hidden_size if c.shared_head else 0
 
     def full_vocab_logits(self, logits: Tensor) -> Tensor:
         """Draft-vocab logits [..., Vd] -> target-vocab logits [..., V], -inf outside the draft vocab."""
@@ -221,7 +245,7 @@ class Eagle3Drafter(Drafter):
         g = self.midlayer(emb, g, cos, sin, mask4, cache)
         if cache is not None:
             cache.length = past + t
-        return (self.lm_head(self.norm(g)) if logits else None), g
+        return (self.head_logits(self.norm(g)) if logits else None), g
 
 
 def read_config(cfg: Mapping[str, Any], source: str) -> Eagle3Config:
@@ -236,7 +260,8 @@ def read_config(cfg: Mapping[str, Any], source: str) -> Eagle3Config:
     return Eagle3Config(**fields, draft_vocab_size=int(cfg.get("draft_vocab_size") or fields["vocab_size"]),
                         target_hidden_size=cfg.get("target_hidden_size") or fields["hidden_size"],
                         target_layer_ids=taps_nested or taps_top,
-                        num_target_layers=int(cfg["num_target_layers"]) if cfg.get("num_target_layers") else None)
+                        num_target_layers=int(cfg["num_target_layers"]) if cfg.get("num_target_layers") else None,
+                        head_rank=cfg.get("head_rank"), shared_head=cfg.get("shared_head", False))
 
 
 def write_config(config: Eagle3Config) -> dict[str, Any]:
@@ -256,6 +281,10 @@ def write_config(config: Eagle3Config) -> dict[str, Any]:
     out["eagle_config"] = eagle
     if config.num_target_layers is not None:
         out["num_target_layers"] = config.num_target_layers
+    if config.head_rank is not None:
+        out["head_rank"] = config.head_rank
+    if config.shared_head:
+        out["shared_head"] = True
     return out
 
 
@@ -287,4 +316,4 @@ register_family(
     distill=DistillDefaults(lr=2e-3, optimizer="muon", grad_clip=0.5, ttt_steps=3, options=("taps",),
                             published="EAGLE-3: training-time test, step weights 0.8^i, clip 0.5 (paper: 7 steps, "
                                       "AdamW lr 5e-5); the lr 2e-3 / Muon defaults were measured better here"),
-    prunable=("heads", "ffn", "vocab"), draft_vocab="reduced", student=student_config)
+    prunable=("heads", "ffn", "vocab", "head_rank", "share_head"), draft_vocab="reduced", student=student_config)

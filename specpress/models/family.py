@@ -11,8 +11,10 @@ Everything outside models/ that depends on the family reads it from here, never 
   loss            the name of its distillation loss ("chain", "block", "lm"; compress/losses.py maps names
                   to functions)
   distill         its distillation defaults (DistillDefaults) and the family-only options it takes
-  prunable        the structured pruning stages it supports ("ffn", "heads", "layers", "vocab"), its layer
-                  stack's module path and the layers that must stay
+  prunable        the structured pruning stages it supports ("ffn", "heads", "layers", "vocab", and for a
+                  family that owns its head "head_rank": a low-rank draft head, and with a reduced draft
+                  vocabulary "share_head": the target's head rows instead), its layer stack's module path and
+                  the layers that must stay
   student         its fresh student's config for distill: student(shape, spec, target config, teacher config)
   draft_vocab     how it drafts tokens: "target" (through the target's own head), "reduced" (its own head
                   over a subset of the target's vocabulary, mapped by d2t / t2d: eagle3) or "own" (its own
@@ -35,7 +37,7 @@ if TYPE_CHECKING:
 SESSIONS = ("feature", "lm", "block")
 POLICY_KINDS = ("chain", "tree", "dynamic", "mtp", "block")
 LOSSES = ("chain", "block", "lm")
-PRUNE_STAGES = ("layers", "heads", "ffn", "vocab")
+PRUNE_STAGES = ("layers", "heads", "ffn", "vocab", "head_rank", "share_head")
 DRAFT_VOCABS = ("target", "reduced", "own")
 DISTILL_OPTIONS = ("taps", "tv_weight", "gamma", "markov_rank")  # DistillConfig fields only some families take
 STEP_WEIGHTS = ("decay", "mean")
@@ -133,6 +135,11 @@ class Family:
             raise ValueError(f"family {self.name!r}: give layer_stack exactly when 'layers' is prunable")
         if ("vocab" in self.prunable) != (self.draft_vocab == "reduced"):
             raise ValueError(f"family {self.name!r}: draft-vocabulary pruning needs draft_vocab 'reduced'")
+        if "share_head" in self.prunable and self.draft_vocab != "reduced":
+            raise ValueError(f"family {self.name!r}: sharing the target's head rows needs draft_vocab 'reduced'")
+        if "head_rank" in self.prunable and self.draft_vocab == "target":
+            raise ValueError(f"family {self.name!r}: a low-rank head needs a head of its own (draft_vocab 'reduced' "
+                             f"or 'own'); it drafts through the target's")
         for what in ("teacher_forced", "student"):
             if not callable(getattr(self, what)):
                 raise ValueError(f"family {self.name!r}: {what} must be a function")

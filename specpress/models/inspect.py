@@ -5,7 +5,9 @@ model built on the meta device (no memory, seconds even for 8B-scale configs); `
 drafter stores itself (shared target embeddings / heads excluded, int buffers such as d2t excluded).
 `bytes` is read from the safetensors headers of the drafter's own tensors when weights exist, else the
 size its dtype implies; tensors shared with the target that a checkpoint carries anyway are reported
-apart as `shared_bytes`. A quantized artifact (an active `quantize` provenance step) also gets
+apart as `shared_bytes`, and so are the target's head rows a shared draft head reads in place of a head of
+its own (eagle3 `shared_head`: Vd x H at the artifact's float dtype; `shared_head_params`), so that a shared
+head's saving is not mistaken for a free one. A quantized artifact (an active `quantize` provenance step) also gets
 `quantization`: bytes, params and bits/param per quantized module (params = its Linear's weight + bias,
 counted on the full-precision model, so `bits_per_param` is the effective bits per weight).
 """
@@ -46,6 +48,12 @@ def _implied_bytes(model: nn.Module, dtype: torch.dtype) -> int:
     return total
 
 
+def _elem(dtype: str) -> int:
+    """Bytes per element of a float dtype name ("bfloat16"); 4 when it is not one."""
+    dt = getattr(torch, dtype, None)
+    return torch.empty((), dtype=dt, device="meta").element_size() if isinstance(dt, torch.dtype) else 4
+
+
 def _params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())  # parameters() yields a tied weight once
 
@@ -65,6 +73,7 @@ def inspect_artifact(path: str | Path) -> dict[str, Any]:
     block = cfg.get("specpress") if isinstance(cfg.get("specpress"), dict) else {}
     is_target = not block and _plain_decoder(cfg, set(index))
     shared: dict[str, str] = {}
+    head_rows = 0
     with torch.device("meta"):
         if is_target:
             family = "target"
@@ -75,6 +84,7 @@ def inspect_artifact(path: str | Path) -> dict[str, Any]:
             family, config, _ = read_drafter_config(path)
             model = get_family(family).model_cls(config)  # type: ignore[call-arg]
             shared = model.shared_keys()  # type: ignore[operator]
+            head_rows = model.shared_head_params()  # type: ignore[operator]
     params = _params(model)
     own = {k: v for k, v in index.items() if k not in shared}
     if own:
@@ -101,7 +111,8 @@ def inspect_artifact(path: str | Path) -> dict[str, Any]:
         "params": params,
         "bytes": nbytes,
         "bytes_source": source_kind,
-        "shared_bytes": sum(v.nbytes for k, v in index.items() if k in shared),
+        "shared_bytes": sum(v.nbytes for k, v in index.items() if k in shared) + head_rows * _elem(dtype),
+        "shared_head_params": head_rows,
         "dtype": dtype,
         "bits_per_param": round(8 * nbytes / params, 3) if params else None,
         "format_version": (block or {}).get("format_version"),
@@ -131,6 +142,10 @@ def _quantization(block: dict[str, Any], index: dict[str, Any], model: nn.Module
         params = sum(p.numel() for p in lin.parameters())
         nbytes = sum(v.nbytes for k, v in index.items() if k.startswith(name + "."))
         modules[name] = {"params": params, "bytes": nbytes, "bits_per_param": round(8 * nbytes / params, 3)}
+        if step.get("module_configs"):  # a mixed step (quantize --budget): each Linear's own scheme
+            from specpress.models.quantized.scheme import config_from_dict as _cfg
+
+            modules[name]["scheme"] = _cfg(step["module_configs"].get(name) or {}).storage_label()
     q_params = sum(m["params"] for m in modules.values())
     q_bytes = sum(m["bytes"] for m in modules.values())
     rest = sum(v.nbytes for v in index.values()) - q_bytes
@@ -138,11 +153,17 @@ def _quantization(block: dict[str, Any], index: dict[str, Any], model: nn.Module
     from specpress.models.quantized.scheme import config_from_dict, scheme_of
 
     try:
-        cfg = config_from_dict(step.get("config") or {})
-        acts, speed = cfg.act_mode, scheme_of(cfg).speed
+        if step.get("module_configs"):  # mixed: each scheme's, joined (each Linear's scheme is in `modules`)
+            cfgs = [config_from_dict(c) for c in step["module_configs"].values()]
+            modes = sorted({c.act_mode for c in cfgs})
+            acts = modes[0] if len(modes) == 1 else "+".join(modes)
+            speed = "; ".join(dict.fromkeys(f"{c.storage_label()}: {scheme_of(c).speed}" for c in cfgs))
+        else:
+            cfg = config_from_dict(step.get("config") or {})
+            acts, speed = cfg.act_mode, scheme_of(cfg).speed
     except ConfigError:
         acts, speed = None, None
-    if acts not in (None, "none"):
+    if acts not in (None, "none") and not step.get("module_configs"):
         speed = f"{acts} activations emulated on the CPU (fake-quantized input, dequantized weight): saves bytes, not time"
     return {"scheme": step.get("scheme"), "method": step.get("method"), "config": step.get("config"),
             "activations": acts, "speed": speed,

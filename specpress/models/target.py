@@ -276,7 +276,7 @@ class TargetModel(nn.Module):
         if max_len > c.max_context:
             raise RequestError(f"requested {max_len} tokens but the model's context is {c.max_context} "
                                f"(max_position_embeddings / sliding_window); use a shorter prompt or fewer new tokens")
-        w = self.lm_head.weight
+        w = self.model.embed_tokens.weight  # never quantized or factorised (an lm drafter's lm_head may be)
         cls = Fp8KVCache if getattr(self, "kv_cache_format", "none") == "fp8" else KVCache  # an lm drafter's
         return cls(c.num_hidden_layers, batch, c.num_key_value_heads, max_len, c.head_dim, w.dtype, w.device)
 

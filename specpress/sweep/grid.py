@@ -6,11 +6,14 @@ A grid entry is one of
     {prune: {ffn: [576, 384], recover_steps: 100}}                           (a product over every list)
     {chain: [{prune: {ffn: 384}}, {quantize: {scheme: [int8, int4]}}]}       stages in order; products chain
     [{prune: {ffn: 384}}, {quantize: {scheme: int4}}]                        the same, written as a list
+    {quantize: {budget: [1MiB, 1.2MiB], candidates: [int8, int4:g64]}}       a scheme per Linear (quantize --budget)
 
 with an optional `id` for an entry that expands to a single point. Every stage's fields are validated by
 building its config (quantize: `config_for`, prune: `PruneConfig`); a combination of a product that does
 not exist (nf4 with gptq, fp8 with a group size) is skipped and reported, an explicit one is an error.
-`include` / `exclude` (quantize) are lists of module names and never expand. Quantization comes last in a
+`include` / `exclude` (quantize) are lists of module names and `candidates` a list of scheme words (or
+one comma-separated string): they never expand; `budget` replaces `scheme` (with `candidates` and
+`sensitivity`: kl, on the recipe's calibration windows, or weight). Quantization comes last in a
 chain: prune refuses quantized drafters. Point ids are built from the settings (`int4-g64-gptq`,
 `ffn384-r100`, `ffn384+int4-g64`, `kv2`; the deprecated prune shares keep their old ids, `ffn50` for
 `ffn: 0.5`); `base` (no steps) is reserved and always measured.
@@ -30,9 +33,11 @@ BASE_ID = "base"
 STAGES = ("quantize", "prune")
 QUANTIZE_FIELDS = ("scheme", "method", "group_size", "symmetric", "activations", "act_calibration", "kv_cache",
                    "include", "exclude", "calib_batches", "batch", "seq_len", "calib_inputs", "recover_steps",
-                   "recover_lr", "recover_scales", "recover_batch")
+                   "recover_lr", "recover_scales", "recover_batch", "budget", "candidates", "sensitivity")
 RECOVER_KEYS = {"recover_steps": "steps", "recover_lr": "lr", "recover_scales": "scales", "recover_batch": "batch"}
-NAME_LISTS = ("include", "exclude")  # quantize fields whose list value is one setting, not a product axis
+BUDGET_ONLY = ("candidates", "sensitivity")  # quantize keys that go with `budget` (which replaces `scheme`)
+BUDGET_DEFAULTS = {"candidates": "int8,int4", "sensitivity": "kl"}  # as `specpress quantize --budget` with data
+NAME_LISTS = ("include", "exclude", "candidates")  # quantize fields whose list value is one setting, not a product axis
 CALIB_DEFAULTS = {"calib_batches": 8, "batch": 4, "seq_len": 128}  # as `specpress quantize`
 CALIB_INPUTS = "rounds"  # as `specpress quantize --calib-inputs`
 ENTRY_KEYS = ("id", "quantize", "prune", "chain")
@@ -57,9 +62,31 @@ class Step:
     def to_dict(self) -> dict[str, Any]:
         return {self.kind: {k: _thaw(v) for k, v in self.options}}
 
+    @property
+    def is_budget(self) -> bool:
+        """A quantize step that allocates a scheme per Linear (`budget`, as `quantize --budget`)."""
+        return self.kind == "quantize" and "budget" in dict(self.options)
+
+    def budget(self) -> tuple[Any, Any, str]:
+        """(Budget, candidates, sensitivity) of a budget step, validated."""
+        from specpress.compress.quantize.budget import MEASURES, parse_budget, parse_candidates
+
+        opts = {**BUDGET_DEFAULTS, **dict(self.options)}
+        cands = opts["candidates"]
+        if opts["sensitivity"] not in MEASURES:
+            raise ConfigError(f"sensitivity {opts['sensitivity']!r}: choose one of {', '.join(MEASURES)}")
+        return (parse_budget(str(opts["budget"])),
+                parse_candidates(",".join(cands) if isinstance(cands, tuple) else str(cands)), str(opts["sensitivity"]))
+
     def config(self) -> Any:
-        """The step's compress config (QuantizeConfig or PruneConfig); ConfigError if it does not exist."""
+        """The step's compress config (QuantizeConfig or PruneConfig); ConfigError if it does not exist. A budget
+        step's config only selects the Linears (include / exclude); `budget()` holds the rest."""
         opts = dict(self.options)
+        if self.is_budget:
+            from specpress.models.quantized.scheme import config_for
+
+            self.budget()
+            return config_for("int8", include=tuple(opts.get("include", ())), exclude=tuple(opts.get("exclude", ())))
         if self.kind == "quantize":
             from specpress.models.quantized.scheme import config_for
 
@@ -96,6 +123,17 @@ class Step:
     def label(self) -> str:
         if self.kind == "prune":
             return prune_label(self.config())
+        if self.is_budget:
+            budget, cands, measure = self.budget()
+            cfg = self.config()
+            s = f"budget{budget.text}-" + "_".join(c.label for c in cands) + ("" if measure == "kl" else f"-{measure}")
+            opts = dict(self.options)
+            if measure == "kl":  # the sensitivity windows, when not the defaults
+                s += "".join(f"-{tag}{opts[k]}" for k, tag in (("calib_batches", "cb"), ("seq_len", "sl"),
+                                                               ("batch", "bt")) if opts.get(k, CALIB_DEFAULTS[k])
+                             != CALIB_DEFAULTS[k])
+            return s + "".join(f"-{k[:3]}_" + "_".join(getattr(cfg, k)) for k in ("include", "exclude")
+                               if getattr(cfg, k))
         cfg, s = self.config(), str(self.config().label())
         rec = self.recovery()
         if cfg.needs_data() or rec is not None:  # calibration settings that change the result, when not the defaults
@@ -146,6 +184,10 @@ def prune_label(cfg: Any) -> str:
              if isinstance(getattr(cfg, name), float)]
     counts = (("ffn", "ffn"), ("kv_heads", "kv"), ("layers", "layers"), ("vocab", "vocab"))  # what stays
     parts += [f"{label}{getattr(cfg, name)}" for name, label in counts if isinstance(getattr(cfg, name), int)]
+    if cfg.head_rank is not None:
+        parts.append(f"headrank{cfg.head_rank}" + ("-actinit" if cfg.head_init == "activation" else ""))
+    if cfg.share_head:
+        parts.append("sharedhead")
     s = "-".join(parts)
     if cfg.structural and cfg.importance != "magnitude":
         s += f"-{cfg.importance}"
@@ -164,10 +206,21 @@ def _stage_options(kind: str, body: Any, where: str) -> list[tuple[tuple[str, An
         raise ConfigError(f"{where}: a {kind} stage is a mapping of its settings, found {type(body).__name__}")
     if kind == "quantize":
         allowed: Sequence[str] = QUANTIZE_FIELDS
-        if "scheme" not in body:
+        if "budget" in body:
+            if any(k in body for k in RECOVER_KEYS):
+                raise ConfigError(f"{where}: recovery (recover_*) trains one scheme's codes and `budget` writes a "
+                                  f"scheme per Linear; recovery of a mixed drafter is not supported: drop one")
+            mixed = [k for k in body if k not in ("budget", *BUDGET_ONLY, *NAME_LISTS, *CALIB_DEFAULTS)]
+            if mixed:
+                raise ConfigError(f"{where}: `budget` picks a scheme per Linear from `candidates`; drop "
+                                  f"{', '.join(mixed)} (group sizes go in the candidates, e.g. int4:g128)")
+        elif "scheme" not in body:
             from specpress.models.quantized.names import SCHEME_WORDS
 
-            raise ConfigError(f"{where}: a quantize stage needs `scheme` ({', '.join(SCHEME_WORDS)})")
+            raise ConfigError(f"{where}: a quantize stage needs `scheme` ({', '.join(SCHEME_WORDS)}) or `budget` "
+                              f"(a scheme per Linear)")
+        elif any(k in body for k in BUDGET_ONLY):
+            raise ConfigError(f"{where}: {', '.join(k for k in BUDGET_ONLY if k in body)} go with `budget`")
     else:
         from dataclasses import fields
 
@@ -179,9 +232,12 @@ def _stage_options(kind: str, body: Any, where: str) -> list[tuple[tuple[str, An
         raise ConfigError(f"{where}: unknown key {unknown[0]!r} in a {kind} stage; allowed: {', '.join(allowed)}")
     axes: list[list[tuple[str, Any]]] = []
     for key, value in body.items():
-        if key in NAME_LISTS:
+        if key == "candidates" and isinstance(value, str):  # "int8,int4:g64": one setting
+            axes.append([(key, value)])
+        elif key in NAME_LISTS:
             if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
-                raise ConfigError(f"{where}.{key}: a list of module names, found {value!r}")
+                what = "scheme words" if key == "candidates" else "module names"
+                raise ConfigError(f"{where}.{key}: a list of {what}, found {value!r}")
             axes.append([(key, tuple(value))])
         elif isinstance(value, list):
             if not value:

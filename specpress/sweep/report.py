@@ -7,6 +7,8 @@ front (on the Pareto front of smaller bytes / higher tau); in a table with a red
 also vocab coverage: the share of the target's emitted tokens on the sweep's prompts that the draft vocabulary holds,
 beside the share `prune --vocab` recorded on its ranking data (runtime/coverage.py). A point whose evaluation
 coverage is more than COVERAGE_GAP (3 points) below its calibration coverage gets a warning under the table.
+In a table where some point reads target tensors in place of its own (a shared draft head: `prune
+--share-head`), a "shared" column after bytes gives those bytes (inspect's shared_bytes), counted apart.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from specpress.runtime.coverage import coverage_warning
 HEADERS = ("point", "bytes", "% base@16-bit", "bits/param", "τ", "retention", "Δτ [95 % CI]", "resolved", "acc@1",
            "speedup", "lossless", "front")
 COVERAGE = "vocab coverage eval / calib"  # a column only in tables with a reduced-vocabulary drafter
-CSV_FIELDS = ("point", "policy", "temperature", "backend", "status", "bytes", "bytes_pct_base16", "bits_per_param",
+SHARED = "shared"  # a column only in tables where some point reads target bytes in place of its own
+CSV_FIELDS = ("point", "policy", "temperature", "backend", "status", "bytes", "shared_bytes", "bytes_pct_base16",
+              "bits_per_param",
               "tau", "retention", "delta_tau", "ci_low", "ci_high", "resolved", "acc1", "speedup",
               "lossless_mismatches", "eval_coverage", "calibration_coverage", "prompts", "pareto", "steps", "error")
 
@@ -58,17 +62,22 @@ def _f(v: Any, spec: str, default: str = "–") -> str:
 
 
 def headers(rows: Iterable[dict[str, Any]]) -> tuple[str, ...]:
-    """HEADERS, with the coverage column before "front" when some record drafts a reduced vocabulary."""
+    """HEADERS, with the coverage column before "front" when some record drafts a reduced vocabulary, and the
+    shared column after "bytes" when some record reads target bytes in place of its own."""
+    rows = list(rows)
+    out = HEADERS
+    if any(r.get("shared_bytes") for r in rows):
+        out = out[:2] + (SHARED,) + out[2:]
     if any(r.get("eval_coverage") is not None for r in rows):
-        return HEADERS[:-1] + (COVERAGE, HEADERS[-1])
-    return HEADERS
+        out = out[:-1] + (COVERAGE, out[-1])
+    return out
 
 
-def cells(rec: dict[str, Any], coverage: bool = False) -> list[str]:
-    """The display cells of one record (HEADERS order; with `coverage`, headers() order)."""
+def cells(rec: dict[str, Any], coverage: bool = False, shared: bool = False) -> list[str]:
+    """The display cells of one record (HEADERS order; with `coverage` / `shared`, headers() order)."""
     if rec["status"] != "ok":
         err = str(rec.get("error") or "failed").splitlines()[0]
-        return [rec["point"], f"failed: {err[:80]}"] + [""] * (len(HEADERS) + coverage - 2)
+        return [rec["point"], f"failed: {err[:80]}"] + [""] * (len(HEADERS) + coverage + shared - 2)
     paired = rec.get("paired")
     if paired and paired.get("delta_tau") is not None:
         ci = paired.get("ci")
@@ -78,7 +87,9 @@ def cells(rec: dict[str, Any], coverage: bool = False) -> list[str]:
         delta = resolved = "–"
     acc = rec.get("agreement") or []
     mism = rec.get("lossless_mismatches")
-    return [rec["point"], fmt_bytes(rec.get("bytes")), _f(rec.get("bytes_pct_base16"), ".1f") + " %",
+    return [rec["point"], fmt_bytes(rec.get("bytes")),
+            *([fmt_bytes(rec.get("shared_bytes")) if rec.get("shared_bytes") else "–"] if shared else []),
+            _f(rec.get("bytes_pct_base16"), ".1f") + " %",
             _f(rec.get("bits_per_param"), ".2f"), _f(rec.get("tau"), ".3f"),
             _f(None if rec.get("retention") is None else 100 * rec["retention"], ".1f") + " %", delta, resolved,
             _f(acc[0] if acc else None, ".3f"), _f(rec.get("speedup"), ".2f") + "×",
@@ -113,7 +124,8 @@ def markdown(records: list[dict[str, Any]], title: str = "") -> str:
         parts.append("| " + " | ".join(cols) + " |")
         parts.append("|" + "|".join("---" for _ in cols) + "|")
         for r in rows:
-            parts.append("| " + " | ".join(c.replace("|", "\\|") for c in cells(r, COVERAGE in cols)) + " |")
+            row = cells(r, COVERAGE in cols, SHARED in cols)
+            parts.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
         parts.append("")
         parts.extend(f"**Warning** {w}\n" for w in coverage_warnings(rows))
     return "\n".join(parts)
@@ -130,6 +142,7 @@ def csv_text(records: list[dict[str, Any]]) -> str:
             acc = r.get("agreement") or [None]
             w.writerow({"point": r["point"], "policy": r["policy"], "temperature": r["temperature"],
                         "backend": r["backend"], "status": r["status"], "bytes": r.get("bytes"),
+                        "shared_bytes": r.get("shared_bytes"),
                         "bytes_pct_base16": r.get("bytes_pct_base16"), "bits_per_param": r.get("bits_per_param"),
                         "tau": r.get("tau"), "retention": r.get("retention"), "delta_tau": p.get("delta_tau"),
                         "ci_low": ci[0], "ci_high": ci[1], "resolved": p.get("resolved"), "acc1": acc[0],
@@ -163,7 +176,7 @@ def rich_tables(records: list[dict[str, Any]]) -> list[Any]:
             t.add_column(h, justify="left" if h in ("point", "Δτ [95 % CI]") else "right", overflow="fold")
         for r in rows:
             style = "red" if r["status"] != "ok" else ("bold" if r.get("pareto") else None)
-            t.add_row(*(escape(c) for c in cells(r, COVERAGE in cols)), style=style)
+            t.add_row(*(escape(c) for c in cells(r, COVERAGE in cols, SHARED in cols)), style=style)
         warnings = coverage_warnings(rows)
         if warnings:
             t.caption = "\n".join("warning: " + w for w in warnings)

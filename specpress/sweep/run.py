@@ -46,6 +46,8 @@ def artifact_key(ctx: SweepContext, point: Point) -> dict[str, Any]:
 
 
 def _uses_calibration(step: Step) -> bool:
+    if step.is_budget:
+        return step.budget()[2] == "kl"
     cfg = step.config()
     return bool(cfg.needs_data()) or (step.kind == "quantize" and step.recovery() is not None)
 
@@ -78,6 +80,8 @@ def apply_step(ctx: SweepContext, drafter: Any, step: Step, work: Path | None = 
                      provenance_extra={"source": source} if cfg.needs_data() else None)
     from specpress.compress.quantize.api import quantize, update_step
 
+    if step.is_budget:
+        return _apply_budget(ctx, drafter, step, cfg)
     calibration = None
     if cfg.needs_data():
         from specpress.compress.data import WindowSampler
@@ -125,6 +129,26 @@ def _recover(ctx: SweepContext, drafter: Any, rec: Any, sources: Any, source: An
     round_floats(out, ctx.stored_dtype())  # the trained float tensors as they are stored
     update_step(out, recovery={**out.provenance[-1]["recovery"], "data": source})
     return out
+
+
+def _apply_budget(ctx: SweepContext, drafter: Any, step: Step, select: Any) -> Any:
+    """A budget step (`quantize --budget`): sensitivity on the recipe's calibration windows, then the allocation."""
+    from specpress.compress.quantize.api import update_step
+    from specpress.compress.quantize.budget import KLProbe, quantize_to_budget
+
+    budget, cands, measure = step.budget()
+    probe = None
+    if measure == "kl":
+        from specpress.compress.data import WindowSampler
+
+        c = step.calibration()
+        sampler = WindowSampler(ctx.stream(ctx.recipe.calibration), c["seq_len"], c["batch"], ctx.recipe.seed)
+        probe = KLProbe(ctx.target, drafter, sampler, c["calib_batches"])
+    quantize_to_budget(drafter, select, cands, budget, float_dtype=ctx.stored_dtype(), measure=measure, probe=probe)
+    if probe is not None:
+        update_step(drafter, calibration={"data": ctx.recipe.calibration.to_json(), "windows": probe.windows,
+                                          "tokens": probe.tokens, "seed": ctx.recipe.seed, "inputs": "first-step"})
+    return drafter
 
 
 def build_point(ctx: SweepContext, point: Point, log: Log | None = None) -> tuple[Path, bool]:
@@ -199,7 +223,8 @@ def measure_point(ctx: SweepContext, point: Point, runs: list[RunSpec], *, log: 
         fail = {"status": "failed", **error_summary(exc), "wall_s": time.monotonic() - t0}
         return [{**_base_record(point, run, ctx), **fail} for run in runs]
     shared = {"drafter_dir": _rel(art, ctx.out), "artifact_reused": reused, "family": info["family"],
-              "bytes": int(info["bytes"]), "params": int(info["params"]), "bits_per_param": info["bits_per_param"],
+              "bytes": int(info["bytes"]), "shared_bytes": int(info.get("shared_bytes") or 0),
+              "params": int(info["params"]), "bits_per_param": info["bits_per_param"],
               "dtype": info["dtype"], "provenance": info["provenance"], "agreement": acc,
               "agreement_windows": None if sampler is None else ctx.recipe.agreement_batches * sampler.batch,
               "build_s": build_s, "agreement_s": agreement_s,

@@ -230,6 +230,24 @@ def test_quantize_recover_steps_end_to_end(tmp_path):
                                    "int2", "--group-size", "8", "--recover-steps", "3"])
     assert bad.exit_code != 0 and "--target DIR and --data PATH" in str(bad.exception)
     assert not (tmp_path / "x").exists()
+    # recovery trains one scheme's codes: with --budget (a scheme per Linear) it is refused, here, by the API and
+    # in a sweep recipe, before anything is written
+    bad = CliRunner().invoke(cli, ["quantize", "--drafter", str(ddir), "--out", str(tmp_path / "x"), "--budget",
+                                   "4.5bpp", "--candidates", "int4:g8,int2:g8", "--target", str(tdir), "--data",
+                                   str(data), "--recover-steps", "3"])
+    assert bad.exit_code != 0 and "--budget" in str(bad.exception) and "--recover-steps" in str(bad.exception)
+    from specpress.compress.quantize.budget import parse_budget, parse_candidates
+    from specpress.compress.quantize.pipeline import quantize_from_dirs
+    from specpress.errors import UsageError
+    from specpress.sweep.grid import _stage_options
+
+    with pytest.raises(UsageError, match="--budget"):
+        quantize_from_dirs(ddir, config_for("int8"), tmp_path / "x", target_dir=tdir, data_path=data,
+                           recovery=RecoverConfig(steps=3), budget=parse_budget("4.5bpp"),
+                           candidates=parse_candidates("int4:g8,int2:g8"))
+    with pytest.raises(ConfigError, match="recover"):
+        _stage_options("quantize", {"budget": "4.5bpp", "recover_steps": 3}, "grid[0]")
+    assert not (tmp_path / "x").exists()
 
 
 def test_quantize_resume_continues_an_interrupted_recovery(tmp_path, monkeypatch):

@@ -10,17 +10,24 @@ rounding and every draft token (speculators' argmax over the draft vocabulary) m
 
 A cell speculators' loader cannot take is listed in NOT_LOADED with what it raised: such a drafter is served by
 vLLM (its own kernels, tests/export/test_vllm_rules.py) but not readable by speculators here.
+
+Two cells carry a low-rank draft head (prune --head-rank 16), written with --materialize-head as the dense
+lm_head vLLM builds: "headrank" float, "int4+headrank" with int4 factors multiplied back into a float head
+beside int4 Linears. specpress's reference is the low-rank drafter itself (its factors).
 """
 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 
 import pytest
 import torch
-from engines_common import CELLS, quantized, saved_target, wide_target
+from engines_common import CELLS, drafter, quantized, saved_target, wide_target
 from side import run_side
 
+from specpress.compress.prune import PruneConfig, prune
+from specpress.compress.quantize.api import quantize
 from specpress.export.hf import export_hf
 from specpress.models import forced
 from specpress.models.drafter_io import save_drafter
@@ -30,7 +37,9 @@ pytestmark = pytest.mark.speculators
 STEPS, T, PAD = 3, 24, 128  # window of T ids; speculators' flex-attention block mask needs a multiple of 128
 SPEC_CELLS = [None, "int4", "int4-asym", "int8", "int8-asym", "int8-dynamic", "int8-static", "fp8", "fp8-dynamic",
               "fp8-static", "fp8-tensor-static", "nvfp4", "nvfp4-static", "mxfp8", "mxfp8-dynamic", "mxfp4",
-              "int2", "int2-asym", "ternary", "int4+head"]  # int3: vLLM's 3-bit layouts disagree (refused)
+              "int2", "int2-asym", "ternary", "int4+head", "headrank",
+              "int4+headrank"]  # int3: vLLM's 3-bit layouts disagree (refused)
+HEAD_RANK = 16  # in_features 16 and 64 of the factors: int4's groups of 16 divide both
 TOL = 2e-5  # float32 rounding over one layer, the head and three chained steps
 
 SIDE = r"""
@@ -118,19 +127,28 @@ def loaded(tmp_path_factory):
     feats = None
     for cell in SPEC_CELLS:
         key = str(cell)
-        d = quantized("eagle3", "int4", target, include=("lm_head",)) if cell == "int4+head" \
-            else quantized("eagle3", cell, target)
+        low = "headrank" in key
+        if low:
+            d = prune(drafter("eagle3", target), PruneConfig(head_rank=HEAD_RANK))
+            if key == "int4+headrank":
+                quantize(d, replace(CELLS["int4"](), include=("lm_head",)))
+        else:
+            d = quantized("eagle3", "int4", target, include=("lm_head",)) if cell == "int4+head" \
+                else quantized("eagle3", cell, target)
         src = save_drafter(d, tmp / f"src-{key}")
-        exports[key] = str(export_hf(src, tmp / f"out-{key}", engine="vllm", verifier=str(tdir)).out)
+        exports[key] = str(export_hf(src, tmp / f"out-{key}", engine="vllm", verifier=str(tdir),
+                                     materialize_head=low).out)
         with torch.no_grad():
             feats = d.fuse_taps(target(ids, taps=d.taps).taps)
         # grad-tracking inputs: every quantized Linear takes its dequantized product
         with torch.enable_grad(), as_compressed_tensors_computes(key):
             f = forced.chain(d, ids, feats.clone().requires_grad_(True), steps=STEPS)
-        weights = {rename_out("eagle3", n): m.dequantize(torch.float32) for n, m in quantized_modules(d).items()}
+        weights = {rename_out("eagle3", n): m.dequantize(torch.float32) for n, m in quantized_modules(d).items()
+                   if not (low and n.startswith("lm_head."))}  # the factors: one float lm_head in the export
         linears |= set(weights)
         refs[key] = {"logits": [lg.detach() for lg, _ in f.steps], "weights": weights}
-    payload = {"exports": exports, "quantized": {str(c): c is not None for c in SPEC_CELLS}, "feats": feats,
+    payload = {"exports": exports, "quantized": {str(c): c not in (None, "headrank") for c in SPEC_CELLS},
+               "feats": feats,
                "ids": ids, "pad": PAD, "steps": STEPS, "linears": sorted(linears)}
     return refs, run_side(SIDE, payload, tmp / "side")
 
@@ -160,7 +178,7 @@ def test_every_compressed_tensors_scheme_is_tried():
     vLLM serves (weight-only, dynamic, static) where the scheme has it."""
     from specpress.models.formats.encodings import CT, encodings
 
-    tried = {(CELLS[c]().scheme, CELLS[c]().act_mode) for c in SPEC_CELLS if c not in (None, "int4+head")}
+    tried = {(CELLS[c]().scheme, CELLS[c]().act_mode) for c in SPEC_CELLS if c in CELLS}
     assert {s for s, _ in tried} >= {"int4", "int8", "fp8", "nvfp4", "mxfp8", "mxfp4", "int2", "ternary"}
     assert {"integer", "fp8", "nvfp4", "mx", "lowbit"} == set(encodings(CT))
     assert {("int8", "dynamic"), ("int8", "static"), ("fp8", "dynamic"), ("fp8", "static"), ("nvfp4", "static"),

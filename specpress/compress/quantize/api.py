@@ -9,8 +9,9 @@ The config's scheme (specpress/models/quantized/scheme.py) checks the layers and
 configs, quantizes them; calibrated methods are registered by config type (handlers.py).
 
 Which modules: every nn.Linear of the drafter, except (reported in the step's `skipped`)
-  - a draft `lm_head` (EAGLE-3's reduced-vocab head, an lm drafter's own head): full precision unless
-    the config's `include` names it; an lm_head tied to the embeddings is never quantized;
+  - a draft `lm_head` (EAGLE-3's reduced-vocab head, an lm drafter's own head; both factors of a low-rank
+    head, `lm_head.down` / `lm_head.up`): full precision unless the config's `include` names it (`lm_head`
+    names both factors); an lm_head tied to the embeddings is never quantized;
   - embeddings (an lm drafter's embed_tokens): never (these schemes are for Linears);
   - whatever `exclude` names.
 The target's shared embed_tokens / lm_head are not the drafter's modules and are never touched. Norms,
@@ -77,7 +78,7 @@ def select_modules(model: nn.Module, config: QuantizeConfig) -> tuple[list[str],
             skipped.append({"module": n, "reason": "tied to the embeddings (kept in full precision)"})
         elif any(matches(p, n) for p in config.exclude):
             skipped.append({"module": n, "reason": "excluded"})
-        elif n.rpartition(".")[2] == "lm_head" and not any(matches(p, n) for p in config.include):
+        elif "lm_head" in n.split(".") and not any(matches(p, n) for p in config.include):  # low-rank factors too
             skipped.append({"module": n, "reason": "draft head (full precision unless --include lm_head)"})
         else:
             chosen.append(n)
@@ -135,37 +136,65 @@ def resolve_float_dtype(choice: str | torch.dtype | None, source: torch.dtype) -
     return parse_dtype(choice)  # type: ignore[arg-type]
 
 
+def quantize_linears(model: nn.Module, names: list[str], config: QuantizeConfig, calibration: ForwardLoop | None,
+                     notes: list[str]) -> None:
+    """Replace the named Linears by `config`'s quantized modules (codes, then the activation mode), nothing else:
+    no checks, no provenance (what `quantize` and the budget's sensitivity pass share)."""
+    with torch.no_grad():
+        handler_for(config)(model, names, config, calibration, notes)
+        for n in names:  # the activation mode, for handlers that only chose codes (GPTQ)
+            m = model.get_submodule(n)
+            if m.act_mode != config.act_mode:
+                m.configure_input(config.act_mode, m.pre_quant_scale)
+
+
 def quantize(model: nn.Module, config: QuantizeConfig, calibration: ForwardLoop | None = None, *,
-             float_dtype: torch.dtype | None = None) -> nn.Module:
+             float_dtype: torch.dtype | None = None,
+             per_module: Mapping[str, QuantizeConfig | None] | None = None) -> nn.Module:
     """Quantize `model`'s Linears in place per `config`; append the provenance step; return the model.
 
     calibration: a forward loop (called with the model; runs it on calibration data), required by
     configs that need data (calibrated methods such as GPTQ, static activation scales). float_dtype: the dtype the kept float tensors will be stored
     in: the byte counts use it and those tensors are rounded to it (default: left as they are).
+    per_module: a scheme per selected Linear (None: keep it in float), as `quantize --budget` allocates them;
+    `config` then only selects the modules. More than one scheme makes a "mixed" step: its `config` is
+    {"name": "mixed", include, exclude} and `module_configs` holds each quantized Linear's config.
     """
-    handler = handler_for(config)
     if active_quantize_step(getattr(model, "provenance", ())) or quantized_modules(model):
         raise RequestError("this drafter is already quantized; quantize its full-precision artifact (or one written "
                            "with --dequantize)")
-    if config.needs_data() and calibration is None:
+    if config.needs_data() and calibration is None and per_module is None:
         what = f"--method {config.method}" if config.needs_calibration else "--activations static"
         raise UsageError(f"{what} calibrates on the activations entering each Linear: pass --target DIR and --data "
                          f"PATH (Python: calibration=DrafterCalibration(...))")
     names, skipped = select_modules(model, config)
+    groups: dict[QuantizeConfig, list[str]] = {config: names}
+    if per_module is not None:
+        missing = [n for n in names if n not in per_module]
+        if missing:
+            raise UsageError(f"per_module names no scheme for {', '.join(missing)}; give one per selected Linear "
+                             f"(None keeps it in float)")
+        skipped += [{"module": n, "reason": "kept in float by the budget's allocation"} for n in names
+                    if per_module[n] is None]
+        groups = {}
+        for n in names:
+            if per_module[n] is not None:
+                groups.setdefault(per_module[n], []).append(n)  # type: ignore[index]
+        names = [n for n in names if per_module[n] is not None]
+        if any(c.needs_data() for c in groups):
+            raise UsageError("a per-module scheme that needs calibration data cannot be allocated; use "
+                             "calibration-free candidates")
     if not names:
         raise RequestError("nothing to quantize: every Linear is excluded or skipped "
                            f"({', '.join(s['module'] for s in skipped)})")
-    check_quantizable(model, names, config)
+    for cfg, group in groups.items():
+        check_quantizable(model, group, cfg)
     before = stored_bytes(model, float_dtype)
     originals = {n: model.get_submodule(n).weight.detach().clone() for n in names}
     notes: list[str] = []
-    with torch.no_grad():
-        handler(model, names, config, calibration, notes)
-        for n in names:  # the activation mode, for handlers that only chose codes (GPTQ)
-            m = model.get_submodule(n)
-            if m.act_mode != config.act_mode:
-                m.configure_input(config.act_mode, m.pre_quant_scale)
-    input_amax = calibrate_inputs(model, names, config, calibration, notes)
+    for cfg, group in groups.items():
+        quantize_linears(model, group, cfg, calibration, notes)
+    input_amax = calibrate_inputs(model, names, config, calibration, notes) if per_module is None else {}
     if float_dtype is not None:
         round_floats(model, float_dtype)
     sq = {}
@@ -177,7 +206,16 @@ def quantize(model: nn.Module, config: QuantizeConfig, calibration: ForwardLoop 
     fsize = None if float_dtype is None else torch.empty((), dtype=float_dtype).element_size()
     q_bytes = sum(t.numel() * (fsize if k == "bias" and fsize else t.element_size())
                   for m in mods for k, t in m.state_dict().items())
-    step = {"step": "quantize", "scheme": config.scheme, "method": config.method, "config": config.to_dict(),
+    only = next(iter(groups)) if len(groups) == 1 else None
+    if only is not None and per_module is not None:  # one scheme (or float) everywhere: an ordinary step
+        only = type(only).from_dict({**only.to_dict(), "include": list(config.include),
+                                     "exclude": list(config.exclude)})
+    head: dict[str, Any] = ({"scheme": only.scheme, "method": only.method, "config": only.to_dict()} if only else
+                            {"scheme": "mixed", "method": "+".join(dict.fromkeys(c.method for c in groups)),
+                             "config": {"name": "mixed", "include": list(config.include),
+                                        "exclude": list(config.exclude)},
+                             "module_configs": {n: c.to_dict() for c, g in groups.items() for n in g}})
+    step = {"step": "quantize", **head,
             "quantized": names, "skipped": skipped, "bytes_before": before,
             "bytes_after": stored_bytes(model, float_dtype), "quantized_params": q_params,
             "quantized_bytes": q_bytes, "weight_sqnr_db": sq, "notes": notes, "dequantized": False,

@@ -21,8 +21,16 @@ from typing import Any
 
 import torch
 
-from specpress.compress.quantize.api import (dequantize, quantize, resolve_float_dtype, round_floats, select_modules,
-                                             stored_bytes, update_step)
+from specpress.compress.quantize.api import (
+    dequantize,
+    quantize,
+    resolve_float_dtype,
+    round_floats,
+    select_modules,
+    stored_bytes,
+    update_step,
+)
+from specpress.compress.quantize.budget import Budget, Candidate
 from specpress.compress.quantize.recover import RecoverConfig, recover, source_weights
 from specpress.device import DTYPES
 from specpress.errors import CheckpointError, DataError, UsageError
@@ -45,8 +53,9 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
                        dequantize_out: bool = False, force: bool = False, calib_batches: int = 8, batch: int = 4,
                        seq_len: int = 128, seed: int = 0, eval_batches: int = 4,
                        float_dtype: str | torch.dtype | None = "auto", calib_inputs: str = "rounds",
-                       recovery: RecoverConfig | None = None, resume: bool = False,
-                       progress: bool = False) -> QuantizeReport:
+                       recovery: RecoverConfig | None = None, resume: bool = False, progress: bool = False,
+                       budget: Budget | None = None, candidates: tuple[Candidate, ...] = (),
+                       sensitivity: str | None = None) -> QuantizeReport:
     """Load, quantize, measure, write `out` atomically.
 
     float_dtype: what the kept float tensors (norms, biases, unquantized Linears, embeddings) are stored
@@ -57,6 +66,9 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
     rounds (`rounds[:POLICY]`) or the teacher-forced first step (`first-step`).
     recovery: quantization-aware distillation after quantizing (needs target and data); resume: continue an
     interrupted one from `<out>.partial/`; progress: its progress bar on stderr.
+    budget: allocate a scheme per Linear among `candidates` (budget.py; `config` then only selects the
+    Linears), scoring each by `sensitivity` (kl: on `calib_batches` calibration windows, needs the target;
+    weight: data-free; None: kl with a target, else weight). Not with `recovery` (it trains one scheme).
     """
     from specpress.artifacts import check_new, partial_path
     from specpress.compress.data import WindowSampler, data_stream
@@ -74,6 +86,9 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
                          "--data PATH")
     if recovering and dequantize_out:
         raise UsageError("--recover-steps trains the stored codes; --dequantize would throw them away: drop one")
+    if recovering and budget is not None:
+        raise UsageError("--recover-steps trains one scheme's codes and --budget writes a scheme per Linear; "
+                         "recovery of a mixed drafter is not supported: drop one")
     if config.needs_data() and target_dir is None:
         what = f"--method {config.method}" if config.needs_calibration else "--activations static"
         raise UsageError(f"{what} calibrates on the activations entering each Linear: pass --target DIR and --data "
@@ -118,12 +133,23 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
 
             assert target is not None and sampler is not None
             calibration = calibration_loop(calib_inputs, target, drafter, sampler, calib_batches)
-        quantize(drafter, config, calibration, float_dtype=stored)
+        if budget is None:
+            quantize(drafter, config, calibration, float_dtype=stored)
+        else:
+            from specpress.compress.quantize.budget import KLProbe, quantize_to_budget
+
+            measure = sensitivity or ("kl" if target is not None else "weight")
+            probe = KLProbe(target, drafter, sampler, calib_batches) if measure == "kl" and target is not None \
+                else None
+            quantize_to_budget(drafter, config, candidates, budget, float_dtype=stored, measure=measure, probe=probe,
+                               progress=True)
+            if probe is not None:
+                calibration = probe  # type: ignore[assignment]  (its windows are recorded as the calibration)
         update_step(drafter, **extra)
         if calibration is not None:
             update_step(drafter, calibration={"data": str(data_path), "windows": calibration.windows,
                                               "tokens": calibration.tokens, "seq_len": seq_len, "seed": seed,
-                                              "inputs": calib_inputs})
+                                              "inputs": "first-step" if budget is not None else calib_inputs})
         if recovering:  # what a --resume continues from, whatever the quantizer's determinism
             save_drafter(drafter, part / "quantized", force=True, dtype=stored)
     if recovering:

@@ -14,6 +14,10 @@ Each quantized Linear is written by its scheme's encoding in the format (a facet
 models/formats/encodings.py; ct_encodings.py, modelopt_encodings.py), which also holds the format's rule
 when a scheme, activation mode or method has no form there: the export refuses it with that rule rather
 than write a file that drops a tensor (an input_scale, a pre_quant_scale) or means something else.
+
+A draft head that is not one dense Linear (a low-rank or a shared head, models/heads.py) follows the engines'
+rules in export/hf/heads.py: written without lm_head when the engines share the target's, else refused
+by name, or written dense with `materialize_head`.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from torch import Tensor, nn
 
 from specpress.artifacts import atomic_dir, write_json
 from specpress.errors import CheckpointError, ConfigError, RequestError, UsageError
+from specpress.export.hf import heads
 from specpress.export.hf.engines import Engine, engine
 from specpress.export.hf.rules import Job
 from specpress.models.drafter import get_family
@@ -179,9 +184,11 @@ def _format_of(eng: Engine, lay: str) -> str | None:
 
 
 def export_hf(drafter: str | Path, out: str | Path, fmt: str | None = None, *, engine: str | None = None,
-              verifier: str | None = None, policy: str | None = None, force: bool = False) -> ExportSummary:
+              verifier: str | None = None, policy: str | None = None, force: bool = False,
+              materialize_head: bool = False) -> ExportSummary:
     """Write `drafter` to `out` in serving format `fmt` (speculators | modelopt), or as `engine` (vllm | sglang |
-    trtllm) loads it (its layout, its quantized-Linear format, refused by its rules); return the summary."""
+    trtllm) loads it (its layout, its quantized-Linear format, refused by its rules); return the summary.
+    materialize_head: write a low-rank or shared head as a dense lm_head where the engines load no other."""
     from specpress.models import serving_io
     from specpress.models.drafter_io import active_quantize_step, read_drafter_config
     from specpress.models.quantized.scheme import config_from_dict
@@ -192,21 +199,37 @@ def export_hf(drafter: str | Path, out: str | Path, fmt: str | None = None, *, e
     lay, qfmt, eng = _route(fmt, engine, family)
     block = dict(raw.get("specpress") or {})
     weights = serving_io.to_specpress_weights(drafter, read_weights(drafter))
+    rules = eng.rules() if eng is not None else None
+    notes: list[str] = []
+    if heads.head_kind(config) != "dense":
+        heads.check(family, config, materialize_head, rules)
+        if heads.refusal(family, config, rules):
+            local = Path(verifier).expanduser() if verifier is not None else None
+            config, weights, block, note = heads.materialize(drafter, family, config, weights, block,
+                                                             local if local is not None and local.is_dir() else None,
+                                                             raw.get("torch_dtype") or "float32")
+            notes.append(note)
+        else:
+            notes.append("no lm_head written: the engines then share the target's whole lm_head, which is this "
+                         "drafter's shared head (its draft vocabulary is the target's)")
     step = active_quantize_step(block.get("steps"))
+    if step is not None and step.get("module_configs"):
+        kinds = sorted({config_from_dict(c).storage_label() for c in step["module_configs"].values()})
+        raise RequestError(f"{drafter} mixes quantization schemes per Linear ({', '.join(kinds)}, quantize --budget); "
+                           f"export hf writes one quantization_config per checkpoint: export it to ONNX, or quantize "
+                           f"with one --scheme (or --budget with candidates that end up uniform)")
     qcfg = config_from_dict(step.get("config") or {}) if step else None
     if qfmt == MODELOPT and step is None and eng is None:
         raise RequestError("--format modelopt writes ModelOpt's quantized layout; this drafter is not quantized "
                            "(its public layout is what ModelOpt, TensorRT-LLM and SGLang read already)")
     linears = linear_names(family, config)
     quantized = _quantized(step, weights)
-    notes: list[str] = []
     public = get_family(family).writer(config)
     dtype = raw.get("torch_dtype") or "float32"
     n_target = getattr(config, "num_target_layers", None) or (block.get("target") or {}).get("num_hidden_layers")
     speculative_tokens, more = chain_tokens(policy, family, config) if lay == "speculators" or eng is not None \
         else (None, [])
     notes += more
-    rules = eng.rules() if eng is not None else None
     job = Job(family, config, lay, qcfg, quantized, linears, n_target, verifier, Path(out).expanduser(),
               speculative_tokens or 0) if rules is not None else None
     if rules is not None:

@@ -58,6 +58,10 @@ class Rules:
                          ModelOpt `exclude_modules`), in the names the engine matches against
     tensors(job, tensors) -> the written tensors, edited into the engine's form (default: unchanged)
     config(job, cfg) -> config.json edited for the engine (default: unchanged)
+    own_head: family -> the engine's rule for the head it builds for that family (one dense Linear), which a
+              low-rank head (lm_head.down / lm_head.up) has no place in (export/hf/heads.py)
+    shared_head: the engine's rule for a checkpoint without lm_head: which head it then uses, so which
+                 shared heads (prune --share-head) it computes
     """
 
     refuse: Callable[[Job], str | None]
@@ -66,6 +70,8 @@ class Rules:
     ignore: Callable[[str, Job], str]
     tensors: Callable[[Job, dict[str, Tensor]], dict[str, Tensor]] = field(default=lambda job, t: t)
     config: Callable[[Job, dict[str, Any]], dict[str, Any]] = field(default=lambda job, c: c)
+    own_head: Mapping[str, str] = field(default_factory=dict)
+    shared_head: str = ""
 
 
 def first(*checks: Callable[[Job], str | None]) -> Callable[[Job], str | None]:

@@ -16,6 +16,12 @@
   (get_lm_head_scheme). DFlash drafters build unquantized layers (models/dflash.py DFlashDraftModel
   supports_quantization = False; only Nemotron-3.5 drafts quantize). utils.py should_ignore_layer: `re:`
   entries match the name, plain ones also a dotted suffix; fused shards must agree (ValueError).
+- The draft head (export/hf/heads.py): EAGLE-3's is one ParallelLMHead(draft_vocab_size, hidden_size), a
+  STANDALONE draft's its LlamaForCausalLM lm_head. SGLang loads the target's lm_head into an EAGLE-3 drafter only
+  when config.json has draft_vocab_size null (srt/models/llama_eagle3.py load_lm_head_from_target, then
+  speculative/eagle_worker_v2.py init_lm_head set_embed_and_head); with a draft_vocab_size, a checkpoint without
+  lm_head leaves the draft's own head unloaded. So a shared head over the whole vocabulary is written with
+  draft_vocab_size null.
 """
 
 from __future__ import annotations
@@ -109,14 +115,39 @@ def _serve(job: Job) -> str:
 def _config(job: Job, cfg: dict) -> dict:
     if job.family == "eagle":  # SGLang picks the EAGLE-1 model class by this name (no override of the draft's)
         cfg = {**cfg, "architectures": ["LlamaForCausalLMEagle"]}
+    if shares_target_head(job):  # the one config SGLang loads the target's lm_head for
+        cfg = {**cfg, "draft_vocab_size": None}
     return cfg
 
 
+def shares_target_head(job: Job) -> bool:
+    """An EAGLE-3 export written without lm_head: a shared head over the target's whole vocabulary (a reduced
+    one is refused or materialized before the job exists: export/hf/heads.py)."""
+    return job.family == "eagle3" and bool(getattr(job.config, "shared_head", False))
+
+
 def _notes(job: Job) -> list[str]:
+    notes = []
+    if shares_target_head(job):
+        notes.append(f"{V}: config.json has draft_vocab_size null, so SGLang loads the target's lm_head into the "
+                     f"drafter (srt/models/llama_eagle3.py load_lm_head_from_target); specpress reads it back as the "
+                     f"whole vocabulary")
     if job.qcfg is None:
-        return []
-    return [f"{V}: without --speculative-draft-model-quantization the draft inherits the target's --quantization "
-            f"(srt/arg_groups/serving_hook.py), which would override this drafter's compressed-tensors config"]
+        return notes
+    return notes + [f"{V}: without --speculative-draft-model-quantization the draft inherits the target's "
+                    f"--quantization (srt/arg_groups/serving_hook.py), which would override this drafter's "
+                    f"compressed-tensors config"]
+
+
+OWN_HEAD = {
+    "eagle3": f"{V} builds an EAGLE-3 drafter's lm_head as one ParallelLMHead(draft_vocab_size, hidden_size) "
+              f"(srt/models/llama_eagle3.py LlamaForCausalLMEagle3), which has no place for two factors",
+    "lm": f"{V} loads a STANDALONE draft model as a plain HF decoder whose lm_head is one [vocab_size, "
+          f"hidden_size] ParallelLMHead (srt/models/llama.py LlamaForCausalLM)",
+}
+SHARED_HEAD = (f"{V} shares the target's lm_head with an EAGLE-3 drafter only when its config has draft_vocab_size "
+               f"null (srt/models/llama_eagle3.py load_lm_head_from_target), and then the target's WHOLE head, whose "
+               f"logits are the drafter's only when its draft vocabulary is the target's")
 
 
 RULES = Rules(
@@ -130,4 +161,6 @@ RULES = Rules(
     serve=_serve,
     ignore=ignore_entry,
     config=_config,
+    own_head=OWN_HEAD,
+    shared_head=SHARED_HEAD,
 )

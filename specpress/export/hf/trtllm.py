@@ -21,6 +21,9 @@ checked in tests/export/test_trtllm_rules.py.
   (Model Optimizer folds it into the preceding norm); W8A16 weight int8 [N, K], weight_scale [N].
 - DFlash stacks every layer's K/V rows of the float qkv_proj.weight into one buffer after loading
   (_build_fused_kv_buffers), so its layers are served in float only.
+- The draft head (export/hf/heads.py): Eagle3ForCausalLM's lm_head is one [draft_vocab_size, hidden_size] Linear;
+  a checkpoint without lm_head keeps load_lm_head_from_target and takes the target's whole lm_head
+  (modeling_speculative.py load_weights / load_weights_from_target_model). DraftTarget's LM has its own lm_head.
 """
 
 from __future__ import annotations
@@ -182,6 +185,18 @@ def _notes(job: Job) -> list[str]:
     return notes
 
 
+OWN_HEAD = {
+    "eagle3": f"{V} builds an EAGLE-3 drafter's lm_head as one [draft_vocab_size, hidden_size] Linear "
+              f"(_torch/models/modeling_speculative.py Eagle3ForCausalLM), which has no place for two factors",
+    "lm": f"{V} loads a DraftTarget draft model as a plain HF decoder whose lm_head is one [vocab_size, "
+          f"hidden_size] Linear (_torch/models/modeling_llama.py LlamaForCausalLM)",
+}
+SHARED_HEAD = (f"{V} takes the target's WHOLE lm_head when the checkpoint has none (_torch/models/"
+               f"modeling_speculative.py Eagle3ForCausalLM.load_weights keeps load_lm_head_from_target; "
+               f"load_weights_from_target_model), which computes the drafter's logits only when its draft vocabulary "
+               f"is the target's")
+
+
 RULES = Rules(
     refuse=first(_scheme, _head,
                  mixed_fused(V, "_torch/models/modeling_utils.py apply_quant_config_exclude_modules leaves a fused "
@@ -193,4 +208,6 @@ RULES = Rules(
     serve=_serve,
     ignore=runtime_name,
     tensors=_awq_form,
+    own_head=OWN_HEAD,
+    shared_head=SHARED_HEAD,
 )

@@ -16,6 +16,10 @@
   (compressed_tensors_w4a4_nvfp4.py process_weights_after_loading: it only warns).
 - A speculators checkpoint whose verifier is a local path is refused by `vllm serve EXPORT`
   (transformers_utils/config.py maybe_override_with_speculators): serve the target with --speculative-config.
+- The draft head (export/hf/heads.py): EAGLE-3's is one ParallelLMHead(draft_vocab_size, hidden_size)
+  (model_executor/models/llama_eagle3.py), a draft model's its own LlamaForCausalLM lm_head. A checkpoint without
+  lm_head leaves has_own_lm_head false (model_executor/models/utils.py process_eagle_weight) and the target's
+  whole lm_head is installed (v1/worker/gpu/spec_decode/eagle/utils.py share_target_lm_head).
 """
 
 from __future__ import annotations
@@ -91,6 +95,18 @@ def _looks_like_hub_id(s: str) -> bool:
     return not Path(s).expanduser().exists() and s.count("/") == 1 and not s.startswith((".", "/", "~"))
 
 
+OWN_HEAD = {
+    "eagle3": f"{V} builds an EAGLE-3 drafter's lm_head as one ParallelLMHead(draft_vocab_size, hidden_size) "
+              f"(model_executor/models/llama_eagle3.py Eagle3LlamaForCausalLM), which has no place for two factors",
+    "lm": f"{V} loads a draft model (method draft_model) as a plain HF decoder whose lm_head is one "
+          f"[vocab_size, hidden_size] ParallelLMHead (model_executor/models/llama.py LlamaForCausalLM)",
+}
+SHARED_HEAD = (f"{V} installs the target's WHOLE lm_head when the checkpoint has none (model_executor/models/utils.py "
+               f"process_eagle_weight leaves has_own_lm_head false; v1/worker/gpu/spec_decode/eagle/utils.py "
+               f"share_target_lm_head), which computes the drafter's logits only when its draft vocabulary is the "
+               f"target's")
+
+
 RULES = Rules(
     refuse=first(_pre_quant, _three_bit,
                  mixed_fused(V, "model_executor/layers/quantization/compressed_tensors/utils.py should_ignore_layer "
@@ -101,4 +117,6 @@ RULES = Rules(
     notes=_notes,
     serve=_serve,
     ignore=lambda name, job: ct.name_pattern(name),
+    own_head=OWN_HEAD,
+    shared_head=SHARED_HEAD,
 )

@@ -47,7 +47,7 @@ SHARED_FIELDS = ("architectures", "speculators_model_type", "speculators_version
                  "transformer_layer_config")
 FAMILY_FIELDS = {
     "eagle3": ("draft_vocab_size", "norm_before_residual", "target_hidden_size", "eagle_aux_hidden_state_layer_ids",
-               "norm_before_fc", "fc_norm", "norm_output", "embed_requires_grad"),
+               "norm_before_fc", "fc_norm", "norm_output", "embed_requires_grad", "shared_head"),
     "dflash": ("draft_vocab_size", "block_size", "target_hidden_size", "aux_hidden_state_layer_ids", "mask_token_id",
                "sliding_window_non_causal", "sample_from_anchor"),
 }
@@ -117,6 +117,8 @@ def build_config(family: str, config: Any, public: Mapping[str, Any], verifier: 
         tlc["eagle_config"] = dict(public["eagle_config"])
         out.update(norm_before_residual=False, norm_before_fc=False, fc_norm=False, norm_output=False,
                    eagle_aux_hidden_state_layer_ids=None if taps is None else list(taps))
+        if config.shared_head:  # no lm_head tensor: the engines share the target's (export/hf/heads.py); ours
+            out["shared_head"] = True  # reads it back as the shared head it is
     else:
         tlc["layer_types"] = ["full_attention"] * config.num_hidden_layers
         out.update(block_size=config.block_size, mask_token_id=config.mask_token_id,
@@ -198,7 +200,7 @@ def to_public_config(cfg: Mapping[str, Any], source: str, num_target_layers: int
             raise ConfigError(f"{source}: eagle3 with {tlc.get('num_hidden_layers')} layers; specpress reads one")
         out.update(architectures=["LlamaForCausalLMEagle3"], num_hidden_layers=1,
                    draft_vocab_size=cfg.get("draft_vocab_size", 32000),
-                   target_hidden_size=cfg.get("target_hidden_size"))
+                   target_hidden_size=cfg.get("target_hidden_size"), shared_head=bool(cfg.get("shared_head")))
         if cfg.get("eagle_aux_hidden_state_layer_ids") is not None:
             out["eagle_aux_hidden_state_layer_ids"] = list(cfg["eagle_aux_hidden_state_layer_ids"])
         return out

@@ -35,15 +35,32 @@ def quantized_keys(model: nn.Module) -> set[str]:
             for key in m.KEYS}
 
 
+def step_configs(step: Mapping[str, Any]) -> dict[str, Any]:
+    """Each quantized Linear's config: the step's one config, or (a "mixed" step, `quantize --budget`) its
+    `module_configs` entry."""
+    from specpress.models.quantized.scheme import config_from_dict
+
+    per = step.get("module_configs")
+    if per is not None:
+        missing = [n for n in step.get("quantized") or () if n not in per]
+        if missing:
+            raise CheckpointError(f"the mixed quantize step records no config for {', '.join(missing)}; the file was "
+                                  f"edited: re-quantize it")
+        return {n: config_from_dict(per[n]) for n in step.get("quantized") or ()}
+    config = config_from_dict(step.get("config") or {})
+    return {n: config for n in step.get("quantized") or ()}
+
+
 def restore_quantized(model: nn.Module, step: Mapping[str, Any], weights: Mapping[str, Tensor], dtype: torch.dtype,
                       source: str) -> set[str]:
     """Swap the Linears a quantize step names for empty quantized modules shaped after the stored
     tensors (checked against the recorded config); returns the quantized keys (kept in their dtype)."""
-    from specpress.models.quantized.scheme import config_from_dict, scheme_of
+    from specpress.models.quantized.scheme import scheme_of
 
-    config = config_from_dict(step.get("config") or {})
-    restore = scheme_of(config).restore
+    configs = step_configs(step)
     for name in step.get("quantized") or ():
+        config = configs[name]
+        restore = scheme_of(config).restore
         try:
             lin = model.get_submodule(name)
         except AttributeError:
