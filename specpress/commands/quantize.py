@@ -218,7 +218,9 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
     recovery = RecoverConfig(steps=recover_steps, lr=recover_lr, scales=recover_scales, batch=recover_batch,
                              seq_len=seq_len, seed=seed) if recover_steps else None
     if resume and recovery is None:
-        raise click.UsageError("--resume continues an interrupted recovery: give --recover-steps N as before")
+        from specpress.errors import UsageError
+
+        raise UsageError("--resume continues an interrupted recovery: give --recover-steps N as before")
     with claim_output(out, force=force, inputs={"--drafter": drafter_dir, "--target": target_dir,
                                                 "--data": data_path}, partial=recovery is not None,
                       resume=resume) as claim:
