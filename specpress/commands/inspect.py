@@ -125,6 +125,10 @@ def describe_step(step: dict[str, Any]) -> str:
         what = f"quantize {_quant_label(cfg, step)}"
         parts = [f"{what}: {len(step.get('quantized') or [])} Linears, bytes {int(step.get('bytes_before', 0)):,} -> "
                  f"{int(step.get('bytes_after', 0)):,}" + (" (written dequantized)" if step.get("dequantized") else "")]
+        rec = step.get("recovery") or {}
+        if rec:
+            parts.append(f"recovered {rec.get('steps')} steps ({', '.join(rec.get('scales') or [])} scales, loss "
+                         f"{float(rec.get('final_loss', 0)):.4f})")
         agr = step.get("agreement") or {}
         if agr.get("before") and agr.get("after"):
             parts.append(f"acc@k {_acc(agr['before'])} -> {_acc(agr['after'])}")

@@ -40,7 +40,7 @@ def allocation_line(a: dict) -> str:
 @click.option("--method", type=click.Choice(METHOD_WORDS),
               help="How codes are chosen  [default: the scheme's first method, listed with --scheme]")
 @click.option("--group-size", type=click.IntRange(min=1),
-              help="Inputs per scale: int4 / nf4 / fp4 [64]; int8 [per output channel].")
+              help="Inputs per scale: int4 / int3 / int2 / ternary / nf4 / fp4 [64]; int8 [per output channel].")
 @click.option("--symmetric/--asymmetric", default=None, help="Integer zero points  [default: symmetric]")
 @click.option("--activations", type=click.Choice(["none", "dynamic", "static"]),
               help="What happens to the activations entering each quantized Linear: none (weight-only), dynamic "
@@ -106,6 +106,22 @@ def allocation_line(a: dict) -> str:
                       "the compressed target's hidden states, which re-calibrates a drafter for a deployment "
                       "beside that target (no training; distill --init --target-quant re-aligns the weights); "
                       "the step records the spec", data_default="--data (the calibration windows)")
+@click.option("--recover-steps", type=click.IntRange(min=0), default=0, show_default=True,
+              help="After quantizing, train the quantized drafter this many steps against --target on --data with "
+                   "its family's distillation loss, through the scheme's own rounding (straight-through gradients; "
+                   "quantization-aware distillation); the artifact stores codes and scales like any other of its "
+                   "scheme. Costs about one distill step per step (the fake quantization adds a few elementwise "
+                   "passes over the weights). Pays where rounding costs acceptance: int3, int2, ternary.")
+@click.option("--recover-lr", type=float, default=1e-4, show_default=True,
+              help="Peak learning rate of the recovery (AdamW, warmup then cosine).")
+@click.option("--recover-scales", type=click.Choice(["learned", "rederived"]), default="learned", show_default=True,
+              help="learned: the quantizer's scales (RTN's, GPTQ's, AWQ's) are trained with the weights (integer and "
+                   "low-bit schemes; others re-derive); rederived: the scheme's round-to-nearest re-derives them "
+                   "from the trained weights every step (every scheme; GPTQ's / AWQ's choice is lost at once).")
+@click.option("--recover-batch", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Windows per recovery step (of --seq-len tokens).")
+@click.option("--resume", is_flag=True,
+              help="Continue a recovery interrupted in <out>.partial/ (the quantization is not redone).")
 def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, group_size: int | None,
              symmetric: bool | None, activations: str | None, act_calibration: str | None, kv_cache: str | None,
              calib_inputs: str,
@@ -115,7 +131,8 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
              calib_batches: int | None,
              batch: int, seq_len: int,
              eval_batches: int, seed: int, target_dtype: str, target_quant: str | None,
-             target_quant_data: str | None) -> None:
+             target_quant_data: str | None, recover_steps: int, recover_lr: float, recover_scales: str,
+             recover_batch: int, resume: bool) -> None:
     """Quantize a drafter's Linear weights and report bytes and agreement before / after.
 
     Every Linear of the drafter is quantized except the draft lm_head (unless --include lm_head) and
@@ -178,6 +195,7 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
     from specpress.commands.target_quant import parse_spec
     from specpress.compress.data import check_data
     from specpress.compress.quantize.pipeline import quantize_from_dirs
+    from specpress.compress.quantize.recover import RecoverConfig
     from specpress.errors import deprecated
     from specpress.models.quantized.scheme import config_for, config_from_dict
 
@@ -196,6 +214,9 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
         if given:
             raise UsageError(f"--budget picks a scheme per Linear from --candidates: drop {', '.join(given)} (group "
                              f"sizes and methods go in the candidates, e.g. int4:g128)")
+        if recover_steps:
+            raise UsageError("--recover-steps trains one scheme's codes; --budget writes a scheme per Linear, whose "
+                             "recovery is not supported: drop one")
         budget, cands = parse_budget(budget_text), parse_candidates(candidates)
         scheme = "int8"  # only selects the Linears (--include / --exclude); the allocation picks their schemes
     elif scheme is None:
@@ -210,18 +231,37 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
                         exclude=_names(exclude), activations=activations, act_calibration=act_calibration,
                         kv_cache=kv_cache)
     tq = parse_spec(target_quant, target_quant_data, data_default="--data")
+    recovery = RecoverConfig(steps=recover_steps, lr=recover_lr, scales=recover_scales, batch=recover_batch,
+                             seq_len=seq_len, seed=seed) if recover_steps else None
+    if resume and recovery is None:
+        from specpress.errors import UsageError
+
+        raise UsageError("--resume continues an interrupted recovery: give --recover-steps N as before")
     with claim_output(out, force=force, inputs={"--drafter": drafter_dir, "--target": target_dir,
-                                                "--data": data_path}):
+                                                "--data": data_path}, partial=recovery is not None,
+                      resume=resume) as claim:
         if target_dir is not None:
-            check_seq_len(target_dir, seq_len, batch, training=False)
+            check_seq_len(target_dir, seq_len, batch if recovery is None else max(batch, recover_batch),
+                          training=recovery is not None)
         if data_path is not None:
             check_data(data_path)  # a device, a FIFO or more text than memory: refused before loading
-        rep = quantize_from_dirs(drafter_dir, config, out, target_dir=target_dir, data_path=data_path,
-                                 dequantize_out=dequantize_out, force=force, calib_batches=calib_batches,
-                                 batch=batch, seq_len=seq_len, seed=seed, eval_batches=eval_batches,
-                                 float_dtype=dtype, calib_inputs=calib_inputs, budget=budget,
-                                 candidates=cands or (), sensitivity=sensitivity, target_dtype=target_dtype,
-                                 progress=True, target_quant=tq, target_quant_data=target_quant_data)
+        try:
+            rep = quantize_from_dirs(drafter_dir, config, out, target_dir=target_dir, data_path=data_path,
+                                     dequantize_out=dequantize_out, force=force, calib_batches=calib_batches,
+                                     batch=batch, seq_len=seq_len, seed=seed, eval_batches=eval_batches,
+                                     float_dtype=dtype, calib_inputs=calib_inputs, recovery=recovery,
+                                     resume=resume, progress=True, budget=budget, candidates=cands or (),
+                                     sensitivity=sensitivity, target_dtype=target_dtype, target_quant=tq,
+                                     target_quant_data=target_quant_data)
+        except KeyboardInterrupt:
+            if claim.partial is None:
+                raise
+            from specpress.commands.guards import distill_saved, interrupted
+
+            saved = distill_saved(claim.partial)
+            saved = f"the recovery at {saved}" if saved else \
+                "the quantized drafter" if (claim.partial / "quantized").is_dir() else None
+            raise interrupted(claim.partial, saved) from None
     s = rep.step
     what = ("mixed: one scheme per Linear" if s["scheme"] == "mixed" else
             f"{config_from_dict(s['config']).storage_label()}, method {s['method']}")
@@ -246,6 +286,10 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
         amax = s["input_amax"].values()
         click.echo(f"  inputs  static input scales for {len(amax)} Linears: activation amax {min(amax):.4g} .. "
                    f"{max(amax):.4g}")
+    rec = s.get("recovery")
+    if rec:
+        click.echo(f"  recovered  {rec['steps']} steps of quantization-aware distillation ({', '.join(rec['scales'])} "
+                   f"scales), final loss {rec['final_loss']:.4f}, {rec['seconds']:.0f} s")
     for sk in s["skipped"]:
         click.echo(f"  kept    {sk['module']}: {sk['reason']}")
     for note in s["notes"]:

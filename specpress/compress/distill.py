@@ -82,18 +82,21 @@ def distill(target: TargetModel, config: DistillConfig, data: WindowSampler, out
             init: Drafter | None = None, teacher_drafter: Drafter | None = None, resume: bool = False,
             progress: bool = False, force: bool = False, heldout: WindowSampler | None = None,
             cache_dir: str | Path | None = None, on_step: Callable[[int, float, list[float]], None] | None = None,
-            provenance_extra: Mapping[str, Any] | None = None) -> DistillReport:
+            provenance_extra: Mapping[str, Any] | None = None,
+            checkpoint_dir: str | Path | None = None) -> DistillReport:
     """Train a `config.family` drafter against `target` on windows of `data`; write it to `out`.
 
     init: start from this drafter (its shape; a copy is trained); teacher_drafter: a (larger) drafter
     of the same family whose output distribution the student also matches (KL, teacher_weight).
     heldout: windows for the final agreement (default: fresh windows of `data`). on_step(step, loss,
     acc): called after every optimizer step. cache_dir: cache the target's signals there (teacher.py).
-    out=None trains without writing anything (no checkpoints).
+    out=None trains without writing anything: no checkpoints either, unless `checkpoint_dir` names where they
+    go (a caller that writes the artifact itself, such as quantize --recover-steps, and removes them after).
     """
 
     return _Trainer(target, config, data, out, init=init, teacher_drafter=teacher_drafter, resume=resume,
-                    force=force, cache_dir=cache_dir).run(progress, heldout, on_step, provenance_extra)
+                    force=force, cache_dir=cache_dir, checkpoint_dir=checkpoint_dir).run(progress, heldout, on_step,
+                                                                                        provenance_extra)
 
 
 class _Trainer:
@@ -103,13 +106,15 @@ class _Trainer:
 
     def __init__(self, target: TargetModel, config: DistillConfig, data: WindowSampler, out: str | Path | None, *,
                  init: Drafter | None, teacher_drafter: Drafter | None, resume: bool, force: bool,
-                 cache_dir: str | Path | None) -> None:
+                 cache_dir: str | Path | None, checkpoint_dir: str | Path | None = None) -> None:
         self.t0_total = time.monotonic()
         self.target, self.config, self.data, self.init, self.teacher_drafter = target, config, data, init, teacher_drafter
         self.force = force
         self.out = Path(out).expanduser() if out is not None else None
         if self.out is not None:
             check_new(self.out, force)
+        self.checkpoint_dir = partial_dir(self.out) if self.out is not None else \
+            None if checkpoint_dir is None else Path(checkpoint_dir).expanduser()
         self.setup(resume, cache_dir)
 
     def setup(self, resume: bool, cache_dir: str | Path | None) -> None:
@@ -147,7 +152,7 @@ class _Trainer:
                                    (0.9, 0.95), fused=True)
         self.loss_fn = get_loss(config.family)
         self.n_pos = positions_scored(config, student)
-        self.state_path = partial_dir(self.out) / STATE_FILE if self.out is not None else None
+        self.state_path = self.checkpoint_dir / STATE_FILE if self.checkpoint_dir is not None else None
         self.steps, self.seconds, self.planned = 0, 0.0, config.steps
         self.recent: list[tuple[float, Tensor, Tensor]] = []  # (loss, hits[k], counts[k]) of the last <= 20 steps
         if resume and self.state_path is not None and self.state_path.is_file():

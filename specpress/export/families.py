@@ -83,7 +83,7 @@ def draft_head(c: Ctx, x: str, d: nn.Module) -> str:
     """eagle3: x [1, T, H] -> draft-vocab logits [1, T, Vd]: its own head, or the target's rows (shared_head)."""
     if d.lm_head is not None:
         return own_head(c, x, d.lm_head)
-    w = c.g.shared_init(np_of(d.shared.lm_head.weight.t(), NP_TYPES[c.g.ft]), "lm_head_t")  # [H, V]
+    w = c.g.shared_init(d.shared.lm_head.weight, "lm_head_t", NP_TYPES[c.g.ft], transpose=True)  # [H, V]
     ids = d.to_target_ids(torch.arange(d.config.draft_vocab_size, device=d.d2t.device)).cpu().numpy()
     if not np.array_equal(ids, np.arange(d.config.vocab_size)):  # a reduced draft vocabulary: its rows only
         w = c.g.op("Gather", w, c.g.const(ids), axis=1)  # [H, Vd]; constant-folded when a session loads

@@ -168,7 +168,8 @@ class Eagle3Drafter(Drafter):
         target's lm_head rows of the draft vocabulary (shared_head; needs attach_target)."""
         if self.lm_head is None:
             ids = self.to_target_ids(torch.arange(self.config.draft_vocab_size, device=self.d2t.device))
-            return shared_head_logits(x, self.shared.lm_head.weight, ids)
+            head = self.shared.lm_head  # a head borrowed in another dtype (export validation) keeps its rows in .source
+            return shared_head_logits(x, getattr(head, "source", head.weight), ids)
         return self.lm_head(x)
 
     def shared_head_params(self) -> int:

@@ -274,7 +274,7 @@ class Sweep:
 
     def point_bytes(self, point: Point) -> int:
         """The point's stored bytes: from its artifact when built, else from a cheap in-memory build (gptq as
-        rtn, no recovery, magnitude importance: the same shapes and storage)."""
+        rtn, no recovery after pruning or quantizing, magnitude importance: the same shapes and storage)."""
         from specpress.models.inspect import inspect_artifact
         from specpress.sweep.run import artifact_key, key_matches, point_dir
 
@@ -319,7 +319,8 @@ def sizing_bytes(ctx: Any, point: Point, drafter: Any) -> int:
             if cfg.structural:
                 opts["importance"] = "magnitude"
             step = Step("prune", tuple(opts.items()))
-        elif cfg.needs_data():  # the same bytes without calibrating (GPTQ -> RTN codes, scales fixed)
+        elif cfg.needs_data() or step.recovery() is not None:  # the same bytes without calibrating or
+            # recovering (GPTQ -> RTN codes, scales fixed; recovery trains the values, not the storage)
             drafter = quantize(drafter, cfg.sizing_config(), None, float_dtype=ctx.stored_dtype())
             continue
         drafter = apply_step(ctx, drafter, step)

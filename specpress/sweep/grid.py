@@ -34,8 +34,10 @@ from specpress.errors import ConfigError
 BASE_ID = "base"
 STAGES = ("quantize", "prune")
 QUANTIZE_FIELDS = ("scheme", "method", "group_size", "symmetric", "activations", "act_calibration", "kv_cache",
-                   "include", "exclude", "calib_batches", "batch", "seq_len", "calib_inputs", "budget", "candidates",
-                   "sensitivity", "target_quant")
+                   "include", "exclude", "calib_batches", "batch", "seq_len", "calib_inputs", "recover_steps",
+                   "recover_lr", "recover_scales", "recover_batch", "budget", "candidates", "sensitivity",
+                   "target_quant")
+RECOVER_KEYS = {"recover_steps": "steps", "recover_lr": "lr", "recover_scales": "scales", "recover_batch": "batch"}
 BUDGET_ONLY = ("candidates", "sensitivity")  # quantize keys that go with `budget` (which replaces `scheme`)
 BUDGET_DEFAULTS = {"candidates": "int8,int4", "sensitivity": "kl"}  # as `specpress quantize --budget` with data
 NAME_LISTS = ("include", "exclude", "candidates")  # quantize fields whose list value is one setting, not a product axis
@@ -100,6 +102,18 @@ class Step:
 
         return PruneConfig.from_dict(opts)
 
+    def recovery(self) -> Any:
+        """A quantize step's RecoverConfig (quantize --recover-steps; windows of its seq_len, the recipe's seed
+        given by the caller), or None when it asks for no recovery (recover_steps absent or 0: the other
+        recover_* keys then do nothing, so that a product over recover_steps [0, N] shares them)."""
+        opts = dict(self.options)
+        if self.kind != "quantize" or not opts.get("recover_steps"):
+            return None
+        from specpress.compress.quantize.recover import RecoverConfig
+
+        return RecoverConfig(**{v: opts[k] for k, v in RECOVER_KEYS.items() if k in opts},
+                             seq_len=int(opts.get("seq_len", CALIB_DEFAULTS["seq_len"])))
+
     def calibration(self) -> dict[str, int]:
         """Calibration windows of a quantize step (used by configs that need data: gptq, static scales)."""
         opts = dict(self.options)
@@ -139,15 +153,22 @@ class Step:
             return s + "".join(f"-{k[:3]}_" + "_".join(getattr(cfg, k)) for k in ("include", "exclude")
                                if getattr(cfg, k))
         cfg, s = self.config(), str(self.config().label())
-        if cfg.needs_data():  # calibration settings that change the result, when not the defaults
+        rec = self.recovery()
+        if cfg.needs_data() or rec is not None:  # calibration settings that change the result, when not the defaults
             opts = dict(self.options)
             s += "".join(f"-{tag}{opts[k]}" for k, tag in (("calib_batches", "cb"), ("seq_len", "sl"), ("batch", "bt"))
                          if k in opts and opts[k] != CALIB_DEFAULTS[k])
-            if self.calib_inputs() != CALIB_INPUTS:
+            if cfg.needs_data() and self.calib_inputs() != CALIB_INPUTS:
                 s += "-" + ("fs" if self.calib_inputs() == "first-step" else self.calib_inputs().replace(":", "_"))
             tq = self.target_quant()
             if tq is not None:
                 s += f"-on-{tq.label}"
+        if rec is not None:
+            from specpress.compress.quantize.recover import RecoverConfig
+
+            d = RecoverConfig()
+            s += f"-r{rec.steps}" + (f"-rlr{rec.lr:g}" if rec.lr != d.lr else "") + \
+                ("-rederived" if rec.scales != d.scales else "") + (f"-rb{rec.batch}" if rec.batch != d.batch else "")
         return s
 
 
@@ -207,6 +228,9 @@ def _stage_options(kind: str, body: Any, where: str) -> list[tuple[tuple[str, An
     if kind == "quantize":
         allowed: Sequence[str] = QUANTIZE_FIELDS
         if "budget" in body:
+            if any(k in body for k in RECOVER_KEYS):
+                raise ConfigError(f"{where}: recovery (recover_*) trains one scheme's codes and `budget` writes a "
+                                  f"scheme per Linear; recovery of a mixed drafter is not supported: drop one")
             mixed = [k for k in body if k not in ("budget", *BUDGET_ONLY, *NAME_LISTS, *CALIB_DEFAULTS)]
             if mixed:
                 raise ConfigError(f"{where}: `budget` picks a scheme per Linear from `candidates`; drop "

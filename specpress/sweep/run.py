@@ -54,7 +54,7 @@ def _uses_calibration(step: Step) -> bool:
     if step.is_budget:
         return step.budget()[2] == "kl"
     cfg = step.config()
-    return bool(cfg.needs_data())
+    return bool(cfg.needs_data()) or (step.kind == "quantize" and step.recovery() is not None)
 
 
 def key_matches(keyfile: Path, key: Any) -> bool:
@@ -72,8 +72,9 @@ def point_dir(out: Path, point: Point) -> Path:
     return out / "points" / point.id
 
 
-def apply_step(ctx: SweepContext, drafter: Any, step: Step) -> Any:
-    """One compression step on an in-memory drafter (attached to ctx.target); returns the new drafter."""
+def apply_step(ctx: SweepContext, drafter: Any, step: Step, work: Path | None = None) -> Any:
+    """One compression step on an in-memory drafter (attached to ctx.target); returns the new drafter. work: a
+    directory a quantize step's recovery keeps its resumable state in (continued when it is there)."""
     cfg = step.config()
     source = ctx.recipe.calibration.to_json()
     if step.kind == "prune":
@@ -98,13 +99,46 @@ def apply_step(ctx: SweepContext, drafter: Any, step: Step) -> Any:
         tq = step.target_quant()  # calibrate against a compressed target (re-calibration for that deployment)
         target = ctx.target if tq is None else ctx.compressed(tq)[0]
         calibration = calibration_loop(step.calib_inputs(), target, drafter, sampler, c["calib_batches"])
+    rec = step.recovery()
+    if rec is not None:
+        from dataclasses import replace
+
+        from specpress.compress.quantize.api import select_modules
+        from specpress.compress.quantize.recover import source_weights
+
+        rec = replace(rec, seed=ctx.recipe.seed)
+        sources = source_weights(drafter, select_modules(drafter, cfg)[0])
     quantize(drafter, cfg, calibration, float_dtype=ctx.stored_dtype())
     if calibration is not None:
         update_step(drafter, calibration={"data": source, "windows": calibration.windows,
                                           "tokens": calibration.tokens, "seed": ctx.recipe.seed,
                                           "inputs": step.calib_inputs()},
                     **({"target_quant": {"spec": tq.text, "label": tq.label}} if tq is not None else {}))
+    if rec is not None:
+        drafter = _recover(ctx, drafter, rec, sources, source, work)
     return drafter
+
+
+def _recover(ctx: SweepContext, drafter: Any, rec: Any, sources: Any, source: Any, work: Path | None) -> Any:
+    """Quantization-aware distillation of a quantized drafter on the recipe's calibration data, resumable in
+    `work` (a state from another run is discarded there)."""
+    import shutil
+
+    from specpress.compress.data import WindowSampler
+    from specpress.compress.quantize.api import round_floats, update_step
+    from specpress.compress.quantize.recover import recover
+    from specpress.errors import CheckpointError
+
+    sampler = WindowSampler(ctx.stream(ctx.recipe.calibration), rec.seq_len, rec.batch, rec.seed)
+    try:
+        out = recover(drafter, ctx.target, sampler, rec, sources=sources, checkpoint_dir=work, resume=work is not None)
+    except CheckpointError:
+        assert work is not None
+        shutil.rmtree(work, ignore_errors=True)
+        out = recover(drafter, ctx.target, sampler, rec, sources=sources, checkpoint_dir=work)
+    round_floats(out, ctx.stored_dtype())  # the trained float tensors as they are stored
+    update_step(out, recovery={**out.provenance[-1]["recovery"], "data": source})
+    return out
 
 
 def _apply_budget(ctx: SweepContext, drafter: Any, step: Step, select: Any) -> Any:
@@ -141,11 +175,23 @@ def build_point(ctx: SweepContext, point: Point, log: Log | None = None) -> tupl
     if log:
         log(f"{point.id}: building (" + " -> ".join(s.label() for s in point.steps) + ")")
     drafter = load_drafter(ctx.base_dir, ctx.target)
+    work = pdir / "recovery.partial"  # a recovery's checkpoints, continued by a rerun of the same point
+    if work.is_dir() and not key_matches(work / "point.json", key):
+        import shutil
+
+        shutil.rmtree(work)
+    if any(s.kind == "quantize" and s.recovery() is not None for s in point.steps):
+        work.mkdir(parents=True, exist_ok=True)
+        write_json(work / "point.json", key)
     for step in point.steps:
-        drafter = apply_step(ctx, drafter, step)
+        drafter = apply_step(ctx, drafter, step, work)
     pdir.mkdir(parents=True, exist_ok=True)
     save_drafter(drafter, art, force=True, dtype=ctx.stored_dtype())
     write_json(keyfile, key)
+    if work.is_dir():
+        import shutil
+
+        shutil.rmtree(work)
     return art, False
 
 

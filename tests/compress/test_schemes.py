@@ -83,8 +83,8 @@ def test_registration_fails_loudly():
     with pytest.raises(ValueError, match="facet of scheme 'toy' is registered twice"):
         S.register_facet("onnx", "toy")(object())
         S.register_facet("onnx", "toy")(object())
-    with pytest.raises(ConfigError, match="unknown scheme 'int3'; choose one of int8, int4"):
-        S.config_for("int3")
+    with pytest.raises(ConfigError, match="unknown scheme 'int5'; choose one of int8, int4"):
+        S.config_for("int5")
     with pytest.raises(ConfigError, match="unknown quantize config 'hqq'; known: .*gptq"):
         S.config_from_dict({"name": "hqq"})
 

@@ -57,6 +57,11 @@ CELLS = {
     "mxfp8-dynamic": lambda: config_for("mxfp8"),
     "mxfp4": lambda: config_for("mxfp4", activations="none"),
     "nf4": lambda: config_for("nf4"),
+    "int3": lambda: config_for("int3", group_size=16),
+    "int3-asym": lambda: config_for("int3", group_size=16, symmetric=False),
+    "int2": lambda: config_for("int2", group_size=16),
+    "int2-asym": lambda: config_for("int2", group_size=16, symmetric=False),
+    "ternary": lambda: config_for("ternary", group_size=16),
 }
 
 

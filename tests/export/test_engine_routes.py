@@ -27,8 +27,10 @@ NO_MX = "SGLang 0.5.23 has no compressed-tensors scheme for mx"
 SQ = "unsupported quant mode"
 PER_TOKEN_INT8 = "no per-token int8 activations"
 BNB = "has no encoding for a"
+LOW_S = "SGLang 0.5.23's compressed-tensors weight-only scheme takes 4- and 8-bit weights"
+INT3_V = "the two layouts disagree for 3 bits"
 # refused by the engine's own rule (RequestError); the others by the serving format's encoding (ConfigError)
-ENGINE_RULES = {PRE_V, PRE_S, NO_MX, SQ, "no W4A16_NVFP4 QuantAlgo", "no MXFP8 QuantAlgo"}
+ENGINE_RULES = {PRE_V, PRE_S, NO_MX, SQ, LOW_S, INT3_V, "no W4A16_NVFP4 QuantAlgo", "no MXFP8 QuantAlgo"}
 # cell -> (vllm, sglang (fc kept in float), trtllm): loads, or the rule it is refused with
 EXPECTED = {
     "int8/rtn/none": (W, W, W), "int8/gptq/none": (W, W, W),
@@ -45,6 +47,8 @@ EXPECTED = {
     "mxfp4/rtn/none": (W, NO_MX, "names no MXFP4 quant_algo"), "mxfp4/rtn/dynamic": (W, NO_MX, "names no MXFP4"),
     "mxfp8/rtn/none": (W, NO_MX, "would be served with MX activations"),
     "mxfp8/rtn/dynamic": (W, NO_MX, "no MXFP8 QuantAlgo"),
+    **{f"{s}/{m}/none": (W, LOW_S, BNB) for s in ("int2", "ternary") for m in ("rtn", "gptq")},
+    "int3/rtn/none": (INT3_V, LOW_S, BNB), "int3/gptq/none": (INT3_V, LOW_S, BNB),
 }
 ENGINE_ORDER = ("vllm", "sglang", "trtllm")
 

@@ -24,11 +24,19 @@ CASES = {
     ("int8", None, True, "matmulnbits"): "DequantizeLinear",  # 8-bit: Q/DQ in both formats (faster on CPU)
     ("int8", None, False, "qdq"): "DequantizeLinear",
     ("fp8", None, None, "matmulnbits"): "DequantizeLinear",
+    ("int2", 16, True, "matmulnbits"): "MatMulNBits",  # 2-bit MatMulNBits
+    ("int2", 16, False, "matmulnbits"): "MatMulNBits",  # with 2-bit zero points
+    ("ternary", 16, None, "matmulnbits"): "MatMulNBits",  # as 2-bit codes, zero point 2
+    ("int3", 16, True, "matmulnbits"): "DequantizeLinear",  # no 3-bit MatMulNBits: codes held in int4
+    ("int3", 16, False, "qdq"): "DequantizeLinear",
+    ("int2", 16, True, "qdq"): "DequantizeLinear",
+    ("ternary", 16, None, "qdq"): "DequantizeLinear",
     ("nf4", 32, None, "matmulnbits"): "MatMulBnb4",
     ("fp4", 32, None, "matmulnbits"): "MatMulBnb4",
 }
 DEFAULT = [("int4", 16, True, "matmulnbits"), ("int4", 8, True, "matmulnbits"), ("int8", None, True, "matmulnbits"),
-           ("fp8", None, None, "matmulnbits"), ("nf4", 32, None, "matmulnbits")]
+           ("fp8", None, None, "matmulnbits"), ("nf4", 32, None, "matmulnbits"), ("int2", 16, False, "matmulnbits"),
+           ("ternary", 16, None, "matmulnbits"), ("int3", 16, True, "matmulnbits")]
 
 
 def quantized_eagle(target, scheme, group, symmetric):
@@ -79,7 +87,9 @@ def test_quantized_export_matrix(tmp_path, target, key):
 
 
 @pytest.mark.parametrize("key", [("int4", 16, True, "matmulnbits"), ("fp8", None, None, "matmulnbits"),
-                                 ("int4", 32, True, "qdq"), ("int8", None, True, "matmulnbits")],
+                                 ("int4", 32, True, "qdq"), ("int8", None, True, "matmulnbits"),
+                                 ("int2", 16, False, "matmulnbits"), ("ternary", 16, None, "matmulnbits"),
+                                 ("int3", 16, True, "matmulnbits")],
                          ids=lambda k: "-".join(map(str, k)))
 def test_runner_drafts_with_the_quantized_graph(tmp_path, target, key):
     from specpress.runtime.backends.onnxruntime.runner import load_runner

@@ -115,7 +115,8 @@ def test_float_dflash_and_eagle_carry_the_fields_sglang_reads(built, tmp_path):
     ("int4-awq", {"exclude": ("fc",)}, "not awq's pre_quant_scale"),
     ("mxfp8", {"exclude": ("fc",)}, "no compressed-tensors scheme for mxfp8"),
     ("int8", {"exclude": ("fc", "q_proj")}, "one fused Linear with one quantization scheme"),
-], ids=["quantized-fc", "awq", "mx", "q-float-kv-quantized"])
+    ("int2", {"exclude": ("fc",)}, "takes 4- and 8-bit weights"),
+], ids=["quantized-fc", "awq", "mx", "q-float-kv-quantized", "low-bit"])
 def test_what_sglang_cannot_load_is_refused_with_its_rule(cell, opts, rule, built, tmp_path):
     target, tdir, _ = built["target"]
     src = save_drafter(quantized("eagle3", cell, target, **opts), tmp_path / "src")

@@ -182,7 +182,8 @@ def test_rtn_int4_gets_the_pre_quant_scale_a_plain_linear_must_have(target_dir, 
     ("int4", {"include": ("lm_head",)}, "lm_head Linear will not accept QuantConfig", RequestError),
     ("int8", {"exclude": ("k_proj",)}, "one fused Linear with one quantization scheme", RequestError),
     ("int4-asym", {}, "no zero points", ConfigError),  # the ModelOpt format's own rule
-], ids=["w4a16-nvfp4", "mxfp8", "smoothquant", "quantized-head", "split-qkv", "int4-asym"])
+    ("ternary", {}, "has no encoding for a ternary", ConfigError),
+], ids=["w4a16-nvfp4", "mxfp8", "smoothquant", "quantized-head", "split-qkv", "int4-asym", "low-bit"])
 def test_what_trtllm_cannot_load_is_refused_with_its_rule(cell, opts, rule, error, target_dir, tmp_path):
     t, tdir = target_dir
     src = save_drafter(quantized("eagle3", cell, t, **opts), tmp_path / "src")

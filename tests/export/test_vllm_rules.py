@@ -104,7 +104,7 @@ def quantized_names(tensors) -> set[str]:
 # (family, cell, target depth, quantize options): the exports the rules are run on
 CASES = [("eagle3", c, 8, {}) for c in ("int4", "int4-asym", "int8", "int8-asym", "int8-dynamic", "int8-static", "fp8",
                                        "fp8-dynamic", "fp8-static", "fp8-tensor-static", "nvfp4", "nvfp4-static",
-                                       "mxfp8", "mxfp8-dynamic", "mxfp4")] + [
+                                       "mxfp8", "mxfp8-dynamic", "mxfp4", "int2", "int2-asym", "ternary")] + [
     ("eagle3", "int4", 8, {"exclude": ("fc", "down_proj")}), ("eagle3", "int8", 8, {"include": ("lm_head",)}),
     ("dflash", "int4", 8, {}), ("dflash", "fp8-dynamic", 8, {"exclude": ("fc",)}), ("eagle", "int8", 8, {}),
     ("lm", "nvfp4", 8, {}), ("lm", "int4", 8, {"exclude": ("down_proj",)})]
@@ -301,7 +301,8 @@ SCHEME = {"int4": "CompressedTensorsWNA16", "int4-asym": "CompressedTensorsWNA16
           "int8-static": "CompressedTensorsW8A8Int8", "fp8": "CompressedTensorsW8A16Fp8",
           "fp8-dynamic": "CompressedTensorsW8A8Fp8", "fp8-static": "CompressedTensorsW8A8Fp8",
           "fp8-tensor-static": "CompressedTensorsW8A8Fp8", "mxfp8": "CompressedTensorsW8A8Mxfp8",
-          "mxfp8-dynamic": "CompressedTensorsW8A8Mxfp8"}
+          "mxfp8-dynamic": "CompressedTensorsW8A8Mxfp8",
+          **{c: "CompressedTensorsWNA16" for c in ("int2", "int2-asym", "ternary")}}
 PREDICATE = {"nvfp4": "_is_nvfp4_format", "nvfp4-static": "_is_nvfp4_format", "mxfp4": "_is_mxfp4"}
 
 

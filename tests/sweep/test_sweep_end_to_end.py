@@ -286,3 +286,63 @@ def test_a_recipe_distill_window_past_the_context_is_refused_before_training(tmp
     with pytest.raises(RequestError, match="drafter: distill: seq_len 4096 is longer than the target's context"):
         resolve_drafter(load_recipe(tmp_path / "r.yaml"), tmp_path / "target", log=lambda m: None)
     assert not (tmp_path / "cache" / "drafters").exists()
+
+
+def test_a_quantize_step_recovers_with_recover_steps(tmp_path):
+    """`recover_steps` in a quantize stage: the point recovers (recorded in its provenance, id suffix -rN), stores
+    the same bytes as the point without recovery, sizes as it (find-smallest's cheap build), and a partial
+    recovery left by an interrupted build is continued, not restarted, when its key matches."""
+    from specpress.sweep.context import dir_digest, open_context
+    from specpress.sweep.driver import sizing_bytes
+    from specpress.sweep.grid import expand_grid
+    from specpress.sweep.recipe import load_recipe as load
+    from specpress.sweep.run import build_point
+
+    recipe = write_setup(tmp_path)
+    spec = yaml.safe_load(recipe.read_text())
+    spec["grid"] = [{"quantize": {"scheme": "int2", "group_size": 8, "seq_len": 16, "recover_batch": 2,
+                                  "recover_steps": [0, 3]}}]
+    spec.pop("tolerate_failures")
+    recipe.write_text(yaml.safe_dump(spec))
+    res = sweep(recipe, "--out", tmp_path / "out")
+    assert res.exit_code == 0, (res.output, res.exception)
+    recs = by_point(tmp_path / "out")
+    assert sorted(recs) == ["base", "int2-g8", "int2-g8-sl16-r3-rb2"]
+    plain, rec = recs["int2-g8"], recs["int2-g8-sl16-r3-rb2"]
+    assert rec["status"] == "ok" and rec["lossless_mismatches"] == 0 and rec["bytes"] == plain["bytes"]
+    step = [s for s in rec["provenance"] if s["step"] == "quantize"][-1]
+    assert step["recovery"]["steps"] == 3 and step["recovery"]["config"]["batch"] == 2
+    assert step["recovery"]["data"] and "recovery" not in [s for s in plain["provenance"]
+                                                           if s["step"] == "quantize"][-1]
+    assert not (tmp_path / "out" / "points" / "int2-g8-sl16-r3-rb2" / "recovery.partial").exists()
+    points, _ = expand_grid(spec["grid"])
+    r = load(recipe)
+    ctx = open_context(r, tmp_path / "again", tmp_path / "target", tmp_path / "drafter",
+                       dir_digest(tmp_path / "drafter"))
+    from specpress.models.drafter_io import load_drafter
+
+    assert sizing_bytes(ctx, points[2], load_drafter(tmp_path / "drafter", ctx.target)) == rec["bytes"]
+    import safetensors.torch as st
+
+    from specpress.compress.progress import TrainProgress
+
+    real = TrainProgress.update
+
+    def interrupted(self, step, *a, **k):  # Ctrl-C after the second recovery step of a build into a fresh out dir
+        if step == 2:
+            raise KeyboardInterrupt
+        return real(self, step, *a, **k)
+
+    TrainProgress.update = interrupted
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            build_point(ctx, points[2])
+    finally:
+        TrainProgress.update = real
+    assert (tmp_path / "again" / "points" / points[2].id / "recovery.partial" / "state.pt").is_file()
+    art, reused = build_point(ctx, points[2])  # continued from step 2, to the same codes as the uninterrupted run
+    assert load_drafter(art).provenance[-1]["recovery"]["resumed_from"] == 2
+
+    a = st.load_file(str(art / "model.safetensors"))
+    b = st.load_file(str(tmp_path / "out" / "points" / "int2-g8-sl16-r3-rb2" / "drafter" / "model.safetensors"))
+    assert not reused and a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -24,14 +25,22 @@ from torch import Tensor, nn
 from specpress.compress.progress import count_bar
 from specpress.compress.quantize.handlers import ForwardLoop, register_handler
 from specpress.errors import RequestError
+from specpress.models.quantized import lowbit as LB
 from specpress.models.quantized import primitives as P
 from specpress.models.quantized.integer import GPTQConfig, IntLinear, quantize_rtn
+from specpress.models.quantized.lowbit import LowBitGPTQConfig
 from specpress.models.quantized.restore import replace_module
 
 
+GroupParams = Callable[[Tensor], tuple[Tensor, Tensor]]  # one group's weights [N, G] -> (scales, zeros) [N, 1]
+
+
 def gptq_codes(w: Tensor, h: Tensor, *, bits: int, group_size: int | None, symmetric: bool, damp: float = 0.01,
-               block_size: int = 128) -> tuple[Tensor, Tensor, Tensor]:
-    """W [N, K], H [K, K] -> (codes [N, K] int16, scales [N, K/G] f32, zeros [N, K/G] f32)."""
+               block_size: int = 128, params: GroupParams | None = None,
+               qrange: tuple[int, int] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """W [N, K], H [K, K] -> (codes [N, K] int16, scales [N, K/G] f32, zeros [N, K/G] f32). params / qrange: a
+    scheme's own scale rule and code range (the low-bit schemes'; default: int-`bits` codes, int_params)."""
+    params = params or (lambda g: P.int_params(g, bits, None, symmetric))
     w = w.detach().float().cpu().clone()  # on CPU whatever the model's device (the loop is column by column)
     n, k = w.shape
     h = h.detach().to("cpu", torch.float64, copy=True)
@@ -43,7 +52,7 @@ def gptq_codes(w: Tensor, h: Tensor, *, bits: int, group_size: int | None, symme
     scales = torch.empty(n, ng)
     zeros = torch.empty(n, ng)
     if group_size is None:
-        s, z = P.int_params(w, bits, None, symmetric)
+        s, z = params(w)
         scales[:, 0], zeros[:, 0] = s[:, 0], z[:, 0]
     q = torch.empty(n, k, dtype=torch.int16)
     for b0 in range(0, k, block_size):
@@ -57,10 +66,10 @@ def gptq_codes(w: Tensor, h: Tensor, *, bits: int, group_size: int | None, symme
             if group_size is not None and col % g == 0:
                 # the group's scale from its current (error-compensated) weights
                 grp = torch.cat([wb[:, i:], w[:, b1:]], dim=1)[:, :g]
-                s, z = P.int_params(grp, bits, None, symmetric)
+                s, z = params(grp)
                 scales[:, gi], zeros[:, gi] = s[:, 0], z[:, 0]
             wi = wb[:, i:i + 1]
-            qi = P.quantize_with(wi, scales[:, gi:gi + 1], zeros[:, gi:gi + 1], bits, symmetric)
+            qi = P.quantize_with(wi, scales[:, gi:gi + 1], zeros[:, gi:gi + 1], bits, symmetric, qrange)
             q[:, col] = qi[:, 0]
             deq = P.dequantize_int(qi, scales[:, gi:gi + 1], zeros[:, gi:gi + 1])
             e = (wi - deq) / ub[i, i]
@@ -167,6 +176,37 @@ def collect_hessians(model: nn.Module, names: list[str], forward_loop: ForwardLo
 def quantize_gptq(model: nn.Module, names: list[str], config: GPTQConfig, calibration: ForwardLoop | None,
                   notes: list[str]) -> None:
     """GPTQ codes for the named Linears, group by group (q/k/v share a Hessian, as do gate/up)."""
+
+    def codes(lin: nn.Linear, h: Tensor) -> nn.Module:
+        q, s, z = gptq_codes(lin.weight, h, bits=config.bits, group_size=config.group_size,
+                             symmetric=config.symmetric, damp=config.damp, block_size=config.block_size)
+        return IntLinear.from_codes(lin, q, s, z, bits=config.bits, group_size=config.group_size,
+                                    symmetric=config.symmetric)
+
+    _gptq_model(model, names, config, calibration, notes, codes, quantize_rtn)
+
+
+@register_handler(LowBitGPTQConfig)
+def quantize_gptq_lowbit(model: nn.Module, names: list[str], config: LowBitGPTQConfig,
+                         calibration: ForwardLoop | None, notes: list[str]) -> None:
+    """GPTQ codes for int3 / int2 / ternary: the same column loop, each group's scale by the low-bit rule
+    (fp16-representable; ternary's mean |w|) on the error-compensated weights."""
+    fmt, g, sym = config.format, config.group_size, config.symmetric
+
+    def codes(lin: nn.Linear, h: Tensor) -> nn.Module:
+        q, s, z = gptq_codes(lin.weight, h, bits=LB.BITS[fmt], group_size=g, symmetric=sym, damp=config.damp,
+                             block_size=config.block_size, qrange=LB.code_range(fmt, sym),
+                             params=lambda grp: LB.rtn_params(grp, fmt, grp.shape[1], sym))
+        return LB.LowBitLinear.from_codes(lin, q, s, z, format=fmt, group_size=g, symmetric=sym)
+
+    _gptq_model(model, names, config, calibration, notes, codes, LB.quantize_rtn)
+
+
+def _gptq_model(model: nn.Module, names: list[str], config: Any, calibration: ForwardLoop | None, notes: list[str],
+                codes: Callable[[nn.Linear, Tensor], nn.Module],
+                rtn: Callable[[nn.Module, list[str], Any, list[str]], None]) -> None:
+    """Drive GPTQ over the named Linears: `codes(linear, H)` makes one Linear's module, `rtn` rounds the ones
+    calibration never ran."""
     assert calibration is not None
     if getattr(calibration, "progress", False):
         from rich.console import Console
@@ -176,7 +216,7 @@ def quantize_gptq(model: nn.Module, names: list[str], config: GPTQConfig, calibr
     groups, uncalled = call_groups(model, names, calibration)
     if uncalled:
         notes.append(f"gptq: {', '.join(uncalled)} never ran in the calibration forward: rounded to nearest")
-        quantize_rtn(model, uncalled, config, notes)
+        rtn(model, uncalled, config, notes)
     if not config.sequential:
         hs = collect_hessians(model, [g[0] for g in groups], calibration)
     thin = []
@@ -188,12 +228,7 @@ def quantize_gptq(model: nn.Module, names: list[str], config: GPTQConfig, calibr
             if rows < 2 * k:
                 thin.append(f"{'/'.join(group)} ({rows} rows for {k} inputs)")
             for name in group:
-                lin = model.get_submodule(name)
-                q, s, z = gptq_codes(lin.weight, h, bits=config.bits, group_size=config.group_size,
-                                     symmetric=config.symmetric, damp=config.damp, block_size=config.block_size)
-                replace_module(model, name, IntLinear.from_codes(lin, q, s, z, bits=config.bits,
-                                                                 group_size=config.group_size,
-                                                                 symmetric=config.symmetric))
+                replace_module(model, name, codes(model.get_submodule(name), h))
             del h
             advance()
     if thin:

@@ -41,6 +41,7 @@ from specpress.export.hf.rules import (
 V = "SGLang 0.5.23"
 ALGORITHM = {"eagle3": "EAGLE3", "eagle": "EAGLE", "dflash": "DFLASH", "lm": "STANDALONE"}
 CT_FILE = "layers/quantization/compressed_tensors/compressed_tensors.py"
+LOW_BIT = ("int3", "int2", "ternary")  # pack-quantized with num_bits 3 / 2 (ct_encodings.py)
 
 
 def _scheme(job: Job) -> str | None:
@@ -56,6 +57,11 @@ def _scheme(job: Job) -> str | None:
         return (f"{V} reads a quantized drafter here as compressed-tensors ({CT_FILE}), whose schemes hold weights, "
                 f"scales, zero points and input scales, not {q.method}'s pre_quant_scale: quantize with --method rtn "
                 f"or gptq")
+    if q.scheme in LOW_BIT:
+        return (f"{V}'s compressed-tensors weight-only scheme takes 4- and 8-bit weights (srt/layers/quantization/"
+                f"compressed_tensors/schemes/compressed_tensors_wNa16.py WNA16_SUPPORTED_TYPES_MAP; {CT_FILE} "
+                f"_get_scheme_from_parts finds no scheme for a {q.scheme} pack-quantized group and raises 'No "
+                f"compressed-tensors compatible scheme was found'): quantize with int4 or int8, or use --for vllm")
     if q.scheme in ("mxfp4", "mxfp8"):
         return (f"{V} has no compressed-tensors scheme for {q.scheme} (srt/{CT_FILE} _get_scheme_from_parts reads the "
                 f"formats of compressed_tensors/utils.py is_activation_quantization_format: naive, int, float, "

@@ -43,6 +43,16 @@ def _pre_quant(job: Job) -> str | None:
             f"pre_quant_scale: quantize with --method rtn or gptq")
 
 
+def _three_bit(job: Job) -> str | None:
+    if job.scheme != "int3":
+        return None
+    return (f"{V} sizes a 3-bit pack-quantized weight densely (model_executor/layers/quantization/compressed_tensors/"
+            f"schemes/compressed_tensors_wNa16.py: pack_factor Fraction(32, 3), ceil(3K/32) int32 words, as "
+            f"compressed-tensors 0.20 packs it) but unpacks it with the compressed-tensors it pins, 0.17.0, whose "
+            f"unpack_from_int32 reads 10 codes per word with 2 bits of padding (compressors/pack_quantized/"
+            f"helpers.py): the two layouts disagree for 3 bits (they agree for 2, 4 and 8). Quantize with int2 or int4")
+
+
 def _nvfp4_scales(job: Job) -> str | None:
     if job.scheme != "nvfp4":
         return None
@@ -66,6 +76,12 @@ def _notes(job: Job) -> list[str]:
     if job.layout == "speculators" and job.verifier and not _looks_like_hub_id(job.verifier):
         notes.append(f"{V} refuses `vllm serve {job.out}` when the recorded verifier is a local path "
                      f"(transformers_utils/config.py maybe_override_with_speculators): serve the target as above")
+    if job.scheme in ("int2", "ternary"):
+        notes.append(f"{V} takes {job.scheme}'s pack-quantized num_bits 2 "
+                     f"(compressed_tensors/schemes/compressed_tensors_wNa16.py WNA16_SUPPORTED_TYPES_MAP holds 2-8), "
+                     f"but on CUDA only its optional Humming kernel runs 2-bit weights (kernels/linear/__init__.py "
+                     f"_POSSIBLE_KERNELS: Marlin, Machete, Conch, Exllama, Triton take 4 / 8 bits): install humming, "
+                     f"or set VLLM_BATCH_INVARIANT=1 (dequantize + matmul); without either the layer has no kernel")
     if job.scheme in ("mxfp4", "mxfp8"):
         notes.append(f"{V} picks the {job.scheme} kernel by GPU, not by the checkpoint: MXFP4 runs W4A4 on SM100 with "
                      f"FlashInfer and weight-only (Marlin) elsewhere (compressed_tensors_w4a4_mxfp4.py), so the "
@@ -92,7 +108,7 @@ SHARED_HEAD = (f"{V} installs the target's WHOLE lm_head when the checkpoint has
 
 
 RULES = Rules(
-    refuse=first(_pre_quant,
+    refuse=first(_pre_quant, _three_bit,
                  mixed_fused(V, "model_executor/layers/quantization/compressed_tensors/utils.py should_ignore_layer "
                                 "raises a ValueError for shards with different schemes"),
                  last_layer_tap(V, "model_executor/models/llama.py aux_hidden_state_layers collects the residual "

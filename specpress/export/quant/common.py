@@ -49,21 +49,29 @@ def nbits(c: Ctx, x: str, codes: torch.Tensor, scales: torch.Tensor, zeros: torc
     if group is None:  # per-row: repeat the row's scale / zero over its blocks; pad codes with the zero
         scales, zeros = scales.expand(n, nb), zeros.expand(n, nb)
         codes = torch.cat([codes, zeros[:, :1].to(codes.dtype).expand(n, nb * block - k)], dim=1)
-    q = codes.to(torch.uint8).numpy()
-    if bits == 4:
-        q = q[:, 0::2] | (q[:, 1::2] << 4)
+    q = _pack(codes.to(torch.uint8).numpy(), bits)
     b = c.g.init(q.reshape(n, nb, block * bits // 8), f"{hint}.qweight")
     s = c.g.init(scales.numpy().astype(NP_TYPES[c.g.ft]).reshape(-1), f"{hint}.scales")
     inputs = [x, b, s]
-    if not symmetric:
+    if not symmetric:  # each row's zero points padded to whole bytes
         z = zeros.to(torch.uint8).numpy()
-        if bits == 4:
-            z = np.pad(z, ((0, 0), (0, nb % 2)))
-            z = z[:, 0::2] | (z[:, 1::2] << 4)
-        inputs.append(c.g.init(z.reshape(-1), f"{hint}.zero_points"))
+        per = 8 // bits
+        inputs.append(c.g.init(_pack(np.pad(z, ((0, 0), (0, -nb % per))), bits).reshape(-1), f"{hint}.zero_points"))
     c.g.use_domain(MS, 1)
     return c.g.op("MatMulNBits", *inputs, domain=MS, K=k, N=n, bits=bits, block_size=block,
                   accuracy_level=c.accuracy_level)
+
+
+NBITS_BITS = (2, 4, 8)  # the code widths onnxruntime's MatMulNBits takes (1.32: 2, 4, 8; not 3)
+
+
+def _pack(q: np.ndarray, bits: int) -> np.ndarray:
+    """uint8 codes [R, C] -> 8/bits codes per byte, the first in the lowest bits (MatMulNBits' order)."""
+    per = 8 // bits
+    out = np.zeros((q.shape[0], q.shape[1] // per), np.uint8)
+    for i in range(per):
+        out |= (q[:, i::per] << (bits * i)).astype(np.uint8)
+    return out
 
 
 def qdq_int(c: Ctx, x: str, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int,
@@ -73,11 +81,13 @@ def qdq_int(c: Ctx, x: str, codes: torch.Tensor, scales: torch.Tensor, zeros: to
         raise RequestError(f"blocked Q/DQ needs opset >= {QDQ_OPSET} (found --opset {c.g.opset}); raise --opset")
     n, k = codes.shape
     g = group or k
+    # codes of 2-4 bits are held in int4 / uint4 (2-bit ONNX types need opset 25, and onnxruntime 1.32's
+    # fusion of an int2 DequantizeLinear into its MatMul computed wrong products when tried)
     if symmetric:  # signed codes, zero point 0 (implicit)
-        elem = TensorProto.INT4 if bits == 4 else TensorProto.INT8
+        elem = TensorProto.INT4 if bits <= 4 else TensorProto.INT8
         vals = (codes - zeros.repeat_interleave(g, dim=1).to(codes.dtype)).t().contiguous()
     else:
-        elem = TensorProto.UINT4 if bits == 4 else TensorProto.UINT8
+        elem = TensorProto.UINT4 if bits <= 4 else TensorProto.UINT8
         vals = codes.t().contiguous()
     w = c.g.init(int_tensor(vals, elem, [k, n]), f"{hint}.qweight_t")
     # one scale per output channel (per-row, or a group spanning all of K) is the per-axis form: scale [N] on
@@ -89,7 +99,7 @@ def qdq_int(c: Ctx, x: str, codes: torch.Tensor, scales: torch.Tensor, zeros: to
     s = c.g.init(s_np.reshape(sdims) if sdims else s_np, f"{hint}.scales_t")
     inputs = [w, s]
     if not symmetric:
-        ztype = TensorProto.UINT4 if bits == 4 else TensorProto.UINT8
+        ztype = TensorProto.UINT4 if bits <= 4 else TensorProto.UINT8
         inputs.append(c.g.init(int_tensor(zeros.t().contiguous(), ztype, zdims), f"{hint}.zero_points_t"))
     wt = (c.g.op("DequantizeLinear", *inputs, axis=1) if per_axis
           else c.g.op("DequantizeLinear", *inputs, axis=0, block_size=g))

@@ -8,7 +8,7 @@ from onnx import TensorProto
 from torch import nn
 
 from specpress.export.blocks import Ctx
-from specpress.export.quant.common import bf16_kernel, group_name, nbits, nbits_block, qdq_int
+from specpress.export.quant.common import NBITS_BITS, bf16_kernel, group_name, nbits, nbits_block, qdq_int
 from specpress.export.quant.inputs import int8_input, prepare_input
 from specpress.models.quantized.scheme import register_facet
 
@@ -35,10 +35,15 @@ def lower_codes(c: Ctx, x: str, mod: nn.Module, hint: str, codes: torch.Tensor, 
         sb = mod.row_scales.float()[:, None]
         return bf16_kernel(c, x, "torch's int8 kernel",
                            lambda a: qdq_int(c, a, codes, sb, zeros, bits, group, symmetric, hint))
-    if c.quant_format == "matmulnbits":
+    if c.quant_format == "matmulnbits" and bits not in NBITS_BITS:
+        c.quant_notes.append(f"{hint}: {mod.scheme} {group_name(group)} -> Q/DQ with the {bits}-bit codes held in "
+                             f"int4 (MatMulNBits takes {', '.join(map(str, NBITS_BITS))}-bit codes): 4 bits a code in "
+                             f"the ONNX file")
+    elif c.quant_format == "matmulnbits":
         block = nbits_block(mod.in_features, group)
         if block is not None:
-            c.quant_notes.append(f"{hint}: {mod.scheme} {group_name(group)} -> MatMulNBits block {block}")
+            c.quant_notes.append(f"{hint}: {mod.scheme} {group_name(group)} -> MatMulNBits block {block}"
+                                 + ("" if bits == 4 else f" ({bits}-bit codes)"))
             if getattr(mod, "int4_packed", None) is None or c.g.ft != TensorProto.FLOAT or mod.act_mode != "none":
                 return nbits(c, x, codes, scales, zeros, bits, group, symmetric, block, hint)
             # torch runs this Linear through aten's int4 CPU kernel (models/quantized/int4_cpu.py): bf16-rounded
@@ -50,7 +55,8 @@ def lower_codes(c: Ctx, x: str, mod: nn.Module, hint: str, codes: torch.Tensor, 
         c.quant_notes.append(f"{hint}: {mod.scheme} g{group} -> Q/DQ fallback (MatMulNBits needs a power-of-two "
                              f"block >= 16)")
     else:
-        c.quant_notes.append(f"{hint}: {mod.scheme} {group_name(group)} -> Q/DQ")
+        held = f" (the {bits}-bit codes held in int4)" if bits < 4 else ""
+        c.quant_notes.append(f"{hint}: {mod.scheme} {group_name(group)} -> Q/DQ{held}")
     return qdq_int(c, x, codes, scales, zeros, bits, group, symmetric, hint)
 
 

@@ -15,6 +15,10 @@ group each scheme is written as, and its tensors per Linear (N = out_features, K
     mxfp8 / mxfp4              mxfp8-quantized (presets MXFP8A16 / MXFP8): weight e4m3 [N, K]; mxfp4-pack-quantized
                                (MXFP4A16 / MXFP4): weight_packed uint8 [N, K/2]; both weight_scale uint8 e8m0 [N, K/32];
                                dynamic MX activations as input_activations (group 32, dynamic)
+    int3 / int2 / ternary      pack-quantized num_bits 3 / 2 (compressors/pack_quantized: dense, element i at bit
+                               i·num_bits of little-endian int32 words, which is specpress's int3 / int2 byte
+                               stream; ternary re-packed as 2-bit codes), weight_scale f16 [N, K/G], weight_shape;
+                               asymmetric: weight_zero_point int32 packed densely along the output dim
 
 The codes and block scales are specpress's own bytes; an input_scale is the one specpress calibrated
 (amax / 448 for fp8, amax / 127 for int8). NVFP4's global scales are stored as reciprocals, so reading them
@@ -244,3 +248,79 @@ def _mx_notes(c: Any, shapes: Mapping[str, tuple[int, int]]) -> list[str]:
 register_facet(CT, "mx")(Encoding(
     CT, "mxfp4 / mxfp8 (weight-only or dynamic MX activations; mxfp4-pack-quantized, mxfp8-quantized)",
     lambda c: None, _mx_spec, _mx_encode, _mx_decode, _mx_notes))
+
+
+# ---------------------------------------------------------------------------------------------- low-bit codes
+
+
+def _lowbit_bits(c: Any) -> int:
+    from specpress.models.quantized.lowbit import BITS
+
+    return BITS[c.format]
+
+
+def _lowbit_spec(c: Any) -> dict[str, Any]:
+    w = {"num_bits": _lowbit_bits(c), "type": "int", "symmetric": c.symmetric, "strategy": "group",
+         "group_size": c.group_size, "dynamic": False, "actorder": None, "observer": "minmax", "block_structure": None}
+    return {"weights": w, "input_activations": None, "format": "pack-quantized"}
+
+
+def _dense(q: Tensor, bits: int) -> Tensor:
+    """Codes [R, C] -> compressed-tensors' dense LSB-first bytes of each row, uint8 [R, ceil(C·bits/8)]."""
+    from specpress.models.quantized import primitives as P
+
+    r, cols = q.shape
+    padded = torch.cat([q.to(torch.uint8), q.new_zeros(r, -cols % 8, dtype=torch.uint8)], dim=1)
+    return P.pack_bits(padded, bits)[:, :-(-cols * bits // 8)].contiguous()
+
+
+def _lowbit_encode(stored: Mapping[str, Tensor], c: Any) -> dict[str, Tensor]:
+    from specpress.models.quantized import primitives as P
+
+    bits, s = _lowbit_bits(c), stored["scales"]
+    n, k = s.shape[0], s.shape[1] * c.group_size
+    q = stored["qweight"]
+    if c.format == "ternary":  # its codes 0..2 (zero 1) as 2-bit codes 1..3 (zero 2): the same weights
+        q = _dense(P.unpack_trits(q, k) + 1, bits)
+    out = {"weight_packed": ct.bytes_to_words(q), "weight_scale": s, "weight_shape": torch.tensor([n, k])}
+    if not c.symmetric:  # packed along the output dim, as compressed-tensors packs zero points
+        out["weight_zero_point"] = ct.bytes_to_words(_dense(stored["qzeros"].t(), bits)).t().contiguous()
+    return out
+
+
+def _lowbit_decode(tensors: Mapping[str, Tensor], c: Any, shape: tuple[int, int], where: str) -> dict[str, Tensor]:
+    from specpress.models.quantized import primitives as P
+    from specpress.models.quantized.lowbit import SCALE_DTYPE
+
+    n, k = shape
+    bits, ng = _lowbit_bits(c), k // c.group_size
+    f = "compressed-tensors", f"the {c.scheme} scheme"
+    nbytes = -(-k * bits // 8)
+    words = checked_tensor(tensors, "weight_packed", torch.int32, (n, -(-nbytes // 4)), where, *f)
+    q = ct.words_to_bytes(words, nbytes)
+    if c.format == "ternary":
+        q = P.pack_trits(P.unpack_bits(q, bits, k) - 1)
+    out = {"qweight": q, "scales": checked_tensor(tensors, "weight_scale", SCALE_DTYPE, (n, ng), where, *f)}
+    if not c.symmetric:
+        zbytes = -(-n * bits // 8)
+        zw = checked_tensor(tensors, "weight_zero_point", torch.int32, (-(-zbytes // 4), ng), where, *f)
+        zb = ct.words_to_bytes(zw.t().contiguous(), zbytes)
+        out["qzeros"] = P.unpack_bits(zb, bits, n).t().contiguous()
+    return out
+
+
+def _lowbit_notes(c: Any, shapes: Mapping[str, tuple[int, int]]) -> list[str]:
+    bits = _lowbit_bits(c)
+    notes = [(f"{c.scheme}: pack-quantized with num_bits {bits}, packed densely as compressed-tensors {ct.CT_VERSION} "
+              f"packs it (it decompresses it to specpress's weights; releases before 0.20 pack 3-bit codes 10 to a "
+              f"word with padding). Serving engines' kernels mostly take 4 / 8 bits: export with --for ENGINE to "
+              f"have an engine's own rules checked")]
+    if c.format == "ternary":
+        notes.append("ternary is written as 2-bit codes (-1, 0, +1 of int2's -2..1): 2 bits a code in this file, "
+                     "1.6 in specpress's own artifact")
+    return notes + ["weight_scale is stored as float16, the scales specpress measured"]
+
+
+register_facet(CT, "lowbit")(Encoding(
+    CT, "int3 / int2 / ternary weight-only (pack-quantized, num_bits 3 / 2; ternary as 2-bit codes)",
+    lambda c: None, _lowbit_spec, _lowbit_encode, _lowbit_decode, _lowbit_notes))

@@ -37,6 +37,15 @@ NAMES: tuple[SchemeName, ...] = (
     SchemeName("int4", {"rtn": _Q + "integer", "gptq": _Q + "integer", "awq": _Q + "integer"},
                "int4 codes in groups along the input (W4A16; vLLM Marlin/Machete, TensorRT-LLM); --method awq "
                "is Model Optimizer's / TensorRT-LLM's INT4-AWQ"),
+    SchemeName("int3", {"rtn": _Q + "lowbit", "gptq": _Q + "lowbit"},
+               "3-bit integer codes packed 8 in 3 bytes, an fp16 scale per group of 64 inputs (a zero point too with "
+               "--asymmetric); no serving kernel runs it: bytes, not time; pair it with --recover-steps"),
+    SchemeName("int2", {"rtn": _Q + "lowbit", "gptq": _Q + "lowbit"},
+               "2-bit integer codes packed 4 per byte, an fp16 scale per group of 64 (a zero point too with "
+               "--asymmetric); no serving kernel runs it; pair it with --recover-steps"),
+    SchemeName("ternary", {"rtn": _Q + "lowbit", "gptq": _Q + "lowbit"},
+               "codes in {-1, 0, +1} (1.58-bit) packed 5 per byte (1.6 bits a code), an fp16 scale per group of 64 "
+               "set to the group's mean |w| (BitNet b1.58's rule); pair it with --recover-steps"),
     SchemeName("nf4", {"bnb": _Q + "bnb"}, "bitsandbytes NF4 blocks (HF transformers' 4-bit loading)"),
     SchemeName("fp4", {"bnb": _Q + "bnb"}, "bitsandbytes FP4 blocks"),
     SchemeName("fp8", {"rtn": _Q + "fp8"},

@@ -76,10 +76,15 @@ class NVFP4Linear(QuantizedLinear):
                 "weight_scale_2": (torch.float32, ())}
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, amax: Tensor | None = None) -> "NVFP4Linear":
-        """amax: the global amax to scale by (default the weight's own; a fused group's shared one)."""
+    def from_linear(cls, linear: nn.Linear, amax: Tensor | None = None,
+                    global_scale: Tensor | None = None) -> "NVFP4Linear":
+        """amax: the global amax to scale by (default the weight's own; a fused group's shared one);
+        global_scale: the global scale itself, kept as given (a recovery re-deriving the block scales)."""
         w = linear.weight.detach().float()
-        g = M.nvfp4_global_scale(w.abs().max() if amax is None else amax)
+        if global_scale is not None:
+            g = global_scale.detach().float().reshape(()).clone()
+        else:
+            g = M.nvfp4_global_scale(w.abs().max() if amax is None else amax)
         codes, s = M.nvfp4_quantize(w, g)
         return cls(linear.in_features, linear.out_features, linear.bias, linear.weight.dtype,
                    packed=P.pack_int4(codes), block_scales=s, global_scale=g)

@@ -121,7 +121,9 @@ def load_all() -> dict[str, Scheme]:
 
 
 def schemes() -> list[Scheme]:
-    return list(load_all().values())
+    """Every registered scheme, in names.py's order (not the order imports happened to register them)."""
+    order = {m: i for i, m in enumerate(N.MODULES)}
+    return sorted(load_all().values(), key=lambda s: order.get(s.make_config.__module__, len(order)))
 
 
 def config_class(name: Any) -> type:
