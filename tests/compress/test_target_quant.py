@@ -151,7 +151,7 @@ def test_spec_labels_and_canonical_text(text, label):
 
 
 @pytest.mark.parametrize("text,needle", [
-    ("int3", "unknown scheme 'int3'; choose none (float weights) or one of int8, int4"),
+    ("int5", "unknown scheme 'int5'; choose none (float weights) or one of int8, int4"),
     ("int4:grp=4", "unknown option 'grp'; options: method, group, symmetric"),
     ("int4:group", "'group' is not key=value"),
     ("int4:group=x", "group='x' must be a positive integer"),

@@ -185,7 +185,7 @@ def test_bench_plain_and_calibrated_target(saved):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--target-quant", "int3"], "unknown scheme 'int3'"),
+    (["--target-quant", "int5"], "unknown scheme 'int5'"),
     (["--target-quant", "nvfp4:activations=static"], "pass --target-quant-data"),
     (["--target-quant-data", "zoo:train"], "pass --target-quant too"),
     (["--target-quant", "fp8", "--target-quant-data", "zoo:train"], "needs no calibration data"),

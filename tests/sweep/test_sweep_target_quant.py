@@ -49,7 +49,7 @@ def test_recipe_axis_expands_with_the_float_target_first(tmp_path):
 
 
 @pytest.mark.parametrize("value,needle", [
-    (["int3"], "target_quant[0]: --target-quant 'int3': unknown scheme"),
+    (["int5"], "target_quant[0]: --target-quant 'int5': unknown scheme"),
     (["fp8", "fp8:activations=dynamic"], "target_quant lists 'fp8-dyn' twice"),
     (["int4:group=8", {"scheme": "int4"}], "target_quant[1] must be a --target-quant spec string"),
     ("fp8", "target_quant must be a list"),
