@@ -98,7 +98,9 @@ def main(argv: list[str] | None = None) -> None:
     wrong (specpress's UsageError and Click's own parse errors alike), 1 for any other error, 130 when
     interrupted (README, "Exit codes")."""
     from specpress.errors import Deprecated, SpecpressError
+    from specpress.machine import map_large_blocks
 
+    map_large_blocks()
     args = sys.argv[1:] if argv is None else list(argv)
     warnings.simplefilter("always", Deprecated)
     show = warnings.showwarning
