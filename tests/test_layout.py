@@ -1,5 +1,6 @@
 """Source-level rules that no behavioural test would catch: the Python floor pyproject declares, one usage-error
-class in the commands, and in-repo file paths named in docstrings and comments that still exist."""
+class in the commands, in-repo file paths named in docstrings and comments that still exist, and imports that
+keep to their floor."""
 
 from __future__ import annotations
 
@@ -58,4 +59,32 @@ def test_in_repo_paths_named_in_sources_exist():
             for name in named.findall(line):
                 if not any((base / name).exists() for base in (ROOT, ROOT / "specpress")):
                     bad.append(f"{path.relative_to(ROOT)}:{i} names {name}")
+    assert not bad, bad
+
+
+def specpress_imports(path: Path) -> set[str]:
+    """The specpress modules `path` imports, at its top or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found |= {node.module} if node.module != "specpress" else {f"specpress.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+    return {m for m in found if m == "specpress" or m.startswith("specpress.")}
+
+
+# the bottom floor: modules every package may import, and what each of them may import from specpress
+BOTTOM = {"checkpoint": {"specpress.errors", "specpress.artifacts", "specpress.readback"}}
+
+
+def test_the_bottom_floor_and_the_zoo_import_nothing_above_them():
+    """specpress/checkpoint.py (the lr schedule and training state distill and the zoo share) imports only the
+    modules under it, and zoo/ builds its target without importing compress/ (it used to, for two helpers)."""
+    bad = []
+    for name, allowed in BOTTOM.items():
+        path = ROOT / "specpress" / f"{name}.py"
+        bad += [f"{path.relative_to(ROOT)} imports {m}" for m in sorted(specpress_imports(path) - allowed)]
+    for path in sorted((ROOT / "specpress" / "zoo").rglob("*.py")):
+        bad += [f"{path.relative_to(ROOT)} imports {m}" for m in sorted(specpress_imports(path))
+                if m == "specpress.compress" or m.startswith("specpress.compress.")]
     assert not bad, bad

@@ -23,15 +23,15 @@ def interrupted(partial: Path, saved: str | None) -> Interrupted:
 
 def distill_saved(partial: Path) -> str | None:
     """'step N of M' of the distill checkpoint in `partial` (None when there is none)."""
-    from specpress.compress.training import STATE_FIELDS, STATE_FILE, check_state
+    from specpress.checkpoint import read_state
+    from specpress.compress.training import STATE_FIELDS, STATE_FILE
     from specpress.errors import CheckpointError
-    from specpress.readback import load_torch
 
     f = partial / STATE_FILE
     if not f.is_file():
         return None
     try:
-        state = check_state(load_torch(f, ""), f, STATE_FIELDS, "")
+        state = read_state(f, STATE_FIELDS, "", "checkpoint")
     except CheckpointError:
         return "an unreadable checkpoint"
     return f"step {state['step']} of {state['planned']}"

@@ -48,9 +48,10 @@ from specpress.compress.progress import TrainProgress
 from specpress.compress.students import init_student, student_config
 from specpress.compress.teacher import Teacher, draft_vocab, needed_taps
 from specpress.compress.training import (START_OVER, STATE_FILE, all_reduce_mean, data_fingerprint, from_rank0,
-                                         load_state, lr_at, lr_at_progress, module_fingerprint, partial_dir, Periodic,
-                                         save_state, step_generator, world_info)
+                                         load_state, lr_at, lr_at_progress, module_fingerprint, partial_dir,
+                                         step_generator, world_info)
 from specpress.artifacts import check_new
+from specpress.checkpoint import Periodic, save_state
 from specpress.errors import CheckpointError, DataError, RequestError
 from specpress.models.drafter import Drafter, target_fingerprint
 from specpress.models.drafter_io import save_drafter

@@ -1,4 +1,5 @@
-"""Training plumbing of distill: fingerprints, per-step randomness, the lr schedule, checkpoints, and
+"""Training plumbing of distill: fingerprints, per-step randomness, the lr schedule and checkpoints in
+distill's terms (the shared schedule, timer and atomic save are specpress/checkpoint.py's), and
 torch.distributed (torchrun) helpers."""
 
 from __future__ import annotations
@@ -6,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import time
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from specpress.checkpoint import read_state, warmup_cosine, warmup_cosine_at_progress
 from specpress.compress.config import DistillConfig
 from specpress.errors import CheckpointError
 
@@ -40,10 +41,9 @@ def step_generator(seed: int, step: int) -> torch.Generator:
 
 
 def lr_at(step: int, planned: int, cfg: DistillConfig) -> float:
+    """Warmup over `warmup_ratio` of the `planned` steps (one at least), then cosine decay to `lr * min_lr_ratio`."""
     warm = max(1, int(math.ceil(cfg.warmup_ratio * planned)))
-    if step < warm:
-        return cfg.lr * (step + 1) / warm
-    return _cosine((step - warm) / max(1, planned - warm), cfg)
+    return warmup_cosine(step, warm, planned, cfg.lr, cfg.min_lr_ratio)
 
 
 def lr_at_progress(progress: float, cfg: DistillConfig) -> float:
@@ -52,16 +52,7 @@ def lr_at_progress(progress: float, cfg: DistillConfig) -> float:
     `--minutes` alone schedules by time: a plan in steps, sized up front, ran 11 % long when its timed
     passes were fast and ended at 40 % of the budget when they were slowed by another job (measured).
     """
-    p = min(max(progress, 0.0), 1.0)
-    if p < cfg.warmup_ratio:
-        return cfg.lr * max(p / cfg.warmup_ratio, 1e-3)
-    return _cosine((p - cfg.warmup_ratio) / max(1e-9, 1 - cfg.warmup_ratio), cfg)
-
-
-def _cosine(frac: float, cfg: DistillConfig) -> float:
-    """Cosine decay from `lr` (frac 0) to `lr * min_lr_ratio` (frac >= 1)."""
-    floor = cfg.lr * cfg.min_lr_ratio
-    return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+    return warmup_cosine_at_progress(progress, cfg.warmup_ratio, cfg.lr, cfg.min_lr_ratio)
 
 
 def first_difference(old: Any, new: Any, path: str = "") -> tuple[str, Any, Any] | None:
@@ -85,29 +76,6 @@ def partial_dir(out: Path) -> Path:
     return out.with_name(out.name + ".partial")
 
 
-class Periodic:
-    """A wall-clock timer for periodic checkpoints: `due()` is True (and restarts the timer) once
-    `seconds` have passed since it was made or last due; with seconds 0, after every step."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.last = time.monotonic()
-
-    def due(self) -> bool:
-        if time.monotonic() - self.last < self.seconds:
-            return False
-        self.last = time.monotonic()
-        return True
-
-
-def save_state(path: Path, state: dict[str, Any]) -> None:
-    """torch.save to a temp file beside `path`, then an atomic rename (a crash leaves the old state; a full disk
-    leaves it too, and no temp file: `specpress.artifacts.save_torch`)."""
-    from specpress.artifacts import save_torch
-
-    save_torch(path, state)
-
-
 # what a distill checkpoint holds: key -> the types its value may have
 STATE_FIELDS: dict[str, tuple[type, ...]] = {"student": (dict,), "optimizer": (dict,), "step": (int,),
                                              "seconds": (int, float), "planned": (int,), "rng": (Tensor,),
@@ -115,27 +83,11 @@ STATE_FIELDS: dict[str, tuple[type, ...]] = {"student": (dict,), "optimizer": (d
 START_OVER = "to start over, run the same command with --force instead of --resume (it discards {partial})"
 
 
-def check_state(state: Any, path: Path, fields: Mapping[str, tuple[type, ...]], fix: str) -> dict[str, Any]:
-    """`state` (what torch.load returned) as a dict holding `fields` with their types; else a CheckpointError
-    saying what it holds instead."""
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{path} holds a {type(state).__name__}, not a specpress checkpoint; {fix}")
-    missing = [k for k in fields if k not in state]
-    wrong = [k for k, types in fields.items() if k in state and not isinstance(state[k], types)
-             or isinstance(state.get(k), bool)]
-    if missing or wrong:
-        found = ", ".join([f"no {k!r}" for k in missing] + [f"{k!r} is a {type(state[k]).__name__}" for k in wrong])
-        raise CheckpointError(f"{path} is not a checkpoint of this kind ({found}); {fix}")
-    return state
-
-
 def load_state(path: Path, key: Mapping[str, Any]) -> dict[str, Any]:
     """The distill checkpoint at `path`, checked: readable without running code, the objects a checkpoint
     holds, and written by a run with the same `key` (config, student, target, data, world size)."""
-    from specpress.readback import load_torch
-
     fix = START_OVER.format(partial=path.parent)
-    state = check_state(load_torch(path, fix, "distill checkpoint"), path, STATE_FIELDS, fix)
+    state = read_state(path, STATE_FIELDS, fix, "distill checkpoint")
     diff = first_difference(state["key"], dict(key))
     if diff:
         where, old, new = diff

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specpress.compress.training import Periodic
-from specpress.compress.training import save_state as atomic_save
+from specpress.checkpoint import Periodic, read_state, warmup_cosine
+from specpress.checkpoint import save_state as atomic_save
 from specpress.errors import CheckpointError, DataError, UsageError
 from specpress.optim import OPTIMIZERS, Optimizer, build_optimizer
 
@@ -82,12 +82,7 @@ class TrainResult:
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
     """Linear warmup to `lr`, then cosine decay to `lr * min_lr_ratio` at `steps`."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    span = max(1, cfg.steps - cfg.warmup_steps)
-    frac = min(1.0, (step - cfg.warmup_steps) / span)
-    floor = cfg.lr * cfg.min_lr_ratio
-    return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * frac))
+    return warmup_cosine(step, cfg.warmup_steps, cfg.steps, cfg.lr, cfg.min_lr_ratio)
 
 
 class TokenBatches:
@@ -142,7 +137,7 @@ def lm_loss(logits: Tensor, labels: Tensor) -> Tensor:
 
 def save_state(path: Path, model: nn.Module, opt: Optimizer, *, step: int, tokens_seen: int,
                seconds: float, key: Mapping[str, Any]) -> None:
-    """Atomic checkpoint (compress.training.save_state: temp file, then rename)."""
+    """Atomic checkpoint (checkpoint.save_state: temp file, then rename)."""
     atomic_save(path, {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
                        "tokens_seen": tokens_seen, "seconds": seconds, "rng": torch.get_rng_state(),
                        "key": dict(key)})
@@ -155,11 +150,7 @@ ZOO_STATE_FIELDS: dict[str, tuple[type, ...]] = {"model": (dict,), "optimizer": 
 
 def load_state(path: Path) -> dict[str, Any]:
     """The zoo build's checkpoint, readable without running code and holding what a checkpoint holds."""
-    from specpress.compress.training import check_state
-    from specpress.readback import load_torch
-
-    fix = "build again with --no-resume to start over"
-    return check_state(load_torch(path, fix, "training checkpoint"), path, ZOO_STATE_FIELDS, fix)
+    return read_state(path, ZOO_STATE_FIELDS, "build again with --no-resume to start over", "training checkpoint")
 
 
 def train(model: nn.Module, batches: TokenBatches, cfg: TrainConfig, *, state_dir: Path | None = None,

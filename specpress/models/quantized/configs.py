@@ -9,6 +9,9 @@ Every config says which modules to touch: `include` names optional modules to qu
 full dotted name or a run of its dotted segments (`q_proj`, `self_attn`, `layers.0.mlp`), or a glob
 over the full name (`layers.*.mlp.down_proj`).
 
+`GPTQSettings` holds GPTQ's own fields for the configs whose codes it chooses (integer.GPTQConfig,
+lowbit.LowBitGPTQConfig).
+
 `to_dict()` / `from_dict()` round-trip through the artifact's provenance and recipes; unknown keys, a
 wrong `name` and a newer `version` are errors that say what is allowed.
 """
@@ -115,3 +118,28 @@ class QuantizeConfig:
 def positive_int(v: Any, what: str) -> None:
     if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
         raise ConfigError(f"{what} must be a positive integer, found {v!r}")
+
+
+@dataclass(frozen=True)
+class GPTQSettings:
+    """GPTQ's settings, mixed into a storage's config (listed before it: `class GPTQConfig(GPTQSettings,
+    IntConfig)`, so these fields come after the storage's and `method` / `validate` run first).
+    damp: added to the Hessian's diagonal as a fraction of its mean; block_size: columns per lazy-update
+    block; sequential: quantize Linears in call order, each calibrated on inputs that already pass through
+    the quantized Linears before it (else all from the full-precision model in one pass)."""
+
+    needs_calibration: ClassVar[bool] = True
+
+    damp: float = 0.01
+    block_size: int = 128
+    sequential: bool = True
+
+    def validate(self) -> None:
+        super().validate()  # type: ignore[misc]  # the storage config's rules first
+        if not isinstance(self.damp, (int, float)) or isinstance(self.damp, bool) or not 0 < self.damp <= 1:
+            raise ConfigError(f"gptq damp must be in (0, 1], found {self.damp!r}")
+        positive_int(self.block_size, "gptq block_size")
+
+    @property
+    def method(self) -> str:
+        return "gptq"

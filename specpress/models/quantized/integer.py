@@ -30,7 +30,7 @@ from specpress.errors import ConfigError
 from specpress.models.quantized import int4_cpu, primitives as P
 from specpress.models.quantized.activations import (DEFAULT_CALIBRATION, INT8_MAX, act_label, check_activations,
                                                    int8_input)
-from specpress.models.quantized.configs import QuantizeConfig, positive_int
+from specpress.models.quantized.configs import GPTQSettings, QuantizeConfig, positive_int
 from specpress.models.quantized.modules import QuantizedLinear, check_stored
 from specpress.models.quantized.restore import replace_module
 from specpress.models.quantized.scheme import Scheme, Words, register_scheme
@@ -78,30 +78,13 @@ class IntConfig(QuantizeConfig):
 
 
 @dataclass(frozen=True)
-class GPTQConfig(IntConfig):
+class GPTQConfig(GPTQSettings, IntConfig):
     """IntConfig's storage with codes chosen by GPTQ (Frantar et al. 2022): columns are
     quantized in order and each one's error is spread over the not-yet-quantized columns through the
     Cholesky factor of the inverse Hessian H = 2·XᵀX of the layer's calibration inputs X.
-    damp: added to H's diagonal as a fraction of its mean; block_size: columns per lazy-update block;
-    sequential: quantize Linears in call order, each calibrated on inputs that already pass through the
-    quantized Linears before it (else all from the full-precision model in one pass)."""
+    The settings (damp, block_size, sequential) are configs.GPTQSettings'."""
 
     name: ClassVar[str] = "gptq"
-    needs_calibration: ClassVar[bool] = True
-
-    damp: float = 0.01
-    block_size: int = 128
-    sequential: bool = True
-
-    def validate(self) -> None:
-        super().validate()
-        if not isinstance(self.damp, (int, float)) or isinstance(self.damp, bool) or not 0 < self.damp <= 1:
-            raise ConfigError(f"gptq damp must be in (0, 1], found {self.damp!r}")
-        positive_int(self.block_size, "gptq block_size")
-
-    @property
-    def method(self) -> str:
-        return "gptq"
 
     def sizing_config(self) -> IntConfig:
         return IntConfig(bits=self.bits, group_size=self.group_size, symmetric=self.symmetric,

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from specpress.errors import ConfigError
 from specpress.models.quantized import primitives as P
-from specpress.models.quantized.configs import QuantizeConfig, positive_int
+from specpress.models.quantized.configs import GPTQSettings, QuantizeConfig, positive_int
 from specpress.models.quantized.modules import QuantizedLinear, check_stored, replace_module
 from specpress.models.quantized.scheme import Scheme, Words, register_scheme
 
@@ -77,26 +77,12 @@ class LowBitConfig(QuantizeConfig):
 
 
 @dataclass(frozen=True)
-class LowBitGPTQConfig(LowBitConfig):
+class LowBitGPTQConfig(GPTQSettings, LowBitConfig):
     """LowBitConfig's storage with codes chosen by GPTQ (integer.GPTQConfig's column loop, each group's scale by
-    the format's rule on the error-compensated weights; compress/quantize/gptq.py)."""
+    the format's rule on the error-compensated weights; compress/quantize/gptq.py). The settings (damp,
+    block_size, sequential) are configs.GPTQSettings'."""
 
     name: ClassVar[str] = "lowbit-gptq"
-    needs_calibration: ClassVar[bool] = True
-
-    damp: float = 0.01
-    block_size: int = 128
-    sequential: bool = True
-
-    def validate(self) -> None:
-        super().validate()
-        if not isinstance(self.damp, (int, float)) or isinstance(self.damp, bool) or not 0 < self.damp <= 1:
-            raise ConfigError(f"gptq damp must be in (0, 1], found {self.damp!r}")
-        positive_int(self.block_size, "gptq block_size")
-
-    @property
-    def method(self) -> str:
-        return "gptq"
 
     def storage_label(self) -> str:
         return super().storage_label() + "-gptq"
