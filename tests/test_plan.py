@@ -100,3 +100,29 @@ def test_plan_export_hf_counts_the_verifier_tensor_under_each_spelling(tmp_path)
         p = plan_command("export hf", {**base, **extra})
         assert p.holds["verifier tensor"] == 1000 * 64 * 4, extra  # the drafter's fp32, the target's shape
         assert p.peak_bytes > plain.peak_bytes
+
+
+def test_plan_quantize_has_the_gptq_phase_for_low_bit_gptq(tmp_path):
+    """--scheme int3 --method gptq runs GPTQ (LowBitGPTQConfig): plan counts its Hessian and calibration rounds
+    as it does integer GPTQ's; round to nearest has neither."""
+    from specpress.models.drafter import build_drafter
+    from specpress.models.drafter_io import save_drafter
+    from specpress.models.eagle3 import Eagle3Config
+    from specpress.models.target import load_target
+    from specpress.plan import plan_command
+
+    write_target(tmp_path / "target", hidden=64, layers=8, ffn=128, vocab=1000, heads=4)
+    cfg = Eagle3Config(vocab_size=1000, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                       num_key_value_heads=2, max_position_embeddings=512, draft_vocab_size=500)
+    d = build_drafter(cfg).attach_target(load_target(tmp_path / "target"))
+    d.set_draft_vocab(torch.arange(500))
+    save_drafter(d, tmp_path / "eagle3")
+    base = {"drafter_dir": str(tmp_path / "eagle3"), "target_dir": str(tmp_path / "target"), "group_size": 64}
+    plans = {(s, m): plan_command("quantize", {**base, "scheme": s, "method": m})
+             for s, m in (("int3", "gptq"), ("int4", "gptq"), ("int3", "rtn"))}
+    low, whole, rtn = plans["int3", "gptq"], plans["int4", "gptq"], plans["int3", "rtn"]
+    assert "gptq hessian (widest group)" in low.phases["quantize"] and "gptq hessian" in low.holds
+    assert low.holds["gptq hessian"] == whole.holds["gptq hessian"]
+    for key in ("calibration_batches", "calibration_passes", "target_forwards", "target_tokens"):
+        assert low.work[key] == whole.work[key], key
+    assert "gptq hessian" not in rtn.holds and "calibration_batches" not in rtn.work

@@ -109,7 +109,7 @@ def _gptq_groups(names: list[str]) -> list[list[str]]:
 def plan_quantize(p: dict[str, Any]) -> Plan:
     from specpress.compress.quantize.api import select_modules
     from specpress.compress.quantize.calibrate import default_calib_batches
-    from specpress.models.quantized.integer import GPTQConfig
+    from specpress.models.quantized.configs import GPTQSettings
 
     d = p.get("_drafter") or drafter_facts(p["drafter_dir"])
     config = p.get("_config") or _quantize_config(p)
@@ -134,7 +134,7 @@ def plan_quantize(p: dict[str, Any]) -> Plan:
         work["target_forwards"] += 2 * evals
         work["target_tokens"] += 2 * evals * b * n
     phase = {**({"target": t.bytes} if t else {}), **common}
-    if isinstance(config, GPTQConfig):
+    if isinstance(config, GPTQSettings):  # integer and low-bit GPTQ: the same Hessians and rounds
         assert t is not None
         batches = p.get("calib_batches") or default_calib_batches(d.model, config, b, n)
         groups = _gptq_groups(names)

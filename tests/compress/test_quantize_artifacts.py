@@ -177,6 +177,22 @@ def test_gptq_calibrates_on_twice_the_widest_linears_inputs():
     assert default_calib_batches(d, config_for("int4", "rtn", group_size=64), 4, 128) == CALIB_BATCHES
 
 
+@pytest.mark.parametrize("word", ["int3", "int2", "ternary"])
+def test_lowbit_gptq_calibrates_on_as_many_batches_as_integer_gptq(word):
+    """Low-bit GPTQ (LowBitGPTQConfig) fits the same Hessians as integer GPTQ, so it gets the same default
+    calibration batches, not round-to-nearest's CALIB_BATCHES."""
+    from specpress.compress.quantize.calibrate import (
+        CALIB_BATCHES,
+        default_calib_batches,
+    )
+
+    d = build_drafter(Eagle3Config(vocab_size=V, hidden_size=64, intermediate_size=2048, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=64, draft_vocab_size=24))
+    n = default_calib_batches(d, config_for(word, "gptq", group_size=64), 4, 128)
+    assert n == default_calib_batches(d, config_for("int4", "gptq", group_size=64), 4, 128) > CALIB_BATCHES
+    assert default_calib_batches(d, config_for(word, "rtn", group_size=64), 4, 128) == CALIB_BATCHES
+
+
 def test_tampered_quantized_tensor_is_named(target, tmp_path):
     from safetensors.torch import load_file, save_file
 

@@ -56,9 +56,9 @@ def default_calib_batches(drafter: Any, config: Any, batch: int, seq_len: int) -
     fewer rows than that fit the codes to the calibration windows. At Llama-3.2-1B's EAGLE-3 drafter (FFN
     8,192 wide) that is 36 batches of 4 x 128 instead of 8; at Llama-3.1-8B's (14,336) 62."""
     from specpress.compress.quantize.api import select_modules
-    from specpress.models.quantized.integer import GPTQConfig
+    from specpress.models.quantized.configs import GPTQSettings
 
-    if not isinstance(config, GPTQConfig):
+    if not isinstance(config, GPTQSettings):  # integer GPTQ and low-bit GPTQ alike
         return CALIB_BATCHES
     names, _ = select_modules(drafter, config)
     widest = max((drafter.get_submodule(n).in_features for n in names), default=0)
