@@ -129,8 +129,8 @@ def resolve_drafter(recipe: Recipe, target_dir: Path, log: Callable[[str], None]
         if not (spec.path / "config.json").is_file():
             raise RequestError(f"drafter {spec.path} is not a drafter directory (no config.json); fix `drafter:`")
         return spec.path
-    from specpress.compress.data import WindowSampler
-    from specpress.compress.distill import distill, split_stream
+    from specpress.compress.calibration import Calibration, split_stream
+    from specpress.compress.distill import distill
     from specpress.machine import check_seq_len
     from specpress.models.drafter import target_fingerprint
     from specpress.models.target import load_target
@@ -160,16 +160,13 @@ def resolve_drafter(recipe: Recipe, target_dir: Path, log: Callable[[str], None]
         stream = regenerated_stream(target, tok, stream, regen, cache_root() / "regenerated" / f"{name}.jsonl",
                                     source=data.to_json(), log=log)
     if data.zoo_split == "train":
-        held = token_stream(DataSource(zoo_split="val"), tok, eos, vocab, target=target_dir)
-        train = stream
+        train, held = stream, token_stream(DataSource(zoo_split="val"), tok, eos, vocab, target=target_dir)
     else:
         train, held = split_stream(stream, cfg.seq_len)
+    cal = Calibration(train, held, cfg.seq_len, cfg.batch, cfg.seed, data.to_json())
     budget = f"{cfg.steps} steps" if cfg.steps else f"{cfg.minutes} min"
     log(f"base drafter: distilling a {cfg.family} drafter ({budget}) into {out}; later sweeps reuse it")
-    sampler = WindowSampler(train, cfg.seq_len, cfg.batch, cfg.seed)
-    heldout = WindowSampler(held, cfg.seq_len, cfg.batch, cfg.seed + 1) if held is not None and \
-        len(held) > cfg.seq_len else None
-    distill(target, cfg, sampler, out, resume=True, progress=True, heldout=heldout,
+    distill(target, cfg, cal.sampler(), out, resume=True, progress=True, heldout=cal.heldout(),
             provenance_extra={"source": data.to_json(), "target": str(target_dir), "sweep_cache_key": key,
                               **({"regenerate": asdict(regen)} if regen is not None else {})})
     return out
