@@ -13,12 +13,15 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from specpress.errors import DataError, RequestError
 from specpress.sweep.recipe import DataSource, Recipe
+
+if TYPE_CHECKING:
+    from specpress.compress.calibration import Calibration
 
 AGREEMENT_WINDOWS = (8, 128)  # [batch, seq_len] of each agreement batch
 
@@ -208,6 +211,14 @@ class SweepContext:
             self._streams[key] = token_stream(source, self.tokenizer, self.eos_id, self.target.config.vocab_size,
                                               self.out / "cache", self.tokenizer_tag, self.target_dir)
         return self._streams[key]
+
+    def calibration(self, seq_len: int, batch: int) -> Calibration:
+        """The recipe's calibration data as a compression step's windows: the whole stream (nothing held out),
+        seeded with the recipe's seed."""
+        from specpress.compress.calibration import Calibration
+
+        source = self.recipe.calibration
+        return Calibration(self.stream(source), None, seq_len, batch, self.recipe.seed, source.to_json())
 
     def stored_dtype(self) -> Any:
         """The dtype compressed points store their float tensors in (the recipe's float_dtype)."""
