@@ -143,7 +143,7 @@ def prune(drafter_dir: Path, out: Path, ffn: int | float | None, kv_heads: int |
     from specpress.artifacts import claim_output
     from specpress.compress.data import check_data
     from specpress.commands.guards import check_seq_len
-    from specpress.compress.data import data_stream
+    from specpress.compress.calibration import target_stream
     from specpress.compress.prune import PruneConfig, check_request, prune as prune_drafter
     from specpress.compress.traffic import CONTINUATION_TOKENS, is_prompts_file, traffic_stream
     from specpress.errors import RequestError, UsageError
@@ -189,8 +189,7 @@ def prune(drafter_dir: Path, out: Path, ffn: int | float | None, kv_heads: int |
                                                       nl=i + 1 == n))
                 extra["traffic"] = record
             else:
-                stream = data_stream(data_path, load_tokenizer(target_dir), target.config.eos_ids,
-                                     target.config.vocab_size, target_dir)
+                stream = target_stream(target, target_dir, data_path)
         pruned = prune_drafter(load_drafter(drafter_dir, target), config, target=target, calib=stream,
                                provenance_extra=extra, progress=True)
         save_drafter(pruned, out, force=force)

@@ -36,11 +36,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
 from specpress.compress.agreement import agreement, batch_loss
+from specpress.compress.calibration import FRESH_WINDOWS
 from specpress.compress.config import DistillConfig
 from specpress.compress.data import WindowSampler
 from specpress.compress.losses import LossContext, LossOut, get_loss, positions_scored
@@ -52,15 +52,12 @@ from specpress.compress.training import (START_OVER, STATE_FILE, all_reduce_mean
                                          step_generator, world_info)
 from specpress.artifacts import check_new
 from specpress.checkpoint import Periodic, save_state
-from specpress.errors import CheckpointError, DataError, RequestError
+from specpress.errors import CheckpointError, RequestError
 from specpress.models.drafter import Drafter, target_fingerprint
 from specpress.models.drafter_io import save_drafter
 from specpress.models.target import TargetModel
 from specpress.optim import build_optimizer
 from specpress.runtime.compile import compile_errors
-
-FRESH_WINDOWS = 10_000_019  # first sampler step of the final agreement when there is no held-out data
-HELDOUT_FRACTION = 0.05  # of the token stream, when it holds at least 20 windows
 
 
 @dataclass
@@ -326,15 +323,6 @@ def _eval_cfg(config: DistillConfig, sampler: WindowSampler) -> DistillConfig:
     return DistillConfig(**d)
 
 
-
-def split_stream(stream: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray | None]:
-    """(training tokens, held-out tokens): the last 5% are held out when the stream has >= 20 windows."""
-    if len(stream) < 20 * (seq_len + 1):
-        return stream, None
-    n = max(seq_len + 1, int(len(stream) * HELDOUT_FRACTION))
-    return stream[:-n], stream[-n:]
-
-
 def distill_from_dirs(target_dir: str | Path, config: DistillConfig, data_path: str | Path, out: str | Path, *,
                       from_dir: str | Path | None = None, init_dir: str | Path | None = None,
                       resume: bool = False, force: bool = False,
@@ -346,40 +334,26 @@ def distill_from_dirs(target_dir: str | Path, config: DistillConfig, data_path: 
     --init drafters, distill. target_quant (a TargetQuant): distill against the target compressed so (its
     hidden states and distribution: what a drafter deployed beside that target sees), calibrated, when the
     spec needs data, on target_quant_data or else on the training windows; the step's data records it."""
-    from specpress.compress.data import data_stream
+    from specpress.compress.calibration import load_calibration
     from specpress.models.drafter_io import load_drafter
     from specpress.models.target import load_target
-    from specpress.models.tokenizer import load_tokenizer
 
     check_new(out, force)  # before any loading or tokenizing
     target = load_target(target_dir, dtype=target_dtype)
-    stream = data_stream(data_path, load_tokenizer(target_dir), target.config.eos_ids, target.config.vocab_size,
-                         target_dir)
-    if len(stream) < config.seq_len + 1:
-        raise DataError(f"{data_path} holds {len(stream)} tokens, fewer than one window of {config.seq_len + 1}; "
-                        f"give more data or a smaller --seq-len")
-    train, held = split_stream(stream, config.seq_len)
-    sampler = WindowSampler(train, config.seq_len, config.batch, config.seed)
-    heldout = WindowSampler(held, config.seq_len, config.batch, config.seed + 1) if held is not None else None
+    cal = load_calibration(target, target_dir, data_path, config.seq_len, config.batch, config.seed)
+    sampler, heldout = cal.sampler(), cal.heldout()
     compressed: dict[str, Any] = {}
     if target_quant is not None:
-        from specpress.runtime.compressed_target import calibration_stream, compress_in_place
-
-        calib = calibration_stream(target_quant_data, target_dir, target) if target_quant_data is not None else train
-        summary = compress_in_place(target, target_quant, calib if target_quant.needs_data() else None,
-                                    seed=config.seed)
-        compressed["target_quant"] = {"spec": target_quant.text, "label": target_quant.label,
-                                      **({"calibration": {"data": str(target_quant_data or data_path),
-                                                          **summary["calibration"]}}
-                                         if summary.get("calibration") else {})}
+        compressed["target_quant"] = cal.compress_target(target, target_dir, target_quant, target_quant_data)
     teacher = load_drafter(from_dir, target) if from_dir is not None else None
     init = load_drafter(init_dir, target) if init_dir is not None else None
+    held = 0 if cal.held is None else len(cal.held)
     return distill(target, config, sampler, out, init=init, teacher_drafter=teacher, resume=resume, force=force,
                    heldout=heldout, cache_dir=cache_dir, progress=progress,
-                   provenance_extra={"source": str(data_path), "heldout_tokens": 0 if held is None else len(held),
+                   provenance_extra={"source": str(data_path), "heldout_tokens": held,
                                      "target": str(target_dir), "from": None if from_dir is None else str(from_dir),
                                      "init": None if init_dir is None else str(init_dir), **compressed})
 
 
 __all__ = ["DistillConfig", "DistillReport", "distill", "distill_from_dirs", "agreement", "batch_loss",
-           "student_config", "split_stream", "LossContext", "LossOut"]
+           "student_config", "LossContext", "LossOut"]

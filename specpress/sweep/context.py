@@ -13,12 +13,15 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from specpress.errors import DataError, RequestError
 from specpress.sweep.recipe import DataSource, Recipe
+
+if TYPE_CHECKING:
+    from specpress.compress.calibration import Calibration
 
 AGREEMENT_WINDOWS = (8, 128)  # [batch, seq_len] of each agreement batch
 
@@ -129,8 +132,8 @@ def resolve_drafter(recipe: Recipe, target_dir: Path, log: Callable[[str], None]
         if not (spec.path / "config.json").is_file():
             raise RequestError(f"drafter {spec.path} is not a drafter directory (no config.json); fix `drafter:`")
         return spec.path
-    from specpress.compress.data import WindowSampler
-    from specpress.compress.distill import distill, split_stream
+    from specpress.compress.calibration import Calibration, split_stream
+    from specpress.compress.distill import distill
     from specpress.machine import check_seq_len
     from specpress.models.drafter import target_fingerprint
     from specpress.models.target import load_target
@@ -160,16 +163,13 @@ def resolve_drafter(recipe: Recipe, target_dir: Path, log: Callable[[str], None]
         stream = regenerated_stream(target, tok, stream, regen, cache_root() / "regenerated" / f"{name}.jsonl",
                                     source=data.to_json(), log=log)
     if data.zoo_split == "train":
-        held = token_stream(DataSource(zoo_split="val"), tok, eos, vocab, target=target_dir)
-        train = stream
+        train, held = stream, token_stream(DataSource(zoo_split="val"), tok, eos, vocab, target=target_dir)
     else:
         train, held = split_stream(stream, cfg.seq_len)
+    cal = Calibration(train, held, cfg.seq_len, cfg.batch, cfg.seed, data.to_json())
     budget = f"{cfg.steps} steps" if cfg.steps else f"{cfg.minutes} min"
     log(f"base drafter: distilling a {cfg.family} drafter ({budget}) into {out}; later sweeps reuse it")
-    sampler = WindowSampler(train, cfg.seq_len, cfg.batch, cfg.seed)
-    heldout = WindowSampler(held, cfg.seq_len, cfg.batch, cfg.seed + 1) if held is not None and \
-        len(held) > cfg.seq_len else None
-    distill(target, cfg, sampler, out, resume=True, progress=True, heldout=heldout,
+    distill(target, cfg, cal.sampler(), out, resume=True, progress=True, heldout=cal.heldout(),
             provenance_extra={"source": data.to_json(), "target": str(target_dir), "sweep_cache_key": key,
                               **({"regenerate": asdict(regen)} if regen is not None else {})})
     return out
@@ -211,6 +211,14 @@ class SweepContext:
             self._streams[key] = token_stream(source, self.tokenizer, self.eos_id, self.target.config.vocab_size,
                                               self.out / "cache", self.tokenizer_tag, self.target_dir)
         return self._streams[key]
+
+    def calibration(self, seq_len: int, batch: int) -> Calibration:
+        """The recipe's calibration data as a compression step's windows: the whole stream (nothing held out),
+        seeded with the recipe's seed."""
+        from specpress.compress.calibration import Calibration
+
+        source = self.recipe.calibration
+        return Calibration(self.stream(source), None, seq_len, batch, self.recipe.seed, source.to_json())
 
     def stored_dtype(self) -> Any:
         """The dtype compressed points store their float tensors in (the recipe's float_dtype)."""

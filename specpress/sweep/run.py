@@ -89,13 +89,13 @@ def apply_step(ctx: SweepContext, drafter: Any, step: Step, work: Path | None = 
         return _apply_budget(ctx, drafter, step, cfg)
     calibration = None
     if cfg.needs_data():
-        from specpress.compress.data import WindowSampler
         from specpress.compress.quantize.calibrate import calibration_loop, default_calib_batches
 
         c = step.calibration()
         if "calib_batches" not in dict(step.options):  # the method's default, as `specpress quantize`
             c["calib_batches"] = default_calib_batches(drafter, cfg, c["batch"], c["seq_len"])
-        sampler = WindowSampler(ctx.stream(ctx.recipe.calibration), c["seq_len"], c["batch"], ctx.recipe.seed)
+        cal = ctx.calibration(c["seq_len"], c["batch"])
+        sampler = cal.sampler()
         tq = step.target_quant()  # calibrate against a compressed target (re-calibration for that deployment)
         target = ctx.target if tq is None else ctx.compressed(tq)[0]
         calibration = calibration_loop(step.calib_inputs(), target, drafter, sampler, c["calib_batches"])
@@ -110,9 +110,7 @@ def apply_step(ctx: SweepContext, drafter: Any, step: Step, work: Path | None = 
         sources = source_weights(drafter, select_modules(drafter, cfg)[0])
     quantize(drafter, cfg, calibration, float_dtype=ctx.stored_dtype())
     if calibration is not None:
-        update_step(drafter, calibration={"data": source, "windows": calibration.windows,
-                                          "tokens": calibration.tokens, "seed": ctx.recipe.seed,
-                                          "inputs": step.calib_inputs()},
+        update_step(drafter, calibration=cal.record(calibration, step.calib_inputs()),
                     **({"target_quant": {"spec": tq.text, "label": tq.label}} if tq is not None else {}))
     if rec is not None:
         drafter = _recover(ctx, drafter, rec, sources, source, work)
@@ -124,12 +122,11 @@ def _recover(ctx: SweepContext, drafter: Any, rec: Any, sources: Any, source: An
     `work` (a state from another run is discarded there)."""
     import shutil
 
-    from specpress.compress.data import WindowSampler
     from specpress.compress.quantize.api import round_floats, update_step
     from specpress.compress.quantize.recover import recover
     from specpress.errors import CheckpointError
 
-    sampler = WindowSampler(ctx.stream(ctx.recipe.calibration), rec.seq_len, rec.batch, rec.seed)
+    sampler = ctx.calibration(rec.seq_len, rec.batch).sampler(seed=rec.seed)
     try:
         out = recover(drafter, ctx.target, sampler, rec, sources=sources, checkpoint_dir=work, resume=work is not None)
     except CheckpointError:
@@ -149,15 +146,12 @@ def _apply_budget(ctx: SweepContext, drafter: Any, step: Step, select: Any) -> A
     budget, cands, measure = step.budget()
     probe = None
     if measure == "kl":
-        from specpress.compress.data import WindowSampler
-
         c = step.calibration()
-        sampler = WindowSampler(ctx.stream(ctx.recipe.calibration), c["seq_len"], c["batch"], ctx.recipe.seed)
-        probe = KLProbe(ctx.target, drafter, sampler, c["calib_batches"])
+        cal = ctx.calibration(c["seq_len"], c["batch"])
+        probe = KLProbe(ctx.target, drafter, cal.sampler(), c["calib_batches"])
     quantize_to_budget(drafter, select, cands, budget, float_dtype=ctx.stored_dtype(), measure=measure, probe=probe)
     if probe is not None:
-        update_step(drafter, calibration={"data": ctx.recipe.calibration.to_json(), "windows": probe.windows,
-                                          "tokens": probe.tokens, "seed": ctx.recipe.seed, "inputs": "first-step"})
+        update_step(drafter, calibration=cal.record(probe, "first-step"))
     return drafter
 
 

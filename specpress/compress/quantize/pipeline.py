@@ -33,7 +33,7 @@ from specpress.compress.quantize.api import (
 from specpress.compress.quantize.budget import Budget, Candidate
 from specpress.compress.quantize.recover import RecoverConfig, recover, source_weights
 from specpress.device import DTYPES
-from specpress.errors import CheckpointError, DataError, UsageError
+from specpress.errors import CheckpointError, UsageError
 from specpress.models.quantized.configs import QuantizeConfig
 
 
@@ -77,7 +77,6 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
     target_quant_data or else on the calibration windows; the step records it.
     """
     from specpress.artifacts import check_new, partial_path
-    from specpress.compress.data import WindowSampler, data_stream
     from specpress.models.drafter_io import load_drafter, save_drafter
     from specpress.models.inspect import inspect_artifact
 
@@ -105,31 +104,19 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
     check_new(out, force)
     source = inspect_artifact(drafter_dir)
     stored = resolve_float_dtype(float_dtype, DTYPES.get(str(source["dtype"]), torch.float32))
-    target = sampler = compressed = None
+    target = cal = sampler = compressed = None
     first_eval, heldout = 0, False
     if target_dir is not None:
-        from specpress.compress.distill import FRESH_WINDOWS, split_stream
+        from specpress.compress.calibration import FRESH_WINDOWS, load_calibration
         from specpress.models.target import load_target
-        from specpress.models.tokenizer import load_tokenizer
 
         target = load_target(target_dir, dtype=target_dtype)
-        stream = data_stream(data_path, load_tokenizer(target_dir), target.config.eos_ids,  # type: ignore[arg-type]
-                             target.config.vocab_size, target_dir)
-        if len(stream) < seq_len + 1:
-            raise DataError(f"{data_path} holds {len(stream)} tokens, fewer than one window of {seq_len + 1}; give "
-                            f"more data or a smaller --seq-len")
-        train, held = split_stream(stream, seq_len)
-        sampler = WindowSampler(train, seq_len, batch, seed)
-        evals = WindowSampler(held, seq_len, batch, seed + 1) if held is not None else sampler
-        heldout, first_eval = held is not None, 0 if held is not None else FRESH_WINDOWS
+        cal = load_calibration(target, target_dir, data_path, seq_len, batch, seed)  # type: ignore[arg-type]
+        sampler = cal.sampler()
+        evals = cal.heldout() or sampler
+        heldout, first_eval = cal.held is not None, 0 if cal.held is not None else FRESH_WINDOWS
         if target_quant is not None:
-            from specpress.runtime.compressed_target import calibration_stream, compress_in_place
-
-            calib = calibration_stream(target_quant_data, target_dir, target) if target_quant_data else train
-            summary = compress_in_place(target, target_quant, calib if target_quant.needs_data() else None, seed=seed)
-            compressed = {"spec": target_quant.text, "label": target_quant.label,
-                          **({"calibration": {"data": str(target_quant_data or data_path), **summary["calibration"]}}
-                             if summary.get("calibration") else {})}
+            compressed = cal.compress_target(target, target_dir, target_quant, target_quant_data)
     drafter = load_drafter(drafter_dir, target)
     before = after = None
     if target is not None:
@@ -168,14 +155,14 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
                 calibration = probe  # type: ignore[assignment]  (its windows are recorded as the calibration)
         update_step(drafter, **extra)
         if calibration is not None:
-            update_step(drafter, calibration={"data": str(data_path), "windows": calibration.windows,
-                                              "tokens": calibration.tokens, "seq_len": seq_len, "seed": seed,
-                                              "inputs": "first-step" if budget is not None else calib_inputs})
+            assert cal is not None
+            inputs = "first-step" if budget is not None else calib_inputs
+            update_step(drafter, calibration=cal.record(calibration, inputs, with_seq_len=True))
         if recovering:  # what a --resume continues from, whatever the quantizer's determinism
             save_drafter(drafter, part / "quantized", force=True, dtype=stored)
     if recovering:
-        assert recovery is not None and target is not None
-        rs = WindowSampler(train, recovery.seq_len, recovery.batch, recovery.seed)
+        assert recovery is not None and target is not None and cal is not None
+        rs = cal.sampler(recovery.seq_len, recovery.batch, recovery.seed)
         drafter = recover(drafter, target, rs, recovery, sources=sources, checkpoint_dir=part, resume=resume,
                           progress=progress)
         round_floats(drafter, stored)  # the trained float tensors as they are stored
