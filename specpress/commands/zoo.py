@@ -15,8 +15,9 @@ def zoo() -> None:
 @zoo.command("build")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Output directory [default: ~/.cache/specpress/zoo/<size>].")
-@click.option("--size", type=click.Choice(["small", "medium"]), default="small", show_default=True,
-              help="small: ~8M params, <=20 min on 2 cores; medium: ~30M params for speed studies, <=60 min.")
+@click.option("--size", type=click.Choice(["small", "medium", "tiny"]), default="small", show_default=True,
+              help="small: ~8M params, <=20 min on 2 cores; medium: ~30M params for speed studies, <=60 min; "
+                   "tiny: ~2M params in ~2 min, for a first look (README's smoke path), not for studies.")
 @click.option("--minutes", type=click.FloatRange(min=0.1), default=None,
               help="Wall-clock cap on training (the step budget is fixed per size, so runs are deterministic).")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -35,13 +36,16 @@ def build(out: Path | None, size: str, minutes: float | None, seed: int, no_resu
     The step budget is fixed per size, so a build is deterministic for its --seed on one machine and
     thread count (training runs with deterministic algorithms on); --minutes caps the wall clock.
     Writes an HF-format directory (config.json, model.safetensors, tokenizer.json, README.md model
-    card, zoo.json) that transformers' AutoModelForCausalLM loads as is. An interrupted build
+    card, zoo.json) that transformers' AutoModelForCausalLM loads as is. tiny: hidden 128 (2.1M parameters,
+    2048-token vocabulary), 150 steps on 200 corpus files, about 2 minutes: enough to see every command
+    work end to end, too weak a target for numbers worth quoting. An interrupted build
     resumes from its last checkpoint; a finished one is kept (--force builds it again).
 
     \b
     Example:
       specpress zoo build                 # ~/.cache/specpress/zoo/small
       specpress zoo build --size medium --out ./zoo-medium
+      specpress zoo build --size tiny --out ./zoo-tiny   # ~2 min: README's smoke path
     """
     from specpress.zoo import build_zoo, default_zoo_dir
 

@@ -54,6 +54,7 @@ class ZooPreset:
     rope_theta: float = 10000.0
     bf16: bool = True
     compile: bool = False
+    max_files: int | None = None  # train on the first N corpus files of each split only (None: all of them)
 
     def __post_init__(self) -> None:
         if self.num_layers < 8:
@@ -92,6 +93,11 @@ PRESETS: dict[str, ZooPreset] = {
     # 2 cores with bf16 + torch.compile -> ~16 min of training, ~18 min in all (compile, tokenizer, eval).
     "small": ZooPreset(name="small", hidden_size=256, intermediate_size=768, num_layers=8, num_heads=4,
                        steps=1200, lr=4e-3, optimizer="muon", compile=True),
+    # 2.1M params, for the README's smoke path: 150 steps x 2048 tokens on 200 of the corpus files, fp32
+    # eager (bf16 autocast without compile is several times slower on these CPUs; compiling costs ~1 min).
+    "tiny": ZooPreset(name="tiny", hidden_size=128, intermediate_size=384, num_layers=8, num_heads=4,
+                      steps=150, vocab_size=2048, seq_len=128, warmup_steps=15, lr=4e-3, optimizer="muon",
+                      bf16=False, max_files=200),
     # 27.4M params, for speed studies. 1000 steps (4.1M tokens) at ~1.8k tok/s -> ~40 min of training.
     "medium": ZooPreset(name="medium", hidden_size=512, intermediate_size=1376, num_layers=8, num_heads=8,
                         steps=1000, lr=1.5e-3, compile=True),
@@ -215,7 +221,7 @@ def _build(out: Path, preset: ZooPreset, minutes: float | None, seed: int, progr
     say = Reporter(enabled=progress)
     t_start = time.monotonic()
 
-    files = corpus_files(root=stdlib, max_files=max_files)
+    files = corpus_files(root=stdlib, max_files=preset.max_files if max_files is None else max_files)
     stats = split_stats(files)
     sha = corpus_fingerprint(files)
     tcfg = preset.train_config(seed=seed, steps=steps, max_seconds=None if minutes is None else minutes * 60)
