@@ -163,7 +163,8 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
     (BENCHMARKS.md, "Speed on the medium target"). int4 in groups of 32-256 runs through PyTorch's int4
     kernel and nf4 / fp4 through bitsandbytes' fused kernel on AVX512-BF16 CPUs, both on bf16-rounded
     activations: on the small zoo EAGLE-3 drafter int4 g64 drafts as fast as fp32 (0.82x with --include
-    lm_head; it was 2.3x / 7.1x slower, dequantizing every forward). bnb int8 and the layouts those kernels
+    lm_head; it was 2.3x / 7.1x slower, dequantizing every forward); int3 / int2 / ternary codes run through the
+same int4 kernel (shifted to its zero point, the same weights). bnb int8 and the layouts those kernels
     refuse (`kernel_note` on the module says why) still dequantize every forward, and fp8, nvfp4, mx and every
     scheme that quantizes activations are emulated on the CPU: they save bytes, not time.
 

@@ -1,5 +1,6 @@
-"""int8 / int4 codes (IntLinear): MatMulNBits for 4-bit groups onnxruntime's op holds, Q/DQ otherwise; the
-input's pre_quant_scale (AWQ, SmoothQuant) and int8 activations (W8A8) first (inputs.py)."""
+"""int8 / int4 codes (IntLinear), and int3 / int2 / ternary ones (LowBitLinear, through lower_codes): MatMulNBits
+for the groups onnxruntime's op holds, Q/DQ otherwise; the input's pre_quant_scale (AWQ, SmoothQuant) and int8
+activations (W8A8) first (inputs.py)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,11 @@ def lower_codes(c: Ctx, x: str, mod: nn.Module, hint: str, codes: torch.Tensor, 
         c.quant_notes.append(f"{hint}: {mod.scheme} {group_name(group)} -> Q/DQ with the {bits}-bit codes held in "
                              f"int4 (MatMulNBits takes {', '.join(map(str, NBITS_BITS))}-bit codes): 4 bits a code in "
                              f"the ONNX file")
+        if getattr(mod, "int4_packed", None) is not None and c.g.ft == TensorProto.FLOAT and mod.act_mode == "none":
+            # int3 runs through aten's int4 CPU kernel in torch (lowbit.py): its roundings, as below
+            sb = scales.to(torch.bfloat16).float()
+            return bf16_kernel(c, x, "torch's int4 kernel",
+                               lambda a: qdq_int(c, a, codes, sb, zeros, bits, group, symmetric, hint))
     elif c.quant_format == "matmulnbits":
         block = nbits_block(mod.in_features, group)
         if block is not None:

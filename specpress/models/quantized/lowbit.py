@@ -18,7 +18,12 @@ absmax scale would round most weights to 0); `--method gptq` chooses the codes b
 These schemes lose much of a drafter's acceptance as rounded;
 `quantize --recover-steps` (compress/quantize/recover.py) trains the codes back.
 
-Computed by dequantising (no 2-/3-bit or ternary matmul on the CPU): saves bytes, not time.
+Computed on the CPU by aten's int4 kernel (int4_cpu.py): a b-bit code shifted to q - zero + 8 is an int4
+code (1..15 for b <= 3) whose kernel weight (q - zero + 8 - 8) · scale is the stored one, so the codes are
+re-packed once at load into its layout (N·K/2 bytes in memory beside the stored codes, none on disk) and
+multiplied on bf16-rounded activations, as int4 is. Where the kernel does not apply (group sizes other than
+32-256, N not a multiple of 16, other devices, grad-tracking inputs) the weight is dequantized per forward;
+`kernel_note` says which path and why.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from specpress.errors import ConfigError
+from specpress.models.quantized import int4_cpu
 from specpress.models.quantized import primitives as P
 from specpress.models.quantized.configs import GPTQSettings, QuantizeConfig, positive_int
 from specpress.models.quantized.modules import QuantizedLinear, check_stored, replace_module
@@ -41,7 +47,8 @@ BITS = {"int3": 3, "int2": 2, "ternary": 2}  # the code width in a power-of-two-
 # container when written as 2-bit codes: ONNX MatMulNBits, compressed-tensors)
 PACK_MULTIPLE = {"int3": 8, "int2": 4, "ternary": 1}  # K must be a multiple of this (whole bytes per row)
 SCALE_DTYPE = torch.float16
-NOTE = "dequantize per forward (no 2-/3-bit or ternary matmul on the CPU): saves bytes, not time"
+NOTE = "dequantize per forward (no 2-/3-bit or ternary matmul of its own): saves bytes, not time"
+KERNEL_NOTE = f"{int4_cpu.NAME}, its b-bit codes held as int4 codes"
 
 
 @dataclass(frozen=True)
@@ -119,7 +126,8 @@ def quantize_lowbit(w: Tensor, fmt: str, group_size: int, symmetric: bool) -> tu
 
 
 class LowBitLinear(QuantizedLinear):
-    """int3 / int2 / ternary codes with fp16 scales per group of `group_size` inputs, computed by dequantising."""
+    """int3 / int2 / ternary codes with fp16 scales per group of `group_size` inputs, computed by aten's int4
+    kernel on the CPU where it applies (the module docstring), else by dequantising."""
 
     def __init__(self, in_features: int, out_features: int, bias: Tensor | None, dtype: torch.dtype, *,
                  format: str, group_size: int, symmetric: bool, qweight: Tensor, scales: Tensor,
@@ -128,7 +136,32 @@ class LowBitLinear(QuantizedLinear):
         self.format, self.group_size, self.symmetric = format, group_size, symmetric
         self.KEYS = {"qweight": "qweight", "scales": "scales"} | ({} if symmetric else {"qzeros": "qzeros"})
         self._register_quant({"qweight": qweight, "scales": scales} | ({} if symmetric else {"qzeros": qzeros}))
-        self.kernel_note = NOTE
+        self._refresh()
+
+    def _refresh(self) -> None:
+        # The codes re-packed once (at load, after a move) into aten's int4 kernel layout, shifted so that their
+        # zero point is the kernel's own 8: q - z + 8 lies in 1..15 for every b <= 3, and the kernel's
+        # (q' - 8)·s + (8 - 8)·s is (q - z)·s with no zero term to round (passing z instead puts a bf16-rounded
+        # (8 - z)·s on every weight of the group: 1.5 % output error for ternary against 0.3 % this way).
+        why = "weights not loaded yet" if self.qweight.is_meta else int4_cpu.kernel_unavailable(
+            self.out_features, self.in_features, self.group_size, self.qweight.device, self.compute_dtype)
+        packed = sz = None
+        if why is None:
+            z = self.zeros().to(torch.int16).repeat_interleave(self.group_size, dim=1)
+            packed, sz = int4_cpu.pack(self.codes() - z + 8, self.scales, torch.full_like(self.scales, 8.0))
+        self.kernel_note = KERNEL_NOTE if why is None else f"{NOTE}: {why}"
+        self.register_buffer("int4_packed", packed, persistent=False)
+        self.register_buffer("int4_sz", sz, persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x [..., K] -> [..., N] in x's dtype: through the int4 kernel on bf16-rounded activations where it
+        applies (fp32 / bf16 inputs on the CPU, no grad), else the dequantized product."""
+        x = self.prepare_input(x)
+        if self.int4_packed is None or x.device.type != "cpu" or x.dtype not in int4_cpu.ACTIVATION_DTYPES \
+                or (x.requires_grad and torch.is_grad_enabled()):
+            return self.dequantized_product(x)
+        y = int4_cpu.matmul(x, self.int4_packed, self.group_size, self.int4_sz)
+        return y if self.bias is None else y + self.bias.to(x.dtype)
 
     @property
     def scheme(self) -> str:  # type: ignore[override]
@@ -211,7 +244,6 @@ def quantize_rtn(model: nn.Module, names: list[str], config: LowBitConfig, notes
         q, s, z = quantize_lowbit(lin.weight.detach(), config.format, config.group_size, config.symmetric)
         replace_module(model, name, LowBitLinear.from_codes(lin, q, s, z, format=config.format,
                                                             group_size=config.group_size, symmetric=config.symmetric))
-    notes.append(f"{config.format}: {NOTE}")
 
 
 def _check(model: nn.Module, names: list[str], config: LowBitConfig) -> None:
@@ -236,4 +268,4 @@ SCHEME = register_scheme(Scheme(
     name="lowbit", words={"int3": ("rtn", "gptq"), "int2": ("rtn", "gptq"), "ternary": ("rtn", "gptq")},
     configs=(LowBitConfig, LowBitGPTQConfig),
     modules=(LowBitLinear,), make_config=_make, quantize=quantize_rtn, restore=_restore, check=_check,
-    tolerance=2e-2, speed=NOTE))
+    tolerance=2e-2, speed="aten's int4 CPU kernel where it applies (kernel_note), else dequantize per forward"))
