@@ -76,21 +76,27 @@ def test_plan_predicts_the_measured_peak(case, name, tmp_path):
 
 
 
-def test_plan_export_hf_counts_the_verifier_tensor_under_each_spelling(tmp_path):
-    """export hf's speculators layout stores the verifier's embeddings / head: plan counts them whether the
-    target is given as --target, as the deprecated --verifier, or implied by --for vllm."""
+def tiny_case(root: Path) -> None:
+    """A tiny random bf16 target (root/target) and an EAGLE-3 drafter for it (root/eagle3), for plans only."""
     from specpress.models.drafter import build_drafter
     from specpress.models.drafter_io import save_drafter
     from specpress.models.eagle3 import Eagle3Config
     from specpress.models.target import load_target
-    from specpress.plan import plan_command
 
-    write_target(tmp_path / "target", hidden=64, layers=8, ffn=128, vocab=1000, heads=4)
+    write_target(root / "target", hidden=64, layers=8, ffn=128, vocab=1000, heads=4)
     cfg = Eagle3Config(vocab_size=1000, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                        num_key_value_heads=2, max_position_embeddings=512, draft_vocab_size=500)
-    d = build_drafter(cfg).attach_target(load_target(tmp_path / "target"))
+    d = build_drafter(cfg).attach_target(load_target(root / "target"))
     d.set_draft_vocab(torch.arange(500))
-    save_drafter(d, tmp_path / "eagle3")
+    save_drafter(d, root / "eagle3")
+
+
+def test_plan_export_hf_counts_the_verifier_tensor_under_each_spelling(tmp_path):
+    """export hf's speculators layout stores the verifier's embeddings / head: plan counts them whether the
+    target is given as --target, as the deprecated --verifier, or implied by --for vllm."""
+    from specpress.plan import plan_command
+
+    tiny_case(tmp_path)
     t, e = str(tmp_path / "target"), str(tmp_path / "eagle3")
     base = {"drafter": e, "out": str(tmp_path / "o-hf"), "engine": None, "fmt": "speculators", "target": None,
             "verifier": None, "policy": None, "force": False}
@@ -105,18 +111,9 @@ def test_plan_export_hf_counts_the_verifier_tensor_under_each_spelling(tmp_path)
 def test_plan_quantize_has_the_gptq_phase_for_low_bit_gptq(tmp_path):
     """--scheme int3 --method gptq runs GPTQ (LowBitGPTQConfig): plan counts its Hessian and calibration rounds
     as it does integer GPTQ's; round to nearest has neither."""
-    from specpress.models.drafter import build_drafter
-    from specpress.models.drafter_io import save_drafter
-    from specpress.models.eagle3 import Eagle3Config
-    from specpress.models.target import load_target
     from specpress.plan import plan_command
 
-    write_target(tmp_path / "target", hidden=64, layers=8, ffn=128, vocab=1000, heads=4)
-    cfg = Eagle3Config(vocab_size=1000, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                       num_key_value_heads=2, max_position_embeddings=512, draft_vocab_size=500)
-    d = build_drafter(cfg).attach_target(load_target(tmp_path / "target"))
-    d.set_draft_vocab(torch.arange(500))
-    save_drafter(d, tmp_path / "eagle3")
+    tiny_case(tmp_path)
     base = {"drafter_dir": str(tmp_path / "eagle3"), "target_dir": str(tmp_path / "target"), "group_size": 64}
     plans = {(s, m): plan_command("quantize", {**base, "scheme": s, "method": m})
              for s, m in (("int3", "gptq"), ("int4", "gptq"), ("int3", "rtn"))}

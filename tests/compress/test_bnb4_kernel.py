@@ -28,7 +28,7 @@ needs_kernel = pytest.mark.skipif(not bnb.functional.has_avx512bf16(),
                                   reason="bitsandbytes' fused 4-bit CPU kernel needs AVX512-BF16")
 OP = "bitsandbytes.gemv_4bit.default"
 
-from test_quantize import _Ops  # noqa: E402  (records the aten ops a block dispatches)
+from test_quantize import _Ops, fallback_call  # noqa: E402  (_Ops records the aten ops a block dispatches)
 
 
 def module(n: int, k: int, quant_type: str, blocksize: int) -> Bnb4bitLinear:
@@ -71,14 +71,8 @@ def test_forward_runs_the_kernel_at_bf16_precision(n, k, quant_type, blocksize, 
 ])
 def test_fallbacks_dequantize_and_say_why(make, inp, reason):
     m = make()
-    x = torch.randn(3, m.in_features, generator=torch.Generator().manual_seed(2))
-    if inp == "grad":
-        x.requires_grad_()
-    elif inp is not None:
-        x = x.to(inp)
-    with _Ops() as log:
-        y = m(x)
-    assert OP not in log.ops
+    x, y, ops = fallback_call(m, inp, seed=2)
+    assert OP not in ops
     if reason is not None:
         assert m.cpu_packed is None and reason in m.kernel_note and reason in repr(m)
     assert rel(y.float(), reference(m, x.float()).detach()) < (1e-2 if inp is torch.float16 else 1e-5)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_quantize import _Ops  # records the aten ops a block dispatches
+from test_lowbit_kernel import module as lowbit_module
+from test_quantize import _Ops, fallback_call  # _Ops records the aten ops a block dispatches
 from torch import nn
 
 import specpress.runtime.loop as loop
@@ -84,17 +85,16 @@ def test_forward_runs_the_kernel_at_bf16_precision(n, k, group_size, symmetric, 
     (lambda: module(64, 96, None, True), None, "per-row scales over K=96"),
     (lambda: module(64, 128, 32, True).half(), torch.float16, "vectorized for bf16 only"),
     (lambda: module(64, 128, 32, True), "grad", None),
+    # int3 / int2 / ternary (LowBitLinear) run the same kernel and fall back by the same rules
+    (lambda: lowbit_module("int3", True, group_size=16), None, "group size 16"),
+    (lambda: lowbit_module("int2", False, n=40), None, "out_features 40 is not a multiple of 16"),
+    (lambda: lowbit_module("ternary", True).half(), torch.float16, "vectorized for bf16 only"),
+    (lambda: lowbit_module("int3", False), "grad", None),
 ])
 def test_fallbacks_dequantize_and_say_why(make, inp, reason):
     m = make()
-    x = torch.randn(3, m.in_features, generator=torch.Generator().manual_seed(4))
-    if inp == "grad":
-        x.requires_grad_()
-    elif inp is not None:
-        x = x.to(inp)
-    with _Ops() as log:
-        y = m(x)
-    assert OP not in log.ops
+    x, y, ops = fallback_call(m, inp, seed=4)
+    assert OP not in ops
     if reason is not None:
         assert m.int4_packed is None and m.kernel_note.startswith("dequantize per forward") \
             and reason in m.kernel_note and reason in repr(m)

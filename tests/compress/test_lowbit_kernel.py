@@ -1,7 +1,7 @@
 """int3 / int2 / ternary LowBitLinear on CPU through aten's int4 kernel (lowbit.py, int4_cpu.py): codes shifted
 to q - z + 8 reproduce the stored weight exactly under the kernel's arithmetic, the module matches the dequantize
-path at bf16 precision, falls back (with the reason) where the kernel does not apply, and never writes the
-packed copy."""
+path at bf16 precision and never writes the packed copy (its fallbacks are tested with int4's, in
+test_int4_kernel.py)."""
 
 from __future__ import annotations
 
@@ -55,31 +55,6 @@ def test_forward_runs_the_kernel_at_bf16_precision(fmt, symmetric, rows):
     assert OP in log.ops and y.dtype == torch.float32 and y.shape == (2, rows, 64)
     # bf16-rounded activations and scales only (measured <= 3.1e-3 at 256 x 768)
     assert rel(y, QuantizedLinear.forward(m, x)) < 1e-2
-
-
-@pytest.mark.parametrize("make,inp,reason", [
-    (lambda: module("int3", True, group_size=16), None, "group size 16"),
-    (lambda: module("int2", False, n=40), None, "out_features 40 is not a multiple of 16"),
-    (lambda: module("ternary", True).half(), torch.float16, "vectorized for bf16 only"),
-    (lambda: module("int3", False), "grad", None),
-])
-def test_fallbacks_dequantize_and_say_why(make, inp, reason):
-    m = make()
-    x = torch.randn(3, m.in_features, generator=torch.Generator().manual_seed(4))
-    if inp == "grad":
-        x.requires_grad_()
-    elif inp is not None:
-        x = x.to(inp)
-    with _Ops() as log:
-        y = m(x)
-    assert OP not in log.ops
-    if reason is not None:
-        assert m.int4_packed is None and m.kernel_note.startswith("dequantize per forward") \
-            and reason in m.kernel_note and reason in repr(m)
-    torch.testing.assert_close(y, QuantizedLinear.forward(m, x), rtol=0, atol=0)
-    if inp == "grad":
-        y.sum().backward()
-        assert x.grad is not None
 
 
 def test_state_dict_holds_only_the_stored_tensors_and_a_load_packs():

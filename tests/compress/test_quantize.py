@@ -136,6 +136,19 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def fallback_call(m: nn.Module, inp: object, seed: int) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """The kernel tests' fallback case: m(x) on 3 random rows, x tracking grad (inp "grad") or cast to the
+    dtype `inp` (None: fp32); returns (x, y, the aten ops dispatched)."""
+    x = torch.randn(3, m.in_features, generator=torch.Generator().manual_seed(seed))
+    if inp == "grad":
+        x.requires_grad_()
+    elif inp is not None:
+        x = x.to(inp)
+    with _Ops() as log:
+        y = m(x)
+    return x, y, log.ops
+
+
 def test_int8_per_row_multiplies_codes_on_cpu_and_dequantizes_otherwise():
     lin = linear(weight((48, 128)), bias=True)
     m = rtn(lin, 8, None, True)
