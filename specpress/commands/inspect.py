@@ -133,7 +133,7 @@ def describe_step(step: dict[str, Any]) -> str:
         if agr.get("before") and agr.get("after"):
             parts.append(f"acc@k {_acc(agr['before'])} -> {_acc(agr['after'])}")
         if step.get("allocation"):
-            from specpress.commands.quantize import allocation_line
+            from specpress.compress.quantize.report import allocation_line
 
             parts.append("budget " + allocation_line(step["allocation"]))
         if step.get("target_quant"):

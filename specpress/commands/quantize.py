@@ -1,4 +1,5 @@
-"""`specpress quantize`: a thin layer over specpress.compress.quantize."""
+"""`specpress quantize`: a thin layer over specpress.compress.quantize (request.py checks and builds the
+run, pipeline.py runs it, report.py says what it did)."""
 
 from __future__ import annotations
 
@@ -9,26 +10,6 @@ import click
 from specpress.commands.options import target_dtype as target_dtype_option
 from specpress.commands.target_quant import target_quant_options
 from specpress.models.quantized.names import METHOD_WORDS, SCHEME_WORDS, schemes_help
-
-
-def _names(value: str | None) -> tuple[str, ...]:
-    return tuple(s.strip() for s in (value or "").split(",") if s.strip())
-
-
-def _fmt(n: int) -> str:
-    return f"{n:,} B" if n < 1024 else f"{n:,} B ({n / 1024 ** (2 if n >= 1024 ** 2 else 1):.2f} " \
-                                        f"{'MiB' if n >= 1024 ** 2 else 'KiB'})"
-
-
-def allocation_line(a: dict) -> str:
-    """One line about a --budget allocation (quantize's output and inspect)."""
-    counts: dict[str, int] = {}
-    for lab in a["choice"].values():
-        counts[lab] = counts.get(lab, 0) + 1
-    return (f"{a['budget']} = {int(a['budget_bytes']):,} B; stores {int(a['measured_bytes']):,} B (predicted "
-            f"{int(a['predicted_bytes']):,}; candidates span {int(a['min_bytes']):,}..{int(a['max_bytes']):,}); "
-            + ", ".join(f"{n} x {lab}" for lab, n in counts.items())
-            + f"; {a['sensitivity']} sensitivity, {a['seconds']:.1f} s")
 
 
 @click.command()
@@ -193,51 +174,18 @@ same int4 kernel (shifted to its zero point, the same weights). bnb int8 and the
     """
     from specpress.artifacts import claim_output
     from specpress.commands.guards import check_seq_len
-    from specpress.commands.target_quant import parse_spec
     from specpress.compress.data import check_data
     from specpress.compress.quantize.pipeline import quantize_from_dirs
-    from specpress.compress.quantize.recover import RecoverConfig
-    from specpress.errors import deprecated
-    from specpress.models.quantized.scheme import config_for, config_from_dict
+    from specpress.compress.quantize.report import report_lines
+    from specpress.compress.quantize.request import quantize_request
 
-    if legacy_float_dtype is not None:
-        short = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(legacy_float_dtype, legacy_float_dtype)
-        deprecated(f"--float-dtype {legacy_float_dtype}", f"use --dtype {short}")
-        dtype = short
-    budget = cands = None
-    if budget_text is not None:
-        from specpress.compress.quantize.budget import parse_budget, parse_candidates
-        from specpress.errors import UsageError
-
-        given = [f for f, v in (("--scheme", scheme), ("--method", method), ("--group-size", group_size),
-                                ("--symmetric/--asymmetric", symmetric), ("--activations", activations),
-                                ("--act-calibration", act_calibration), ("--kv-cache", kv_cache)) if v is not None]
-        if given:
-            raise UsageError(f"--budget picks a scheme per Linear from --candidates: drop {', '.join(given)} (group "
-                             f"sizes and methods go in the candidates, e.g. int4:g128)")
-        if recover_steps:
-            raise UsageError("--recover-steps trains one scheme's codes; --budget writes a scheme per Linear, whose "
-                             "recovery is not supported: drop one")
-        budget, cands = parse_budget(budget_text), parse_candidates(candidates)
-        scheme = "int8"  # only selects the Linears (--include / --exclude); the allocation picks their schemes
-    elif scheme is None:
-        from specpress.errors import UsageError
-
-        raise UsageError("give --scheme WORD (one format for every Linear) or --budget SIZE (one per Linear)")
-    elif sensitivity is not None:
-        from specpress.errors import UsageError
-
-        raise UsageError("--sensitivity scores the candidates of --budget; give --budget SIZE or drop it")
-    config = config_for(scheme, method, group_size=group_size, symmetric=symmetric, include=_names(include),
-                        exclude=_names(exclude), activations=activations, act_calibration=act_calibration,
-                        kv_cache=kv_cache)
-    tq = parse_spec(target_quant, target_quant_data, data_default="--data")
-    recovery = RecoverConfig(steps=recover_steps, lr=recover_lr, scales=recover_scales, batch=recover_batch,
-                             seq_len=seq_len, seed=seed) if recover_steps else None
-    if resume and recovery is None:
-        from specpress.errors import UsageError
-
-        raise UsageError("--resume continues an interrupted recovery: give --recover-steps N as before")
+    req = quantize_request(scheme, method, group_size=group_size, symmetric=symmetric, activations=activations,
+                           act_calibration=act_calibration, kv_cache=kv_cache, include=include, exclude=exclude,
+                           budget=budget_text, candidates=candidates, sensitivity=sensitivity, dtype=dtype,
+                           legacy_float_dtype=legacy_float_dtype, recover_steps=recover_steps, recover_lr=recover_lr,
+                           recover_scales=recover_scales, recover_batch=recover_batch, seq_len=seq_len, seed=seed,
+                           target_quant=target_quant, target_quant_data=target_quant_data, resume=resume)
+    recovery = req.recovery
     with claim_output(out, force=force, inputs={"--drafter": drafter_dir, "--target": target_dir,
                                                 "--data": data_path}, partial=recovery is not None,
                       resume=resume) as claim:
@@ -247,13 +195,11 @@ same int4 kernel (shifted to its zero point, the same weights). bnb int8 and the
         if data_path is not None:
             check_data(data_path)  # a device, a FIFO or more text than memory: refused before loading
         try:
-            rep = quantize_from_dirs(drafter_dir, config, out, target_dir=target_dir, data_path=data_path,
+            rep = quantize_from_dirs(drafter_dir, req.config, out, target_dir=target_dir, data_path=data_path,
                                      dequantize_out=dequantize_out, force=force, calib_batches=calib_batches,
                                      batch=batch, seq_len=seq_len, seed=seed, eval_batches=eval_batches,
-                                     float_dtype=dtype, calib_inputs=calib_inputs, recovery=recovery,
-                                     resume=resume, progress=True, budget=budget, candidates=cands or (),
-                                     sensitivity=sensitivity, target_dtype=target_dtype, target_quant=tq,
-                                     target_quant_data=target_quant_data)
+                                     calib_inputs=calib_inputs, progress=True, target_dtype=target_dtype,
+                                     **req.run_kwargs())
         except KeyboardInterrupt:
             if claim.partial is None:
                 raise
@@ -263,45 +209,5 @@ same int4 kernel (shifted to its zero point, the same weights). bnb int8 and the
             saved = f"the recovery at {saved}" if saved else \
                 "the quantized drafter" if (claim.partial / "quantized").is_dir() else None
             raise interrupted(claim.partial, saved) from None
-    s = rep.step
-    what = ("mixed: one scheme per Linear" if s["scheme"] == "mixed" else
-            f"{config_from_dict(s['config']).storage_label()}, method {s['method']}")
-    click.echo(f"{rep.family} drafter quantized ({what}): {len(s['quantized'])} Linears -> {rep.out}"
-               + ("  [written dequantized: plain float weights]" if s.get("dequantized") else ""))
-    source, before, after = s["source_bytes"], s["bytes_before"], s["bytes_after"]
-    if s.get("dequantized"):
-        click.echo(f"  bytes   {_fmt(source)} as stored ({s['source_dtype']}) -> {_fmt(after)} written as plain "
-                   f"{s['float_dtype']} weights (the quantization error is kept, the packing is not)")
-    else:
-        click.echo(f"  bytes   {_fmt(source)} as stored ({s['source_dtype']}) -> {_fmt(after)}  "
-                   f"({source / max(after, 1):.2f}x smaller; {100 * after / max(before, 1):.1f}% of the source in "
-                   f"{s['float_dtype']}; quantized Linears "
-                   f"{8 * s['quantized_bytes'] / max(s['quantized_params'], 1):.2f} bits/param)")
-    if s.get("allocation"):
-        click.echo("  budget  " + allocation_line(s["allocation"]))
-    sq = {k: v for k, v in s["weight_sqnr_db"].items() if v is not None}
-    if sq:
-        worst = min(sq, key=sq.get)  # type: ignore[arg-type]
-        click.echo(f"  weight SQNR  min {sq[worst]:.1f} dB ({worst}), mean {sum(sq.values()) / len(sq):.1f} dB")
-    if s.get("input_amax"):
-        amax = s["input_amax"].values()
-        click.echo(f"  inputs  static input scales for {len(amax)} Linears: activation amax {min(amax):.4g} .. "
-                   f"{max(amax):.4g}")
-    rec = s.get("recovery")
-    if rec:
-        click.echo(f"  recovered  {rec['steps']} steps of quantization-aware distillation ({', '.join(rec['scales'])} "
-                   f"scales), final loss {rec['final_loss']:.4f}, {rec['seconds']:.0f} s")
-    for sk in s["skipped"]:
-        click.echo(f"  kept    {sk['module']}: {sk['reason']}")
-    for note in s["notes"]:
-        click.echo(f"  note    {note}")
-    if s.get("target_quant"):
-        click.echo(f"  target  calibrated and measured against the target compressed as {s['target_quant']['label']} "
-                   f"(--target-quant {s['target_quant']['spec']})")
-    if rep.before is not None and rep.after is not None:
-        where = "held-out" if rep.heldout else "fresh windows (no held-out split: data too small)"
-        click.echo(f"  acc@k before {' '.join(f'{a:.3f}' for a in rep.before)}")
-        click.echo(f"  acc@k after  {' '.join(f'{a:.3f}' for a in rep.after)}  "
-                   f"(delta {' '.join(f'{b - a:+.3f}' for a, b in zip(rep.before, rep.after))}; {where})")
-    else:
-        click.echo("  acceptance cost not measured: pass --target DIR --data PATH to report acc@k before / after")
+    for line in report_lines(rep):
+        click.echo(line)

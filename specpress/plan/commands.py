@@ -85,11 +85,11 @@ def plan_distill(p: dict[str, Any]) -> Plan:
 
 
 def _quantize_config(p: dict[str, Any]) -> Any:
-    from specpress.commands.quantize import _names
+    from specpress.compress.quantize.request import module_names
     from specpress.models.quantized.scheme import config_for
 
     return config_for(p["scheme"], p.get("method"), group_size=p.get("group_size"), symmetric=p.get("symmetric"),
-                      include=_names(p.get("include")), exclude=_names(p.get("exclude")),
+                      include=module_names(p.get("include")), exclude=module_names(p.get("exclude")),
                       activations=p.get("activations"), act_calibration=p.get("act_calibration"),
                       kv_cache=p.get("kv_cache"))
 
