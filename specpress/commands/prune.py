@@ -1,4 +1,4 @@
-"""`specpress prune`: a thin layer over specpress.compress.prune."""
+"""`specpress prune`: parse the options, run specpress.compress.prune_pipeline, print its report."""
 
 from __future__ import annotations
 
@@ -138,19 +138,8 @@ def prune(drafter_dir: Path, out: Path, ffn: int | float | None, kv_heads: int |
       specpress prune --drafter drafters/eagle3 --out drafters/eagle3-r64 --head-rank 64 \\
           --target ~/.cache/specpress/zoo/small --data zoo:train --recover-steps 200
     """
-    import torch
-
-    from specpress.artifacts import claim_output
-    from specpress.compress.data import check_data
-    from specpress.commands.guards import check_seq_len
-    from specpress.compress.calibration import target_stream
-    from specpress.compress.prune import PruneConfig, check_request, prune as prune_drafter
-    from specpress.compress.traffic import CONTINUATION_TOKENS, is_prompts_file, traffic_stream
-    from specpress.errors import RequestError, UsageError
-    from specpress.models.drafter import build_drafter
-    from specpress.models.drafter_io import load_drafter, read_drafter_config, save_drafter
-    from specpress.models.target import load_target
-    from specpress.models.tokenizer import load_tokenizer
+    from specpress.compress.prune import PruneConfig
+    from specpress.compress.prune_pipeline import prune_from_dirs, report_lines
 
     config = PruneConfig(ffn=ffn, kv_heads=kv_heads, heads=heads, layers=layers, vocab=vocab, head_rank=head_rank,
                          head_init=head_init, share_head=share_head, importance=importance,
@@ -158,82 +147,10 @@ def prune(drafter_dir: Path, out: Path, ffn: int | float | None, kv_heads: int |
                          calib_batches=calib_batches, seed=seed, recover_steps=recover_steps, recover_lr=recover_lr,
                          **({} if vocab_tokens is None else {"vocab_tokens": vocab_tokens}),
                          **({} if vocab_minutes is None else {"vocab_minutes": vocab_minutes}))
-    out = out.expanduser()
-    if data_path is not None and target_dir is None:
-        raise UsageError("--data needs --target DIR: its tokenizer encodes the data")
-    traffic = data_path is not None and is_prompts_file(data_path)
-    if continuation_tokens is not None and not traffic:
-        raise RequestError("--continuation-tokens sets how much the target generates per prompt of a prompts file "
-                           "given as --data; --data is not one (a .jsonl of {\"prompt\": ...} or {\"input_ids\": "
-                           "[...]} lines): drop --continuation-tokens or give a prompts file")
-    inputs = {"--drafter": drafter_dir, "--target": target_dir, "--data": data_path}
-    with claim_output(out, force=force, inputs=inputs):
-        with torch.device("meta"):  # every shape / flag error first, from config.json alone
-            shape = build_drafter(read_drafter_config(drafter_dir)[1])
-            counts = check_request(shape, config, has_target=target_dir is not None, has_calib=data_path is not None)
-        say_legacy(config, shape.config, counts)
-        if target_dir is not None:
-            check_seq_len(target_dir, seq_len, batch, training=recover_steps > 0)
-        if data_path is not None:
-            check_data(data_path)  # a device, a FIFO or more text than memory: refused before loading
-        target = load_target(target_dir, dtype=target_dtype) if target_dir is not None else None
-        stream, extra = None, {}
-        if data_path is not None:
-            assert target is not None and target_dir is not None
-            extra = {"source": str(data_path), "target": str(target_dir)}
-            if traffic:
-                tok = load_tokenizer(target_dir) if (target_dir.expanduser() / "tokenizer.json").is_file() else None
-                stream, record = traffic_stream(
-                    target, data_path, tok, continuation_tokens or CONTINUATION_TOKENS,
-                    on_prompt=lambda i, n: click.echo(f"\r  continuations {i + 1}/{n}", err=True,
-                                                      nl=i + 1 == n))
-                extra["traffic"] = record
-            else:
-                stream = target_stream(target, target_dir, data_path)
-        pruned = prune_drafter(load_drafter(drafter_dir, target), config, target=target, calib=stream,
-                               provenance_extra=extra, progress=True)
-        save_drafter(pruned, out, force=force)
-    step = next(s for s in reversed(pruned.provenance) if s.get("step") == "prune")
-    before, after = step["shape_before"], step["shape_after"]
-    changed = ", ".join(f"{k} {before.get(k)} -> {after[k]}" for k in after if before.get(k) != after[k])
-    click.echo(f"{pruned.family} drafter written to {out}")
-    click.echo(f"  {changed}")
-    click.echo(f"  params {step['params_before']:,} -> {step['params_after']:,}  bytes {step['bytes_before']:,} -> "
-               f"{step['bytes_after']:,} ({step['bytes_after'] / step['bytes_before']:.1%})")
-    cal = step["calibration"]
-    vocab_rec = step["importance"].get("vocab")
-    if vocab_rec:
-        on = (f"the target's continuations of {cal['traffic']['prompts']} prompts" if "traffic" in cal else
-              "the calibration data")
-        before, after = vocab_rec["coverage_before"], vocab_rec["coverage_after"]
-        click.echo(f"  draft vocabulary ranked on {vocab_rec['counted_tokens']:,} tokens of {on}: it covers "
-                   f"{100 * after:.1f} % of them (was {100 * before:.1f} %)")
-    head_rec = step["importance"].get("head")
-    if head_rec:
-        what = (f"the target's lm_head rows ({head_rec['rows']:,} draft tokens, read at load)" if head_rec.get("shared")
-                else f"rank {head_rec['rank']} factors ({head_rec['init']} init, weight error "
-                     f"{100 * head_rec['weight_rel_error']:.1f} %)")
-        click.echo(f"  draft head: {head_rec['params_before']:,} -> {head_rec['params_after']:,} parameters stored: "
-                   f"{what}")
-    if "agreement_before" in cal:
-        click.echo(f"  calibration top-1 agreement {cal['agreement_before']:.3f} -> {cal['agreement_after']:.3f}, "
-                   f"KL {cal['kl_before']:.4f} -> {cal['kl_after']:.4f} ({cal['tokens']} tokens, before recovery)")
-    if recover_steps:
-        last = pruned.provenance[-1]
-        acc = " ".join(f"{a:.3f}" for a in last.get("agreement", []))
-        click.echo(f"  recovered: {last.get('steps')} distillation steps, loss {last.get('final_loss', 0):.4f}, "
-                   f"acc@k {acc}")
-
-
-def say_legacy(config, shape, counts: dict[str, int]) -> None:  # noqa: ANN001 - PruneConfig, a drafter config
-    """The deprecation warning for --ffn R / --heads R (shares to remove), with the count that says the same."""
-    from specpress.errors import deprecated
-
-    if isinstance(config.ffn, float):
-        n = shape.intermediate_size
-        deprecated(f"--ffn {config.ffn:g} (the share of FFN channels to remove)",
-                   f"give the channels each layer keeps: --ffn {n - counts['ffn']} (of {n})")
-    if config.heads is not None:
-        n = shape.num_key_value_heads
-        deprecated(f"--heads {config.heads:g} (the share of KV groups to remove)",
-                   f"give the KV groups each attention keeps: --kv-heads {n - counts['heads']} (of {n})")
+    report = prune_from_dirs(drafter_dir, out, config, target_dir=target_dir, data_path=data_path,
+                             continuation_tokens=continuation_tokens, target_dtype=target_dtype, force=force,
+                             progress=True,
+                             on_prompt=lambda i, n: click.echo(f"\r  continuations {i + 1}/{n}", err=True,
+                                                               nl=i + 1 == n))
+    for line in report_lines(report):
+        click.echo(line)
