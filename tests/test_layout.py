@@ -103,3 +103,16 @@ def test_only_the_cli_imports_the_commands():
                 if m == "specpress.commands" or m.startswith("specpress.commands.")]
     assert not bad, bad
     assert any(path.parent.name == "commands" for path in SOURCES)  # the scan saw the commands
+
+
+def test_the_quantized_lowerings_do_not_import_the_blocks():
+    """export/blocks.py calls the quantized lowerings (export/quant/) for a quantized Linear; both take the Ctx of
+    export/context.py, which imports neither, so quant/ never imports blocks.py back (it used to, for Ctx)."""
+    export = ROOT / "specpress" / "export"
+    quant = sorted((export / "quant").rglob("*.py"))
+    bad = [f"{p.relative_to(ROOT)} imports {m}" for p in [*quant, export / "context.py"]
+           for m in sorted(specpress_imports(p)) if m == "specpress.export.blocks"]
+    bad += [f"specpress/export/context.py imports {m}" for m in sorted(specpress_imports(export / "context.py"))
+            if m.startswith("specpress.export.quant")]
+    assert not bad, bad
+    assert len(quant) > 5  # the scan saw the lowerings
