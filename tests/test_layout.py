@@ -88,3 +88,31 @@ def test_the_bottom_floor_and_the_zoo_import_nothing_above_them():
         bad += [f"{path.relative_to(ROOT)} imports {m}" for m in sorted(specpress_imports(path))
                 if m == "specpress.compress" or m.startswith("specpress.compress.")]
     assert not bad, bad
+
+
+def test_only_the_cli_imports_the_commands():
+    """specpress/commands/ is the top floor (Click options and output over the library verbs): nothing under
+    specpress/ but the commands themselves and cli.py imports it, so the library never reaches up into the CLI
+    (compress/quantize/request.py once took parse_spec from commands/target_quant.py)."""
+    bad = []
+    for path in SOURCES:
+        rel = path.relative_to(ROOT / "specpress")
+        if rel.parts[0] == "commands" or rel == Path("cli.py"):
+            continue
+        bad += [f"specpress/{rel} imports {m}" for m in sorted(specpress_imports(path))
+                if m == "specpress.commands" or m.startswith("specpress.commands.")]
+    assert not bad, bad
+    assert any(path.parent.name == "commands" for path in SOURCES)  # the scan saw the commands
+
+
+def test_the_quantized_lowerings_do_not_import_the_blocks():
+    """export/blocks.py calls the quantized lowerings (export/quant/) for a quantized Linear; both take the Ctx of
+    export/context.py, which imports neither, so quant/ never imports blocks.py back (it used to, for Ctx)."""
+    export = ROOT / "specpress" / "export"
+    quant = sorted((export / "quant").rglob("*.py"))
+    bad = [f"{p.relative_to(ROOT)} imports {m}" for p in [*quant, export / "context.py"]
+           for m in sorted(specpress_imports(p)) if m == "specpress.export.blocks"]
+    bad += [f"specpress/export/context.py imports {m}" for m in sorted(specpress_imports(export / "context.py"))
+            if m.startswith("specpress.export.quant")]
+    assert not bad, bad
+    assert len(quant) > 5  # the scan saw the lowerings

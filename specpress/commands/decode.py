@@ -143,7 +143,8 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
     """
     import torch
 
-    from specpress.commands.target_quant import check_target_backend, compress_target, greedy_drift, parse_spec
+    from specpress.commands.target_quant import check_target_backend, compress_target, greedy_drift
+    from specpress.compress.quantize.target import parse_spec
     from specpress.limits import prompt_line_limit
     from specpress.machine import check_decode
     from specpress.models.target import load_target
@@ -268,7 +269,8 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
     from contextlib import ExitStack
 
     from specpress.artifacts import claim_output
-    from specpress.commands.target_quant import check_target_backend, parse_spec
+    from specpress.commands.target_quant import check_target_backend
+    from specpress.compress.quantize.target import parse_spec
 
     check_compile(compile_drafter, drafter_dir, backend)
     if compare_dir is not None and drafter_dir is None:

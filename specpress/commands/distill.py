@@ -157,10 +157,10 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
 
     from specpress.artifacts import claim_cache, claim_output
     from specpress.commands.guards import check_not_quantized, check_seq_len, distill_saved, interrupted
-    from specpress.commands.target_quant import parse_spec
     from specpress.compress.config import DistillConfig
     from specpress.compress.data import check_data
     from specpress.compress.distill import distill_from_dirs
+    from specpress.compress.quantize.target import parse_spec
     from specpress.errors import UsageError, deprecated
 
     if steps is None and minutes is None:

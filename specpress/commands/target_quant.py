@@ -1,5 +1,6 @@
 """--target-quant / --target-quant-data: the options `run`, `bench`, `distill` and `quantize` share, and the
-steps they take with them (parse and check before anything loads, compress a copy of the loaded target).
+steps they take with them (compress a copy of the loaded target, print what it changed). Parsing and checking
+the two options before anything loads is the library's `parse_spec` (compress/quantize/target.py).
 Torch-free at import, like every command module."""
 
 from __future__ import annotations
@@ -37,29 +38,6 @@ def target_quant_options(what: str, data_default: str | None = None) -> Callable
                                  f"measures acceptance, not speed). {SPEC_HELP}.")(fn)
 
     return deco
-
-
-def parse_spec(spec: str | None, data: str | None, data_default: str | None = None) -> Any:
-    """The parsed --target-quant (None without it); refuses, before anything loads, a bad spec, a spec that
-    needs data without any, and data without a spec that uses it."""
-    from specpress.compress.quantize.target import needs_data_message, parse_target_quant
-    from specpress.errors import UsageError
-
-    if spec is None:
-        if data is not None:
-            raise UsageError("--target-quant-data calibrates a --target-quant; pass --target-quant too")
-        return None
-    tq = parse_target_quant(spec)
-    if data is not None and tq.needs_data():
-        from specpress.compress.data import check_data
-
-        check_data(data)  # a missing path, a device or more text than memory: refused before the target loads
-    if data is not None and not tq.needs_data():
-        raise UsageError(f"--target-quant {tq.text!r} needs no calibration data (only method=gptq / awq / smoothquant "
-                         f"and static activation scales found from data do): drop --target-quant-data")
-    if tq.needs_data() and data is None and data_default is None:
-        raise UsageError(needs_data_message(tq))
-    return tq
 
 
 def compress_target(target: Any, target_dir: Path, tq: Any, data: str | None, seed: int,

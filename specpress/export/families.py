@@ -35,7 +35,8 @@ from onnx import TensorProto
 from torch import Tensor, nn
 
 from specpress.errors import RequestError
-from specpress.export.blocks import Ctx, decoder_layer, linear, mlp, rms_norm, rotary, self_attention
+from specpress.export.blocks import decoder_layer, linear, mlp, rms_norm, rotary, self_attention
+from specpress.export.context import Ctx
 from specpress.export.graph import NP_TYPES
 from specpress.manifest import GraphRole
 from specpress.models.heads import LowRankHead

@@ -30,7 +30,7 @@ from specpress.artifacts import atomic_dir
 from specpress.compress.progress import count_bar
 from specpress.errors import RequestError, UsageError
 from specpress.export import ops
-from specpress.export.blocks import Ctx
+from specpress.export.context import Ctx
 from specpress.export.families import build_graphs, cache_dims
 from specpress.export.graph import ExternalData, Graph
 from specpress.export.rounds import RoundsReport, validate_rounds

@@ -11,7 +11,7 @@ import torch
 from drafters_common import CONFIGS, SHAPE, randomize
 
 from specpress.errors import CheckpointError, RequestError
-from specpress.export.blocks import Ctx
+from specpress.export.context import Ctx
 from specpress.export.families import EXPORTS, build_graphs, cache_dims, export_family
 from specpress.export.graph import Graph
 from specpress.manifest import CALLS, GraphRole, load_manifest, manifest_from_dict

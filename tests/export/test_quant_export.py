@@ -151,7 +151,7 @@ def test_bf16_floats_of_an_fp32_export_stay_bf16(tmp_path, target, dtype):
             p.copy_(p.to(torch.bfloat16).float())
     rep = export_onnx(d, tmp_path / "e", ExportOptions(dtype=dtype), target=target)
     inits = onnx.load(str(tmp_path / "e" / "step.onnx"), load_external_data=False).graph.initializer
-    from specpress.export.blocks import BF16_MIN_NUMEL
+    from specpress.export.context import BF16_MIN_NUMEL
 
     big = [t for t in inits if not t.name.startswith("shared.") and len(t.dims) == 2
            and t.dims[0] * t.dims[1] >= BF16_MIN_NUMEL]

@@ -60,8 +60,8 @@ def quantize_request(scheme: str | None = None, method: str | None = None, *, gr
     include / exclude: module names, comma-separated or a sequence. legacy_float_dtype: the deprecated
     --float-dtype spelling of `dtype` (warns, then replaces it). Raises UsageError naming the options to change.
     """
-    from specpress.commands.target_quant import parse_spec
     from specpress.compress.quantize.recover import RecoverConfig
+    from specpress.compress.quantize.target import parse_spec
     from specpress.errors import deprecated
     from specpress.models.quantized.scheme import config_for
 

@@ -187,6 +187,27 @@ def find_target(targets: tuple[TargetQuant, ...], label: str) -> TargetQuant:
     raise ConfigError(f"no target {label!r}; targets: {', '.join(t.label for t in targets)}")
 
 
+def parse_spec(spec: str | None, data: str | None, data_default: str | None = None) -> TargetQuant | None:
+    """The parsed --target-quant (None without it); refuses, before anything loads, a bad spec, a spec that
+    needs data without any, and data without a spec that uses it. `data_default`: what a command calibrates
+    on when --target-quant-data is not given (None: nothing, so a spec that needs data is refused)."""
+    if spec is None:
+        if data is not None:
+            raise UsageError("--target-quant-data calibrates a --target-quant; pass --target-quant too")
+        return None
+    tq = parse_target_quant(spec)
+    if data is not None and tq.needs_data():
+        from specpress.compress.data import check_data
+
+        check_data(data)  # a missing path, a device or more text than memory: refused before the target loads
+    if data is not None and not tq.needs_data():
+        raise UsageError(f"--target-quant {tq.text!r} needs no calibration data (only method=gptq / awq / smoothquant "
+                         f"and static activation scales found from data do): drop --target-quant-data")
+    if tq.needs_data() and data is None and data_default is None:
+        raise UsageError(needs_data_message(tq))
+    return tq
+
+
 # ----------------------------------------------------------------------------------------------
 # Calibration: the target run over windows of data
 # ----------------------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ import pkgutil
 from torch import nn
 
 from specpress.errors import RequestError
-from specpress.export.blocks import Ctx
+from specpress.export.context import Ctx
 from specpress.models.quantized.scheme import facet, scheme_of_module
 
 

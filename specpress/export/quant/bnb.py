@@ -8,7 +8,7 @@ from onnx import TensorProto
 from torch import nn
 
 from specpress.errors import RequestError
-from specpress.export.blocks import Ctx
+from specpress.export.context import Ctx
 from specpress.export.graph import NP_TYPES
 from specpress.export.quant import integer
 from specpress.export.quant.common import MS, bf16_kernel

@@ -11,7 +11,7 @@ import torch
 from onnx import TensorProto, helper
 
 from specpress.errors import RequestError
-from specpress.export.blocks import Ctx
+from specpress.export.context import Ctx
 from specpress.export.graph import NP_TYPES
 
 MS = "com.microsoft"

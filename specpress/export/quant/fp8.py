@@ -7,7 +7,7 @@ import torch
 from onnx import TensorProto, helper
 from torch import nn
 
-from specpress.export.blocks import Ctx
+from specpress.export.context import Ctx
 from specpress.export.graph import NP_TYPES
 from specpress.export.quant.inputs import fp8_input, prepare_input
 from specpress.models.quantized.scheme import register_facet

@@ -20,7 +20,7 @@ import numpy as np
 from onnx import TensorProto, helper
 from torch import nn
 
-from specpress.export.blocks import Ctx
+from specpress.export.context import Ctx
 from specpress.models.quantized.activations import FP8_MAX, INT8_MAX
 
 Quantizer = Callable[[Ctx, str, nn.Module, str], str]

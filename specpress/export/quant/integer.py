@@ -8,7 +8,7 @@ import torch
 from onnx import TensorProto
 from torch import nn
 
-from specpress.export.blocks import Ctx
+from specpress.export.context import Ctx
 from specpress.export.quant.common import NBITS_BITS, bf16_kernel, group_name, nbits, nbits_block, qdq_int
 from specpress.export.quant.inputs import int8_input, prepare_input
 from specpress.models.quantized.scheme import register_facet

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from specpress.export.blocks import Ctx
+from specpress.export.context import Ctx
 from specpress.export.quant.inputs import prepare_input
 from specpress.export.quant.integer import lower_codes
 from specpress.models.quantized.scheme import register_facet

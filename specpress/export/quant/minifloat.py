@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from specpress.export.blocks import Ctx
+from specpress.export.context import Ctx
 from specpress.models.quantized import minifloat as M
 
 CODE_VALUES = np.array([*M.E2M1_VALUES.tolist(), *(-M.E2M1_VALUES).tolist()], dtype=np.float32)

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper
 from torch import nn
 
 from specpress.errors import RequestError
-from specpress.export.blocks import Ctx
+from specpress.export.context import Ctx
 from specpress.export.quant import minifloat as F
 from specpress.export.quant.inputs import prepare_input
 from specpress.export.quant.nvfp4 import QDQ_REFUSAL, weight_values
