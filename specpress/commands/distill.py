@@ -1,4 +1,4 @@
-"""`specpress distill`: a thin layer over specpress.compress.distill."""
+"""`specpress distill`: parse the options, run specpress.compress.distill_pipeline, print its report."""
 
 from __future__ import annotations
 
@@ -153,56 +153,16 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
       specpress distill --target ~/.cache/specpress/zoo/small --family eagle3 --data zoo:train \\
           --init drafters/eagle3 --target-quant nvfp4:activations=static --steps 300 --out drafters/eagle3-nvfp4t
     """
-    from contextlib import ExitStack
+    from specpress.compress.distill_pipeline import distill_pipeline, distill_request, report_lines
 
-    from specpress.artifacts import claim_cache, claim_output
-    from specpress.commands.guards import check_not_quantized, check_seq_len, distill_saved, interrupted
-    from specpress.compress.config import DistillConfig
-    from specpress.compress.data import check_data
-    from specpress.compress.distill import distill_from_dirs
-    from specpress.compress.quantize.target import parse_spec
-    from specpress.errors import UsageError, deprecated
-
-    if steps is None and minutes is None:
-        raise UsageError("give a budget: --steps N and/or --minutes M")
-    if legacy_bf16 is not None:
-        dtype = "bf16" if legacy_bf16 else "fp32"
-        deprecated("--bf16 / --fp32", f"use --dtype {dtype}")
-    tq = parse_spec(target_quant, target_quant_data, data_default="--data")
-    config = DistillConfig(family=family, steps=steps, minutes=minutes, lr=lr, optimizer=optimizer, batch=batch,
-                           seq_len=seq_len, seed=seed, hidden=hidden, layers=layers, ffn=ffn, heads=heads,
-                           kv_heads=kv_heads, draft_vocab=draft_vocab, taps=taps, ttt_steps=ttt_steps,
-                           block_size=block_size, anchors=anchors, gamma=gamma, markov_rank=markov_rank,
-                           mask_token_id=mask_token_id, labels=labels, tv_weight=tv_weight,
-                           checkpoint_minutes=checkpoint_minutes,
-                           bf16=dtype == "bf16", compile=compile_teacher)
-    inputs = {"--target": target_dir, "--data": data_path, "--from": from_dir, "--init": init_dir,
-              "--cache-teacher": cache_dir}
-    with claim_output(out, force=force, inputs=inputs, partial=True, resume=resume) as claim, ExitStack() as stack:
-        if cache_dir is not None:  # the teacher's cache is written too: claimed like an output
-            for leftover in stack.enter_context(claim_cache(cache_dir)):
-                click.echo(f"note: {leftover}", err=True)
-        check_seq_len(target_dir, seq_len, batch)
-        check_data(data_path)  # a device, a FIFO or more text than memory: refused before loading
-        for flag, d in (("--init", init_dir), ("--from", from_dir)):
-            if d is not None:
-                check_not_quantized(d, flag)
-        try:
-            report = distill_from_dirs(target_dir, config, data_path, out, from_dir=from_dir, init_dir=init_dir,
-                                       resume=resume, force=force, cache_dir=cache_dir, progress=True,
-                                       target_dtype=target_dtype, target_quant=tq,
-                                       target_quant_data=target_quant_data)
-        except KeyboardInterrupt:
-            assert claim.partial is not None
-            raise interrupted(claim.partial, distill_saved(claim.partial)) from None
-    acc = " ".join(f"{a:.3f}" for a in report.agreement)
-    click.echo(f"{family} drafter written to {report.out}" + ("" if tq is None else f" (trained against the target "
-                                                                                  f"compressed as {tq.label})"))
-    click.echo(f"  steps {report.steps}/{report.planned_steps} ({report.stopped_by})  loss {report.final_loss:.4f}  "
-               f"acc@k {'held-out' if report.heldout else 'train-data'} {acc}  {report.seconds:.0f} s")
-    # Held-out agreement well below the training batches' after several passes says: more data.
-    tokens = int(report.data.get("tokens", 0))
-    seen = report.steps * config.batch * config.seq_len
-    train = " ".join(f"{a:.3f}" for a in report.train_agreement)
-    click.echo(f"  acc@k last training batches {train}  ({seen / max(1, tokens):.1f} passes over {tokens:,} "
-               f"training tokens)")
+    req = distill_request(family, steps=steps, minutes=minutes, dtype=dtype, legacy_bf16=legacy_bf16,
+                          compile=compile_teacher, target_quant=target_quant, target_quant_data=target_quant_data,
+                          lr=lr, optimizer=optimizer, batch=batch, seq_len=seq_len, seed=seed, hidden=hidden,
+                          layers=layers, ffn=ffn, heads=heads, kv_heads=kv_heads, draft_vocab=draft_vocab, taps=taps,
+                          ttt_steps=ttt_steps, block_size=block_size, anchors=anchors, gamma=gamma,
+                          markov_rank=markov_rank, mask_token_id=mask_token_id, labels=labels, tv_weight=tv_weight,
+                          checkpoint_minutes=checkpoint_minutes)
+    run = distill_pipeline(req, target_dir, data_path, out, from_dir=from_dir, init_dir=init_dir, resume=resume,
+                           force=force, cache_dir=cache_dir, target_dtype=target_dtype, progress=True)
+    for line in report_lines(run):
+        click.echo(line)

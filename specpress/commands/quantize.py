@@ -173,7 +173,7 @@ same int4 kernel (shifted to its zero point, the same weights). bnb int8 and the
           --candidates int8,int4:g64,int4:g128 --target ~/.cache/specpress/zoo/small --data zoo:train
     """
     from specpress.artifacts import claim_output
-    from specpress.commands.guards import check_seq_len
+    from specpress.compress.guards import check_seq_len
     from specpress.compress.data import check_data
     from specpress.compress.quantize.pipeline import quantize_from_dirs
     from specpress.compress.quantize.report import report_lines
@@ -203,7 +203,7 @@ same int4 kernel (shifted to its zero point, the same weights). bnb int8 and the
         except KeyboardInterrupt:
             if claim.partial is None:
                 raise
-            from specpress.commands.guards import distill_saved, interrupted
+            from specpress.compress.guards import distill_saved, interrupted
 
             saved = distill_saved(claim.partial)
             saved = f"the recovery at {saved}" if saved else \

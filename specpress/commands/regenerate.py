@@ -62,7 +62,7 @@ def regenerate(target_dir: Path, data_path: Path, out: Path, sequences: int, pro
 
     from specpress.artifacts import claim_output
     from specpress.compress.data import check_data
-    from specpress.commands.guards import check_seq_len, interrupted, regen_saved
+    from specpress.compress.guards import check_seq_len, interrupted, regen_saved
     from specpress.compress.data import data_stream
     from specpress.compress.regen import RegenConfig, card_path, verify_partial, regenerate as run
     from specpress.models.target import load_target
