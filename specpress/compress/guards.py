@@ -1,4 +1,5 @@
-"""What the commands and their pipelines check on the options before any work starts, and what they say when stopped.
+"""What the commands and their pipelines check on the options before any work starts, and what they say when
+stopped.
 
 `check_seq_len` (specpress.machine) refuses a window past the target's context or beyond memory.
 """
