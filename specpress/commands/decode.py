@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import click
 
 from specpress.commands.target_quant import target_quant_options
-from specpress.errors import UsageError
 from specpress.runtime.backends import READS, backends, names
+from specpress.runtime.bench_pipeline import (  # noqa: F401 - COMPILE_WARMUP_PROMPTS: re-exported
+    COMPILE_WARMUP_PROMPTS,
+    check_compile,
+    check_drafter_dir,
+    load_drafter_runner,
+    loop_target,
+)
 
 TEMPERATURE = click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
                            help="0 = greedy; >0 samples from the target's (processed) distribution.")
@@ -52,7 +57,6 @@ COMPARE = click.option("--compare-drafter", "compare_dir", type=click.Path(path_
 COMPARE_BACKEND = click.option("--compare-backend", type=click.Choice(names()), default=None,
                                help="Backend of --compare-drafter  [default: --backend]; e.g. --backend torch "
                                     "--compare-backend onnxruntime times one drafter on both.")
-COMPILE_WARMUP_PROMPTS = 3
 BACKEND = click.option("--backend", type=click.Choice(names()), default="torch", show_default=True,
                        help="Where the drafter runs (the target: --target-backend); --drafter is then "
                             + "; ".join(f"for {b.name}: {READS[b.reads]}" for b in backends().values())
@@ -62,53 +66,6 @@ TARGET_BACKEND = click.option("--target-backend", type=click.Choice(names(runs_t
                               help="Where the target runs (plain decoding and verification): torch, or onnxruntime "
                                    "over its `specpress export target` graph, exported once into the cache. With "
                                    "--backend onnxruntime too, the whole loop runs in onnxruntime. fp32 or fp16.")
-
-
-def loop_target(target_backend: str, target, target_dir: Path, dtype: str, compile_target: bool, warn):
-    """The target the loop calls: the torch target, or the --target-backend's runner over what it reads
-    (an ONNX export made on demand)."""
-    from specpress.export.ondemand import target_input
-    from specpress.runtime.backends import load_target_runner
-
-    if compile_target and target_backend != "torch":
-        raise UsageError(f"--compile-target compiles the torch target; drop it with --target-backend {target_backend}")
-    return load_target_runner(target_backend, target_input(target_backend, target_dir, dtype, progress=warn,
-                                                          target=target), target)
-
-
-def check_drafter_dir(backend: str, drafter_dir: Path | None, flag: str = "--drafter") -> None:
-    """Before any loading: an export given to a backend that runs drafter artifacts is refused, naming the
-    backend that runs it (a drafter artifact given to an export backend is exported on demand)."""
-    from specpress.errors import RequestError
-    from specpress.runtime.backends import check_reads, get_backend
-
-    backend_ = get_backend(backend)
-    if drafter_dir is not None and backend_.reads == "drafter":
-        try:
-            check_reads(backend_, Path(drafter_dir))
-        except RequestError as exc:
-            raise RequestError(str(exc).replace("--drafter ", f"{flag} ", 1)) from None
-
-
-def check_compile(compile_drafter: bool, drafter_dir: Path | None, backend: str = "torch") -> None:
-    if compile_drafter and drafter_dir is None:
-        raise UsageError("--compile compiles the drafter; pass --drafter too (plain decoding stays eager)")
-    if compile_drafter and backend != "torch":
-        raise UsageError(f"--compile compiles a torch drafter's forward; the {backend} backend runs its own "
-                               "graph: drop --compile or use --backend torch")
-
-
-def load_drafter_runner(backend: str, drafter_dir: Path, target, *, strict: bool, warn, compile_drafter: bool,
-                        target_dir: Path):
-    """The --drafter directory as the --backend registry entry runs it, on the target's device. A drafter
-    artifact given to a backend that reads ONNX is exported first (once, cached; specpress.export.ondemand),
-    with the target already loaded (never a second copy)."""
-    from specpress.export.ondemand import runner_input
-    from specpress.runtime.backends import load_runner
-
-    opts = {"compile": True} if compile_drafter else {}
-    return load_runner(backend, runner_input(backend, drafter_dir, target_dir, progress=warn, target=target), target,
-                       target.lm_head.weight.device, strict=strict, warn=warn, **opts)
 
 
 def DECODING(fn):  # noqa: N802 - used as a decorator like the option constants above
@@ -268,168 +225,38 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
     """
     from contextlib import ExitStack
 
-    from specpress.artifacts import claim_output
-    from specpress.commands.target_quant import check_target_backend
-    from specpress.compress.quantize.target import parse_spec
+    from rich.console import Console
 
-    check_compile(compile_drafter, drafter_dir, backend)
-    if compare_dir is not None and drafter_dir is None:
-        raise UsageError("--compare-drafter compares against --drafter; pass --drafter too")
-    if compare_backend is not None and compare_dir is None:
-        raise UsageError("--compare-backend names the backend of --compare-drafter; pass --compare-drafter too")
-    compare_backend = compare_backend or backend
-    check_drafter_dir(backend, drafter_dir)
-    check_drafter_dir(compare_backend, compare_dir, "--compare-drafter")
-    tq = parse_spec(target_quant, target_quant_data)
-    check_target_backend(tq, target_backend, compile_target)
+    from specpress.artifacts import claim_output, write_json
+    from specpress.runtime.bench_pipeline import bench_request, run_bench
+
+    req = bench_request(target_dir, prompts_file, max_new_tokens, drafter_dir=drafter_dir, policy=policy,
+                        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, dtype=dtype, backend=backend,
+                        compile_drafter=compile_drafter, compile_target=compile_target, compare_dir=compare_dir,
+                        compare_backend=compare_backend, target_backend=target_backend, target_quant=target_quant,
+                        target_quant_data=target_quant_data, strict=strict)
     to_file = json_out is not None and json_out != Path("-")
     with ExitStack() as stack:
         if to_file:  # before decoding: a bad path must not cost the measurement; held until it is written
             stack.enter_context(claim_output(json_out, force=force, kind="file", flag="--json",
                                              inputs={"--target": target_dir, "--prompts": prompts_file,
                                                      "--drafter": drafter_dir, "--compare-drafter": compare_dir}))
-        _bench(target_dir, drafter_dir, prompts_file, max_new_tokens, policy, temperature, top_k, top_p, seed, dtype,
-               backend, compile_drafter, compile_target, compare_dir, compare_backend, target_backend, strict,
-               json_out, to_file, tq, target_quant_data)
-
-
-def _bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_new_tokens: int, policy: str | None,
-           temperature: float, top_k: int, top_p: float, seed: int, dtype: str, backend: str,
-           compile_drafter: bool, compile_target: bool, compare_dir: Path | None, compare_backend: str,
-           target_backend: str, strict: bool, json_out: Path | None, to_file: bool, tq: Any,
-           target_quant_data: str | None) -> None:
-    """bench after its options are checked and its --json file claimed."""
-    from rich.console import Console
-    from rich.progress import Progress
-
-    from specpress.artifacts import write_json
-    from specpress.commands.target_quant import compress_target, float_reference
-    from specpress.machine import LoadMeter, load_warning
-    from specpress.runtime.backends import drafter_bytes
-    from specpress.runtime.bench import (
-        bench_plain,
-        bench_speculative,
-        default_policy,
-        load_bench_inputs,
-    )
-    from specpress.runtime.compile import compile_errors
-    from specpress.runtime.compile import compile_target as compile_target_fn
-    from specpress.runtime.policy import parse_policy
-    from specpress.runtime.sampling import SamplingParams
-    from specpress.ticker import LogTicker, bar_columns
-
-    console = Console(stderr=True)
-    target, prompts = load_bench_inputs(target_dir, prompts_file, dtype, max_new_tokens)
-    config = {"target": str(target_dir), "prompts_file": str(prompts_file), "dtype": dtype,
-              "drafter": None if drafter_dir is None else str(drafter_dir), "backend": backend, "policy": None,
-              "compile": compile_drafter, "compile_target": compile_target}
-    warn = lambda m: console.print(m)  # noqa: E731
-    float_target = tq_summary = None
-    if tq is not None:
-        float_target = target
-        target, tq_summary = compress_target(float_target, target_dir, tq, target_quant_data, seed, warn)
-        config["target_quant"] = tq.text
-    drafter = compare = pol = None
-    if drafter_dir is not None:
-        drafter = load_drafter_runner(backend, drafter_dir, target, strict=strict, warn=warn,
-                                      compile_drafter=compile_drafter, target_dir=target_dir)
-        pol = parse_policy(policy or default_policy(drafter.family))
-        config["policy"] = str(pol)
-        config["provider"] = drafter.provider  # what actually executed the drafter
-    if compare_dir is not None:
-        compare = load_drafter_runner(compare_backend, compare_dir, target, strict=strict, warn=warn,
-                                      compile_drafter=compile_drafter and compare_backend == "torch",
-                                      target_dir=target_dir)
-        config["compare"] = {"drafter": str(compare_dir), "backend": compare_backend, "provider": compare.provider}
-    verifier = loop_target(target_backend, target, target_dir, dtype, compile_target, warn)
-    config["target_backend"] = target_backend
-    config["target_provider"] = getattr(verifier, "provider", "torch")
-    if compile_target:
-        compile_target_fn(target)
-    warmup = COMPILE_WARMUP_PROMPTS if compile_drafter or compile_target else 0
-    compiled = [(flag, what) for flag, what, on in (("--compile", "the drafter", compile_drafter),
-                                                    ("--compile-target", "the target", compile_target)) if on]
-    meter = LoadMeter()  # other processes' share of our cores while timing (a warning when they compete)
-    label = "decoding" if drafter is None else f"decoding ({pol}) + baseline"
-    ticker = LogTicker(console, label, len(prompts))  # plain lines when stderr is a log file
-
-    with Progress(*bar_columns(eta=True), console=console, transient=True) as progress, compile_errors(
-            bool(compiled), " or ".join(w for _, w in compiled), " / ".join(f for f, _ in compiled)):
-        task = progress.add_task(label, total=len(prompts))
-
-        def on_prompt(i: int) -> None:
-            progress.advance(task)
-            ticker.tick(i + 1, "prompts")
-
-        kw = dict(params=SamplingParams(temperature, top_k, top_p), seed=seed, config=config, on_prompt=on_prompt)
-        if drafter is None:
-            result = bench_plain(verifier, prompts, max_new_tokens, warmup_prompts=warmup if compile_target else 0,
-                                 keep_plain=tq is not None, **kw)
-        else:
-            result = bench_speculative(verifier, drafter, prompts, max_new_tokens, pol,
-                                       drafter_bytes=drafter_bytes(backend, drafter_dir), warmup_prompts=warmup,
-                                       plain_warmup_prompts=warmup if compile_target else 0, compare=compare,
-                                       compare_bytes=0 if compare is None else drafter_bytes(compare_backend,
-                                                                                             compare_dir),
-                                       compare_label=config.get("compare"), keep_plain=tq is not None, **kw)
-    if float_target is not None:  # the same drafter, prompts and seed against the float target
-        result.update(float_reference(result, tq_summary, float_target, prompts, max_new_tokens, pol, console,
-                                      seed=seed, params=SamplingParams(temperature, top_k, top_p),
-                                      drafter=None if drafter is None else lambda: load_drafter_runner(
-                                          backend, drafter_dir, float_target, strict=strict, warn=lambda m: None,
-                                          compile_drafter=compile_drafter, target_dir=target_dir)))
-    result["machine"] = meter.stop()
-    if warning := load_warning(result["machine"]):
-        console.print(warning, style="yellow", highlight=False)
-    if drafter is not None:
-        from specpress.runtime.coverage import (
-            calibration_coverage,
-            coverage_warning,
-            drafter_provenance,
-        )
-
-        result["calibration_coverage"] = calibration_coverage(drafter_provenance(drafter_dir))
-        if warning := coverage_warning(result["eval_coverage"], result["calibration_coverage"]):
-            console.print("warning: " + warning, style="yellow", highlight=False)
-    report(console, result, len(prompts), pol)
-    if tq is not None:
-        from specpress.commands.target_quant import comparison_lines
-
-        for line in comparison_lines(result):
-            console.print(line, highlight=False)
-    if to_file:
-        write_json(json_out, result)  # claimed (and its directory made) before the work
-        console.print(f"wrote {json_out}")
-    elif json_out is not None:
+        console = Console(stderr=True)
+        result = run_bench(req, console=console)
+        report(console, result)
+        if to_file:
+            write_json(json_out, result)  # claimed (and its directory made) before the work
+            console.print(f"wrote {json_out}")
+    if json_out is not None and not to_file:
         click.echo(json.dumps(result, indent=2))
-    else:
+    elif json_out is None:
         click.echo(json.dumps({k: v for k, v in result.items() if k not in ("outputs", "per_prompt")}, indent=2))
 
 
-def report(console, result: dict, n_prompts: int, pol) -> None:
-    """bench's summary lines on stderr."""
-    n_tok = sum(len(o) for o in result["outputs"])
-    if pol is None:
-        console.print(f"{n_prompts} prompts, {n_tok} tokens, {result['tokens_per_s']:.1f} tok/s "
-                      f"(median step {result['verify_ms']:.2f} ms), plain decoding", markup=False)
-        return
-    ar = " ".join(f"{a:.2f}" for a in result["ar"][:8]) or "- (no draft token was accepted)"
-    lossless = result["lossless_mismatches"]
-    console.print(f"{n_prompts} prompts, {n_tok} tokens, {pol}: tau {result['tau']:.2f}, AR[k] {ar}; "
-                  f"{result['tokens_per_s']:.1f} tok/s vs plain {result['baseline_tokens_per_s']:.1f} "
-                  f"(speedup {result['speedup']:.2f}x); round ms draft {result['draft_ms']:.2f} / verify "
-                  f"{result['verify_ms']:.2f} / other {result['other_ms']:.2f}; loop overhead "
-                  f"{100 * result['overhead_fraction']:.0f}%"
-                  + ("" if lossless is None else f"; lossless mismatches {lossless}"), markup=False)
-    if result.get("eval_coverage") is not None:
-        cal = result.get("calibration_coverage")
-        console.print(f"draft vocabulary covers {100 * result['eval_coverage']:.1f} % of the emitted tokens"
-                      + ("" if cal is None else f" (calibration coverage {100 * cal:.1f} %, from prune --vocab)"))
-    c = result.get("compare")
-    if c:
-        console.print(f"compare {c['drafter']} ({c['backend']}): tau {c['tau']:.2f}, speedup {c['speedup']:.2f}x; "
-                      f"median drafter forward ms per round {c['draft_forward_ms_median']:.2f} vs "
-                      f"{c['base_draft_forward_ms_median']:.2f} ({c['draft_forward_ms_ratio']:.2f}x), round ms "
-                      f"{c['round_ms_median']:.2f} vs {c['base_round_ms_median']:.2f} ({c['round_ms_ratio']:.2f}x)"
-                      + ("" if c["lossless_mismatches"] is None else
-                         f"; lossless mismatches {c['lossless_mismatches']}"), markup=False)
+def report(console, result: dict, n_prompts: int | None = None, pol=None) -> None:
+    """bench's summary lines (bench_pipeline.summary_lines) on stderr, as text (no rich markup). With
+    n_prompts and pol: only the measurement's lines (bench_pipeline.bench_lines), for a result without config."""
+    from specpress.runtime.bench_pipeline import bench_lines, summary_lines
+
+    for line in summary_lines(result) if n_prompts is None else bench_lines(result, n_prompts, pol):
+        console.print(line, markup=False)
