@@ -208,10 +208,10 @@ def test_presets_have_the_documented_sizes() -> None:
         with torch.device("meta"):
             sizes[name] = sum(p.numel() for p in TargetModel(preset.target_config()).parameters())
         assert preset.num_layers >= 8
-    assert 7.0e6 < sizes["small"] < 8.5e6 and 25e6 < sizes["medium"] < 32e6
+    assert 7.0e6 < sizes["small"] < 8.5e6 and 25e6 < sizes["medium"] < 32e6 and 1.9e6 < sizes["tiny"] < 2.1e6
     with pytest.raises(RequestError, match="EAGLE-3"):
         zb.preset_with("small", num_layers=4)
-    with pytest.raises(RequestError, match="available: small, medium"):
+    with pytest.raises(RequestError, match="available: small, tiny, medium"):
         zb.preset_with("huge")
 
 
