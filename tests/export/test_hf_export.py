@@ -267,7 +267,8 @@ def test_speculators_eagle3_stores_the_verifiers_embedding(target, target_dir, t
 def test_modelopt_fp8_weight_scale_is_one_dimensional(family, target, tmp_path):
     """ModelOpt writes per-channel fp8 scales `[N]`, and TensorRT-LLM's FP8 rowwise method
     (tensorrt_llm/_torch/modules/linear.py FP8RowwiseLinearMethod.create_weights: weight_scale
-    `empty(out_features)`) and vLLM 0.33's ModelOpt per-channel scheme allocate `[N]`: `[N, 1]` fails to copy."""
+    `empty(out_features)`) and vLLM 0.34's ModelOpt per-channel scheme (model_executor/layers/quantization/
+    modelopt.py KFp8StaticChannel, FP8_PER_CHANNEL_PER_TOKEN) allocate `[N]`: `[N, 1]` fails to copy."""
     src = drafter_dir(family, target, tmp_path, "fp8")
     out = export_hf(src, tmp_path / "mo", "modelopt").out
     t = load_file(str(out / "model.safetensors"))
@@ -296,8 +297,9 @@ def test_help_and_notes_do_not_promise_sglang_a_quantized_modelopt_route(target,
 
 
 def test_a_tap_on_the_targets_last_layer_is_refused(target, target_dir, tmp_path):
-    """hidden_states[L] is taken after the final norm here; vLLM 0.33 collects the residual entering a layer
-    (model_executor/models/llama.py aux_hidden_state_layers), so a tap L would be another feature there."""
+    """hidden_states[L] is taken after the final norm here; vLLM 0.34 collects tap j as hidden + residual after
+    j layers (model_executor/models/llama.py LlamaModel.forward, models/interfaces.py _maybe_add_hidden_state),
+    tap L before the final norm, so a tap L would be another feature there."""
     from dataclasses import replace
 
     from specpress.models.drafter import build_drafter
@@ -306,18 +308,26 @@ def test_a_tap_on_the_targets_last_layer_is_refused(target, target_dir, tmp_path
     d = build_drafter(replace(base.config, target_layer_ids=(2, 4, L)))
     d.load_state_dict(base.state_dict())
     src = save_drafter(d.attach_target(target), tmp_path / "e3")
-    with pytest.raises(ConfigError, match=rf"taps hidden_states\[{L}\].*after the final norm.*below {L}"):
+    with pytest.raises(ConfigError, match=rf"taps hidden_states\[{L}\].*after the final norm.*tap {L} before the "
+                                          rf"final norm.*below {L}"):
         export_hf(src, tmp_path / "x", "speculators", verifier=str(target_dir))
     assert not (tmp_path / "x").exists()
 
 
 def test_vllm_kernel_notes_are_current():
-    """vLLM 0.33: 8-bit weights with zero points run through Machete on sm90 (quantization/utils/
-    machete_utils.py: uint8 with zero points, groups -1/64/128; kernels/mixed_precision/machete.py: capability
-    90); Marlin (kernels/mixed_precision/marlin.py) pads shapes that are not whole tiles."""
-    from specpress.models.formats.compressed_tensors import serving_notes
+    """vLLM 0.34: 8-bit weights with zero points run through Machete on sm90 (quantization/utils/
+    machete_utils.py: uint8 with zero points, groups -1/64/128, in % 64 and out % 128;
+    model_executor/kernels/linear/mixed_precision/machete.py: capability 90); Marlin takes zero points for uint4
+    only (marlin_utils.py query_marlin_supported_quant_types), so other layers go to the next kernel
+    choose_mp_linear_kernel accepts (kernels/linear/__init__.py), Humming on CUDA; Marlin pads shapes that are
+    neither (out % 64, in % 128) nor (out % 128, in % 64) (marlin_utils.py marlin_padded_nk)."""
+    from specpress.models.formats.compressed_tensors import marlin_tiles, serving_notes
 
     asym = " ".join(serving_notes({"name": "int", "bits": 8, "group_size": 32, "symmetric": False},
                                   {"layers.0.mlp.down_proj": (40, 32)}))
-    assert "Machete" in asym and "sm90" in asym and "4-bit weights only" in asym
+    assert "Machete" in asym and "sm90" in asym and "4-bit weights only" in asym and "Humming" in asym
     assert "pads" in asym and "may fall back" not in asym and "refuse" not in asym
+    assert marlin_tiles(64, 128) and marlin_tiles(128, 64) and not marlin_tiles(64, 64) and not marlin_tiles(40, 32)
+    aligned = serving_notes({"name": "int", "bits": 4, "group_size": 64, "symmetric": True},
+                            {"a": (128, 192), "b": (64, 256)})  # (out, in): whole tiles in one family or the other
+    assert not any("pads" in n for n in aligned)

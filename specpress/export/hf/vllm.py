@@ -79,9 +79,10 @@ def _notes(job: Job) -> list[str]:
     if job.scheme in ("int2", "ternary"):
         notes.append(f"{V} takes {job.scheme}'s pack-quantized num_bits 2 "
                      f"(compressed_tensors/schemes/compressed_tensors_wNa16.py WNA16_SUPPORTED_TYPES_MAP holds 2-8), "
-                     f"but on CUDA only its optional Humming kernel runs 2-bit weights (kernels/linear/__init__.py "
-                     f"_POSSIBLE_KERNELS: Marlin, Machete, Conch, Exllama, Triton take 4 / 8 bits): install humming, "
-                     f"or set VLLM_BATCH_INVARIANT=1 (dequantize + matmul); without either the layer has no kernel")
+                     f"but on CUDA only its Humming kernel runs 2-bit weights (kernels/linear/__init__.py "
+                     f"_POSSIBLE_KERNELS: Marlin, Machete, Conch, Exllama, Triton take 4 / 8 bits; humming-kernels "
+                     f"is a dependency vLLM 0.34.0's wheel installs), or VLLM_BATCH_INVARIANT=1 (dequantize + "
+                     f"matmul); without either the layer has no kernel")
     if job.scheme in ("mxfp4", "mxfp8"):
         notes.append(f"{V} picks the {job.scheme} kernel by GPU, not by the checkpoint: MXFP4 runs W4A4 on SM100 with "
                      f"FlashInfer and weight-only (Marlin) elsewhere (compressed_tensors_w4a4_mxfp4.py), so the "
@@ -111,8 +112,8 @@ RULES = Rules(
     refuse=first(_pre_quant, _three_bit,
                  mixed_fused(V, "model_executor/layers/quantization/compressed_tensors/utils.py should_ignore_layer "
                                 "raises a ValueError for shards with different schemes"),
-                 last_layer_tap(V, "model_executor/models/llama.py aux_hidden_state_layers collects the residual "
-                                   "entering layer j"),
+                 last_layer_tap(V, "model_executor/models/llama.py LlamaModel.forward collects tap j as hidden + "
+                                   "residual after j layers, tap L before the final norm"),
                  _nvfp4_scales),
     notes=_notes,
     serve=_serve,

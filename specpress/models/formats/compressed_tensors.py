@@ -57,9 +57,9 @@ def name_pattern(name: str) -> str:
     """A compressed-tensors ignore entry for Linear `name` (checkpoint name) that matches it under any
     serving engine's naming: `re:` + the name anchored at a dotted boundary, with a decoder layer's index
     left open. vLLM prefixes the drafter's modules (`fc` is `model.fc`) and numbers an EAGLE-3 draft
-    layer after the target's depth (`model.layers.{num_target_layers}`, vLLM 0.33
-    model_executor/models/llama_eagle3.py), and matches `re:` entries against those names unrewritten
-    (quantization/compressed_tensors/utils.py)."""
+    layer after the target's depth (`model.layers.{num_target_layers}`, vLLM 0.34
+    model_executor/models/llama_eagle3.py start_layer_id), and matches `re:` entries against those names
+    unrewritten (model_executor/layers/quantization/compressed_tensors/utils.py)."""
     m = LAYER_INDEX.search(name)
     if m is None:
         return r"re:(.*\.)?" + re.escape(name) + "$"
@@ -229,6 +229,12 @@ def matches(patterns: list[str], name: str) -> bool:
     return False
 
 
+def marlin_tiles(out_features: int, in_features: int) -> bool:
+    """Whether vLLM 0.34's Marlin takes a [out, in] weight unpadded: (n % 64, k % 128) or (n % 128, k % 64)
+    (model_executor/layers/quantization/utils/marlin_utils.py marlin_padded_nk)."""
+    return (out_features % 64 == 0 and in_features % 128 == 0) or (out_features % 128 == 0 and in_features % 64 == 0)
+
+
 def serving_notes(cfg: Mapping[str, Any], shapes: Mapping[str, tuple[int, int]]) -> list[str]:
     """What vLLM's compressed-tensors kernels take that this checkpoint does not (or only with a cast)."""
     notes = ["weight_scale is stored as float32 (the scales specpress measured, bit for bit); vLLM casts it "
@@ -239,16 +245,23 @@ def serving_notes(cfg: Mapping[str, Any], shapes: Mapping[str, tuple[int, int]])
                         "without native fp8, its fp8 GEMM otherwise"]
     g = cfg.get("group_size")
     if g is not None and g not in VLLM_GROUP_SIZES:
-        notes.append(f"group size {g}: vLLM's WNA16 kernels (Marlin/Machete) take group sizes "
-                     f"{', '.join(map(str, VLLM_GROUP_SIZES))} or per-channel; this checkpoint will not load "
-                     f"there: quantize with --group-size 32/64/128")
+        notes.append(f"group size {g}: vLLM 0.34's Marlin / Machete WNA16 kernels take group sizes "
+                     f"{', '.join(map(str, VLLM_GROUP_SIZES))} or per-channel (quantization/utils/marlin_utils.py "
+                     f"MARLIN_SUPPORTED_GROUP_SIZES); other groups go to Humming (humming-kernels, which vLLM 0.34 "
+                     f"installs; kernels/linear/__init__.py choose_mp_linear_kernel), a kernel specpress has not "
+                     f"checked: quantize with --group-size 32/64/128")
     if not cfg.get("symmetric", True) and int(cfg["bits"]) == 8:
-        notes.append("asymmetric int8: vLLM 0.33 runs 8-bit weights with zero points through Machete, on Hopper "
-                     "(sm90) only and with groups of 64 or 128 or per channel; Marlin, its kernel on other GPUs, "
-                     "takes zero points for 4-bit weights only: serve it on an sm90 GPU or quantize symmetric int8")
-    small = sorted(n for n, (rows, cols) in shapes.items() if cols % 128 or rows % 64)
+        notes.append("asymmetric int8: vLLM 0.34 runs 8-bit weights with zero points through Machete on Hopper "
+                     "(sm90) only, with groups of 64 or 128 or per channel and in_features a multiple of 64, "
+                     "out_features of 128 (quantization/utils/machete_utils.py); Marlin takes zero points for "
+                     "4-bit weights only (marlin_utils.py query_marlin_supported_quant_types); any other layer goes "
+                     "to the next kernel that accepts it (kernels/linear/__init__.py choose_mp_linear_kernel), "
+                     "Humming (humming-kernels, which vLLM 0.34 installs) on CUDA, a kernel specpress has not "
+                     "checked: serve it on an sm90 GPU with those groups or quantize symmetric int8")
+    small = sorted(n for n, (rows, cols) in shapes.items() if not marlin_tiles(rows, cols))
     if small:
         notes.append(f"{len(small)} quantized Linear(s) ({', '.join(small[:3])}{' …' if len(small) > 3 else ''}) "
-                     f"have in_features not a multiple of 128 or out_features not a multiple of 64: vLLM 0.33's "
-                     f"Marlin pads them to its tiles (they load and run; the padding costs some compute)")
+                     f"are not whole Marlin tiles (out_features a multiple of 64 and in_features of 128, or of "
+                     f"128 and 64): vLLM 0.34's Marlin pads them (quantization/utils/marlin_utils.py "
+                     f"marlin_padded_nk; they load and run, the padding costs some compute)")
     return notes

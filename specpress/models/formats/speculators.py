@@ -74,15 +74,17 @@ def cannot_hold(family: str, config: Any) -> str | None:
 
 def check_taps(family: str, config: Any, num_target_layers: int | None) -> None:
     """Refuse an eagle3 tap vLLM cannot reproduce: hidden_states[L] (the last layer's output) is taken after
-    the final norm here, while vLLM collects the residual entering a layer (vLLM 0.33
-    model_executor/models/llama.py, aux_hidden_state_layers), which exists only for ids < L."""
+    the final norm here, while vLLM takes tap j as the residual stream after j layers, hidden + residual before
+    any norm, j = L included (vLLM 0.34 model_executor/models/llama.py LlamaModel.forward with
+    models/interfaces.py _maybe_add_hidden_state, aux_hidden_state_layers)."""
     taps = getattr(config, "target_layer_ids", None) if family == "eagle3" else None
     n = getattr(config, "num_target_layers", None) or num_target_layers
     if taps is None or n is None or max(taps) < n:
         return
     raise ConfigError(f"this eagle3 drafter taps hidden_states[{n}], the target's last layer output, which specpress "
-                      f"takes after the final norm; vLLM taps the residual entering a layer (ids < {n}, before any "
-                      f"norm), so it would feed this drafter another feature. Re-distill it with taps below {n}")
+                      f"takes after the final norm; vLLM takes tap {n} before the final norm (the residual stream "
+                      f"after {n} layers), so it would feed this drafter another feature. Re-distill it with taps "
+                      f"below {n}")
 
 
 def proposal(tokens: int) -> dict[str, Any]:
