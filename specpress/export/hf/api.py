@@ -177,9 +177,10 @@ def _route(fmt: str | None, engine_name: str | None, family: str) -> tuple[str, 
             return ("hf" if get_family(family).session == "lm" else "speculators"), CT, None  # an LM: plain HF
         return "public", MODELOPT, None
     eng = engine(engine_name)
-    if family not in eng.layouts:
+    route = eng.route(family)  # the family's serving facet (export/hf/facets/)
+    if route is None:
         raise RequestError(eng.no_route.get(family) or f"{eng.read_from} has no route for {family!r} drafters")
-    lay = eng.layouts[family]
+    lay = route.layout
     if fmt is not None and fmt != _format_of(eng, lay):  # right for another family: the drafter makes it wrong
         raise RequestError(f"--for {eng.name} writes {eng.label}'s own form of a {family} drafter ({lay} layout, "
                            f"{eng.quant}); drop --format {fmt}, or drop --for to write that layout alone")
@@ -225,8 +226,8 @@ def export_hf(drafter: str | Path, out: str | Path, fmt: str | None = None, *, e
     rules = eng.rules() if eng is not None else None
     notes: list[str] = []
     if heads.head_kind(config) != "dense":
-        heads.check(family, config, materialize_head, rules)
-        if heads.refusal(family, config, rules):
+        heads.check(family, config, materialize_head, rules, eng)
+        if heads.refusal(family, config, rules, eng):
             local = Path(verifier).expanduser() if verifier is not None else None
             config, weights, block, note = heads.materialize(drafter, family, config, weights, block,
                                                              local if local is not None and local.is_dir() else None,
@@ -254,7 +255,7 @@ def export_hf(drafter: str | Path, out: str | Path, fmt: str | None = None, *, e
         else (None, [])
     notes += more
     job = Job(family, config, lay, qcfg, quantized, linears, n_target, verifier, Path(out).expanduser(),
-              speculative_tokens or 0) if rules is not None else None
+              speculative_tokens or 0, eng.route(family)) if eng is not None else None
     if rules is not None:
         why = rules.refuse(job)
         if why:
