@@ -104,6 +104,15 @@ def first(*checks: Callable[[Job], str | None]) -> Callable[[Job], str | None]:
     return run
 
 
+def unquantized_only(label: str) -> Callable[[Job], str | None]:
+    """A quantized drafter of a family the engine builds in float only (its route's no_quant rule)."""
+    def check(job: Job) -> str | None:
+        if job.qcfg is None or job.route is None or not job.route.no_quant:
+            return None
+        return f"{label} {job.route.no_quant}"
+    return check
+
+
 def mixed_fused(label: str, where: str) -> Callable[[Job], str | None]:
     """A fused group (q/k/v, gate/up) quantized in part: the engine builds one Linear with one scheme."""
     def check(job: Job) -> str | None:

@@ -36,6 +36,7 @@ from specpress.export.hf.rules import (
     last_layer_tap,
     mixed_fused,
     quantized_named,
+    unquantized_only,
 )
 
 V = "SGLang 0.5.23"
@@ -47,8 +48,6 @@ def _scheme(job: Job) -> str | None:
     q = job.qcfg
     if q is None:
         return None
-    if job.route is not None and job.route.no_quant:  # e.g. DFlash: its draft layers are built unquantized
-        return f"{V} {job.route.no_quant}"
     if getattr(q, "has_pre_quant_scale", False):
         return (f"{V} reads a quantized drafter here as compressed-tensors ({CT_FILE}), whose schemes hold weights, "
                 f"scales, zero points and input scales, not {q.method}'s pre_quant_scale: quantize with --method rtn "
@@ -142,7 +141,7 @@ SHARED_HEAD = (f"{V} shares the target's lm_head with an EAGLE-3 drafter only wh
 
 
 RULES = Rules(
-    refuse=first(_scheme, _plain_fc,
+    refuse=first(unquantized_only(V), _scheme, _plain_fc,
                  mixed_fused(V, f"srt/{CT_FILE.replace('compressed_tensors.py', 'utils.py')} should_ignore_layer "
                                 f"raises a ValueError for shards with different schemes"),
                  last_layer_tap(V, "srt/models/llama.py set_eagle3_layers_to_capture captures the input of layer "

@@ -39,6 +39,7 @@ from specpress.export.hf.rules import (
     last_layer_tap,
     mixed_fused,
     quantized_named,
+    unquantized_only,
 )
 from specpress.models.quantized.fusion import group_of
 
@@ -63,8 +64,6 @@ def _algo(job: Job) -> str | None:
 def _scheme(job: Job) -> str | None:
     if job.qcfg is None:
         return None
-    if job.route is not None and job.route.no_quant:  # e.g. DFlash: its K/V rows are stacked in float
-        return f"{V} {job.route.no_quant}"
     algo = _algo(job)
     if algo is None or algo in LOADS:
         return None
@@ -189,7 +188,7 @@ SHARED_HEAD = (f"{V} takes the target's WHOLE lm_head when the checkpoint has no
 
 
 RULES = Rules(
-    refuse=first(_scheme, _head,
+    refuse=first(unquantized_only(V), _scheme, _head,
                  mixed_fused(V, "_torch/models/modeling_utils.py apply_quant_config_exclude_modules leaves a fused "
                                 "layer unquantized when any shard is excluded"),
                  last_layer_tap(V, "_torch/models/modeling_speculative.py spec_metadata.maybe_capture_hidden_states "

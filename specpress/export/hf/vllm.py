@@ -27,7 +27,15 @@ from __future__ import annotations
 
 import json
 
-from specpress.export.hf.rules import Job, Rules, first, fused_scales_differ, last_layer_tap, mixed_fused
+from specpress.export.hf.rules import (
+    Job,
+    Rules,
+    first,
+    fused_scales_differ,
+    last_layer_tap,
+    mixed_fused,
+    unquantized_only,
+)
 from specpress.models.formats import compressed_tensors as ct
 
 V = "vLLM 0.34"
@@ -103,7 +111,7 @@ SHARED_HEAD = (f"{V} installs the target's WHOLE lm_head when the checkpoint has
 
 
 RULES = Rules(
-    refuse=first(_pre_quant, _three_bit,
+    refuse=first(unquantized_only(V), _pre_quant, _three_bit,
                  mixed_fused(V, "model_executor/layers/quantization/compressed_tensors/utils.py should_ignore_layer "
                                 "raises a ValueError for shards with different schemes"),
                  last_layer_tap(V, "model_executor/models/llama.py aux_hidden_state_layers collects the residual "

@@ -35,10 +35,11 @@ class Route:
     layout: what it reads ("speculators" | "public" | "hf"); name: the engine's name for the family (vLLM's
     speculative method, SGLang's --speculative-algorithm, TensorRT-LLM's decoding_type); own_head: the engine's
     rule for the one dense head it builds (a low-rank head has no place in it; export/hf/heads.py);
-    no_quant: the engine's rule that refuses a quantized drafter of the family ("" = it loads one); plain_fc
-    (SGLang): the model file whose `fc` is a plain torch Linear, so a quantized fc is refused; architectures:
-    the config.json architectures the engine picks the model class by (() = the family's own); serve_taps
-    (TensorRT-LLM): the taps go into the serve config (eagle3_layers_to_capture), not the checkpoint.
+    no_quant: the engine's rule that refuses a quantized drafter of the family ("" = it loads one; every
+    engine asks it first: rules.py unquantized_only); plain_fc (SGLang): the model file whose `fc` is a plain
+    torch Linear, so a quantized fc is refused; architectures (SGLang): the config.json architectures it picks
+    the model class by (() = the family's own); serve_taps (TensorRT-LLM): the taps go into the serve config
+    (eagle3_layers_to_capture), not the checkpoint.
     """
 
     layout: str
