@@ -24,7 +24,9 @@ Everything outside models/ that depends on the family reads it from here, never 
                   a plain HF decoder instead)
 
 Adding a family = one file in models/ that defines its config and module and calls register_family with
-these traits (see models/eagle.py).
+these traits (see models/eagle.py). What the serving engines do with it is its serving facet, one module in
+export/hf/facets/ (registered from the export layer: models/ imports nothing above it); without one, every
+engine refuses it as a family it has no route for.
 """
 
 from __future__ import annotations

@@ -214,7 +214,8 @@ def test_a_toy_family_goes_through_export_hf(toy, target, tmp_path):
                                                r"llama_toy\.py"):
             export_hf(qsrc, tmp_path / "qs", engine="sglang", verifier=str(tdir))
         unregister_serving("toy")
-        register_serving(ServingFacet("toy", routes={"vllm": Route("public", "eagle", no_quant="builds toys in float")}))
+        float_only = Route("public", "eagle", no_quant="builds toys in float")
+        register_serving(ServingFacet("toy", routes={"vllm": float_only}))
         with pytest.raises(RequestError, match="^vLLM 0.34 builds toys in float$"):
             export_hf(qsrc, tmp_path / "qv", engine="vllm", verifier=str(tdir))
     finally:

@@ -154,9 +154,9 @@ def last_layer_tap(label: str, where: str) -> Callable[[Job], str | None]:
         n = job.num_target_layers
         if max(job.taps) < n:
             return None
-        return (f"this {job.family} drafter taps hidden_states[{n}], the target's last layer output, which specpress takes "
-                f"after the final norm; {label} captures a layer's residual stream before any norm ({where}), so it "
-                f"would feed this drafter another feature. Re-distill it with taps below {n}")
+        return (f"this {job.family} drafter taps hidden_states[{n}], the target's last layer output, which specpress "
+                f"takes after the final norm; {label} captures a layer's residual stream before any norm ({where}), so "
+                f"it would feed this drafter another feature. Re-distill it with taps below {n}")
     return check
 
 

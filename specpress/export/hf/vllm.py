@@ -27,15 +27,7 @@ from __future__ import annotations
 
 import json
 
-from specpress.export.hf.rules import (
-    Job,
-    Rules,
-    first,
-    fused_scales_differ,
-    last_layer_tap,
-    mixed_fused,
-    unquantized_only,
-)
+from specpress.export.hf.rules import Job, Rules, first, fused_scales_differ, last_layer_tap, mixed_fused, unquantized_only
 from specpress.models.formats import compressed_tensors as ct
 
 V = "vLLM 0.34"

@@ -221,6 +221,7 @@ def build_config(family: str, config: Any, public: Mapping[str, Any], verifier: 
 
     form = form_of(family)
     assert form is not None, family  # cannot_hold refused it before
+    reduced = get_family(family).draft_vocab == "reduced"  # its own head over a subset of the vocabulary
     layer_keys = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
                   "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps", "rope_theta",
                   "rope_parameters", "attention_bias", "attention_dropout", "num_hidden_layers")
@@ -235,7 +236,7 @@ def build_config(family: str, config: Any, public: Mapping[str, Any], verifier: 
         "speculators_config": {"algorithm": form.model_type, "proposal_methods": [proposal(tokens)],
                                "default_proposal_method": "greedy", "verifier": dict(verifier)},
         "transformer_layer_config": tlc,
-        "draft_vocab_size": config.draft_vocab_size if get_family(family).draft_vocab == "reduced" else config.vocab_size,
+        "draft_vocab_size": config.draft_vocab_size if reduced else config.vocab_size,
         "target_hidden_size": getattr(config, "target_hidden_size", None) or config.hidden_size,
     }
     out.update(form.write(config, public, tlc))

@@ -132,5 +132,5 @@ def route(family: str, engine: str) -> Route | None:
     return None if facet is None else facet.routes.get(engine)
 
 
-__all__ = ["LAYOUTS", "Route", "ServingFacet", "register_serving", "unregister_serving", "serving_facets",
-           "serving_facet", "route"]
+__all__ = ["LAYOUTS", "Route", "ServingFacet", "register_serving", "route", "serving_facet", "serving_facets",
+           "unregister_serving"]
