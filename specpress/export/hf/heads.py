@@ -51,13 +51,16 @@ def own_head_rule(family: str, rules: Any = None, eng: Any = None) -> str:
 
     if eng is not None:
         route = eng.route(family)
-        if route is not None and route.own_head:
-            return f"{rules.label} {route.own_head}"
-    facet = serving_facet(family)
-    if facet is None or not facet.own_head:
-        raise RequestError(f"no serving engine's rule for a {family} drafter's own head is known (its serving facet, "
-                           f"export/hf/facets/, names none): export it to ONNX")
-    return facet.own_head
+        text = route.own_head if route is not None else ""
+        where = eng.read_from
+    else:
+        facet = serving_facet(family)
+        text = facet.own_head if facet is not None else ""
+        where = "vLLM's or TensorRT-LLM's"
+    if not text:
+        raise RequestError(f"{where} rule for a {family} drafter's own head is not known (its serving facet, "
+                           f"export/hf/facets/, names none): serve it from specpress's ONNX export")
+    return f"{rules.label} {text}" if eng is not None else text
 
 
 def refusal(family: str, config: Any, rules: Any = None, eng: Any = None) -> str | None:
