@@ -88,7 +88,8 @@ def test_registration_fails_loudly(toy):
         _register_toy(colour="red")
     for bad, match in (({"session": "beam"}, "session"), ({"default_policy": "block:8"}, "default_policy"),
                        ({"prunable": ("layers",)}, "layer_stack"), ({"prunable": ("vocab",)}, "draft_vocab"),
-                       ({"loss": "mse"}, "loss"), ({"student": None}, "student")):
+                       ({"loss": "mse"}, "loss"), ({"student": None}, "student"),
+                       ({"speculators": "medusa"}, "speculators 'medusa' must be among eagle3, dflash")):
         with pytest.raises(ValueError, match=match):
             _register_toy(**bad)
     assert "toy" not in family_names()  # nothing half-registered
