@@ -314,4 +314,5 @@ register_family(
                             regenerate=REGENERATE,
                             published="DFlash: random anchors, the block mask, CE weighted by exp(-(k-1)/gamma) "
                                       "with gamma 7/5/4 for blocks of 16/10/8, AdamW, clip 1.0"),
-    prunable=("layers", "heads", "ffn"), layer_stack="layers", draft_vocab="target", student=student_config)
+    prunable=("layers", "heads", "ffn"), layer_stack="layers", draft_vocab="target", student=student_config,
+    speculators="dflash")

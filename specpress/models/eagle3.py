@@ -317,4 +317,5 @@ register_family(
     distill=DistillDefaults(lr=2e-3, optimizer="muon", grad_clip=0.5, ttt_steps=3, options=("taps",),
                             published="EAGLE-3: training-time test, step weights 0.8^i, clip 0.5 (paper: 7 steps, "
                                       "AdamW lr 5e-5); the lr 2e-3 / Muon defaults were measured better here"),
-    prunable=("heads", "ffn", "vocab", "head_rank", "share_head"), draft_vocab="reduced", student=student_config)
+    prunable=("heads", "ffn", "vocab", "head_rank", "share_head"), draft_vocab="reduced", student=student_config,
+    speculators="eagle3")

@@ -19,9 +19,14 @@ Everything outside models/ that depends on the family reads it from here, never 
   draft_vocab     how it drafts tokens: "target" (through the target's own head), "reduced" (its own head
                   over a subset of the target's vocabulary, mapped by d2t / t2d: eagle3) or "own" (its own
                   embeddings and head over the target's token ids: lm)
+  speculators     the speculators model type it is written as (models/formats/speculators.py FORMS: eagle3,
+                  dflash), None when speculators has no layout for it (optional; an "lm" session is written as
+                  a plain HF decoder instead)
 
 Adding a family = one file in models/ that defines its config and module and calls register_family with
-these traits (see models/eagle.py).
+these traits (see models/eagle.py). What the serving engines do with it is its serving facet, one module in
+export/hf/facets/ (registered from the export layer: models/ imports nothing above it); without one, every
+engine refuses it as a family it has no route for.
 """
 
 from __future__ import annotations
@@ -118,6 +123,7 @@ class Family:
     layer_stack: str | None = None  # module path of its layer stack (when "layers" is prunable)
     pinned_layers: tuple[int, ...] = ()  # layers of the stack pruning must keep
     note: str = ""  # why a stage is not prunable, shown with the error
+    speculators: str | None = None  # the speculators model type it is written as (None: no speculators layout)
 
     def __post_init__(self) -> None:
         checks = (("session", (self.session,), SESSIONS), ("policies", self.policies, POLICY_KINDS),
@@ -140,6 +146,12 @@ class Family:
         if "head_rank" in self.prunable and self.draft_vocab == "target":
             raise ValueError(f"family {self.name!r}: a low-rank head needs a head of its own (draft_vocab 'reduced' "
                              f"or 'own'); it drafts through the target's")
+        if self.speculators is not None:
+            from specpress.models.formats.speculators import FORMS
+
+            if self.speculators not in FORMS:
+                raise ValueError(f"family {self.name!r}: speculators {self.speculators!r} must be among "
+                                 f"{', '.join(FORMS)} (or None)")
         for what in ("teacher_forced", "student"):
             if not callable(getattr(self, what)):
                 raise ValueError(f"family {self.name!r}: {what} must be a function")

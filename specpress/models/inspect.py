@@ -212,9 +212,10 @@ def _quantization(block: dict[str, Any], index: dict[str, Any], model: nn.Module
 
 def _plain_decoder(cfg: dict[str, Any], names: set[str]) -> bool:
     """A plain HF decoder config (not any drafter's public layout): inspected as a target."""
+    from specpress.models.drafter import get_family
     from specpress.models.drafter_io import detect_family
 
     try:
-        return detect_family(cfg, names or None) == "lm"
+        return get_family(detect_family(cfg, names or None)).session == "lm"  # an independent LM: a plain decoder
     except ConfigError:  # not a decoder we know: the drafter path reports it
         return False

@@ -114,7 +114,7 @@ def to_specpress_config(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]
     block = dict(cfg.get("specpress") or {})
     if kind == "speculators":
         out = sp.to_public_config(cfg, str(path), _num_target_layers(block, cfg))
-        block.setdefault("family", cfg["speculators_model_type"])
+        block.setdefault("family", sp.family_of(cfg["speculators_model_type"]))
         block["verifier"] = dict(cfg["speculators_config"]["verifier"])
         rename = lambda n: sp.rename_in(cfg["speculators_model_type"], n)  # noqa: E731
     else:
@@ -162,7 +162,8 @@ def to_specpress_weights(path: Path | str, weights: dict[str, Tensor]) -> dict[s
     if qcfg is None:
         names: list[str] = []
     elif mine is not None:
-        names = [sp.rename_out(mtype, n) if mtype else n for n in mine.get("quantized") or ()]
+        form = sp.FORMS.get(mtype)
+        names = [form.rename_out(n) if form else n for n in mine.get("quantized") or ()]
     else:
         names = _stored_names(path, qkind)
     enc = config = None

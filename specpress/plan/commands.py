@@ -287,10 +287,11 @@ def plan_export_hf(p: dict[str, Any]) -> Plan:
     phases = {"write": {"drafter": d.stored, "serialized": int(SAVE_COPY * d.stored)}}
     holds = {"drafter": d.stored}
     from specpress.export.hf.engines import engine
+    from specpress.models.drafter import get_family
 
     verifier = p.get("target") or p.get("verifier")  # --verifier: the deprecated spelling of --target
     layout = p.get("fmt") or (engine(p["engine"]).layouts.get(d.family) if p.get("engine") else None)
-    if layout == "speculators" and d.family in ("eagle3", "dflash") and verifier \
+    if layout == "speculators" and get_family(d.family).speculators is not None and verifier \
             and Path(verifier).expanduser().is_dir():
         t = target_facts(verifier, "auto")
         es = {"float16": 2, "bfloat16": 2}.get(str(read_config(p.get("drafter_dir") or p["drafter"]).get(

@@ -5,6 +5,7 @@ replaced."""
 from __future__ import annotations
 
 import ast
+import json
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
@@ -17,15 +18,16 @@ from drafters_common import CONFIGS, IDS, make, tiny_target
 from specpress.compress.config import DistillConfig
 from specpress.compress.importance import calibration_signals, fit, layer_stack, make_probes
 from specpress.compress.losses import LOSSES, LossContext, chain_loss, get_loss
+from specpress.compress.quantize.api import quantize
 from specpress.compress.quantize.calibrate import drafter_forward
 from specpress.compress.students import student_config
 from specpress.compress.teacher import target_signals
 from specpress.errors import ConfigError, RequestError
-from specpress.models import forced
+from specpress.models import eagle, forced
 from specpress.models.drafter import (BUILTIN_FAMILIES, build_drafter, families_where, family_names, get_family,
                                       register_family, unregister_family)
 from specpress.models.eagle import EagleConfig, EagleDrafter
-from specpress.models.family import REQUIRED_TRAITS, DistillDefaults, StudentSpec
+from specpress.models.family import REQUIRED_TRAITS, TRAITS, DistillDefaults, StudentSpec
 from specpress.models.forced import input_features
 from specpress.models.target import TargetConfig, TargetModel
 from specpress.runtime.backends.torch.runner import drafter_runner
@@ -58,9 +60,14 @@ TOY_TRAITS = dict(session="feature", policies=("chain",), default_policy="chain:
                   prunable=("heads", "ffn"), draft_vocab="target", student=toy_student, note="a toy")
 
 
+def toy_read(cfg: Mapping[str, Any], source: str) -> ToyConfig:
+    """EAGLE-1's public config, read as a toy's."""
+    c = eagle.read_config(cfg, source)
+    return ToyConfig(**{f.name: getattr(c, f.name) for f in fields(c)})
+
+
 def _register_toy(**traits: Any):
-    return register_family("toy", ToyConfig, ToyDrafter, lambda cfg, src: ToyConfig(), lambda c: {},
-                           **{**TOY_TRAITS, **traits})
+    return register_family("toy", ToyConfig, ToyDrafter, toy_read, eagle.write_config, **{**TOY_TRAITS, **traits})
 
 
 @pytest.fixture
@@ -81,7 +88,8 @@ def test_registration_fails_loudly(toy):
         _register_toy(colour="red")
     for bad, match in (({"session": "beam"}, "session"), ({"default_policy": "block:8"}, "default_policy"),
                        ({"prunable": ("layers",)}, "layer_stack"), ({"prunable": ("vocab",)}, "draft_vocab"),
-                       ({"loss": "mse"}, "loss"), ({"student": None}, "student")):
+                       ({"loss": "mse"}, "loss"), ({"student": None}, "student"),
+                       ({"speculators": "medusa"}, "speculators 'medusa' must be among eagle3, dflash")):
         with pytest.raises(ValueError, match=match):
             _register_toy(**bad)
     assert "toy" not in family_names()  # nothing half-registered
@@ -151,6 +159,95 @@ def test_a_toy_family_runs_through_every_consumer(toy, target):
     drafter_forward(d, ids, batch.hidden, batch.taps)
     with pytest.raises(RequestError, match=r"toy drafters have a single layer \(a toy\)"):
         layer_stack(d)
+
+
+def test_a_toy_family_goes_through_export_hf(toy, target, tmp_path):
+    """`export hf` routes a family by its serving facet (export/hf/facets/) and its traits: without a facet each
+    engine refuses the toy with the message any unrouted family gets; with one registered from the test (as a
+    family's own facet module would), each engine writes it or refuses it by the facet, and no engine file
+    changes."""
+    from specpress.export.hf import export_hf
+    from specpress.export.hf.engines import ENGINES, engine, help_text
+    from specpress.export.hf.facets import (
+        Route,
+        ServingFacet,
+        register_serving,
+        unregister_serving,
+    )
+    from specpress.models.drafter_io import save_drafter
+    from specpress.models.quantized.scheme import config_for
+    from specpress.models.target import save_target
+
+    tdir = save_target(target, tmp_path / "target")
+    d = build_drafter(student_config(DistillConfig(family="toy", steps=1), target.config), target)
+    src = save_drafter(d, tmp_path / "src")
+    for name, eng in ENGINES.items():  # no facet: the engine has no route for it
+        with pytest.raises(RequestError) as err:
+            export_hf(src, tmp_path / name, engine=name, verifier=str(tdir))
+        assert str(err.value) == f"{eng.read_from} has no route for 'toy' drafters"
+        assert "toy" not in eng.layouts and not (tmp_path / name).exists()
+    with pytest.raises(ConfigError, match="speculators has no layout for specpress's 'toy' drafters"):
+        export_hf(src, tmp_path / "sp", "speculators", verifier=str(tdir))  # its `speculators` trait is None
+
+    facet = ServingFacet("toy", routes={"vllm": Route("public", "eagle"),
+                                        "sglang": Route("public", "TOY", plain_fc="llama_toy.py",
+                                                        architectures=("LlamaForCausalLMToy",))},
+                         no_route={"trtllm": "TensorRT-LLM serves no toy: a toy"})
+    register_serving(facet)
+    try:
+        with pytest.raises(ValueError, match="'toy' is already registered"):
+            register_serving(facet)
+        with pytest.raises(ValueError, match=r"unknown engines \['tgi'\]"):
+            ServingFacet("toy2", no_route={"tgi": "no"})
+        with pytest.raises(ValueError, match="layout 'onnx'"):
+            Route("onnx", "x")
+        assert engine("vllm").layouts["toy"] == "public" and "toy (public)" in help_text()
+        s = export_hf(src, tmp_path / "v", engine="vllm", verifier=str(tdir))
+        assert s.layout == "public toy" and '"method": "eagle"' in s.serve and s.speculative_tokens == 3
+        s = export_hf(src, tmp_path / "s", engine="sglang", verifier=str(tdir))
+        assert "--speculative-algorithm TOY" in s.serve and "--speculative-num-steps 3" in s.serve
+        assert json.loads((s.out / "config.json").read_text())["architectures"] == ["LlamaForCausalLMToy"]
+        with pytest.raises(RequestError, match="^TensorRT-LLM serves no toy: a toy$"):
+            export_hf(src, tmp_path / "t", engine="trtllm", verifier=str(tdir))
+        quantize(d, config_for("int8"))
+        qsrc = save_drafter(d, tmp_path / "qsrc")
+        with pytest.raises(RequestError, match=r"SGLang 0\.5\.23's TOY `fc` is a plain torch Linear \(srt/models/"
+                                               r"llama_toy\.py"):
+            export_hf(qsrc, tmp_path / "qs", engine="sglang", verifier=str(tdir))
+        unregister_serving("toy")
+        float_only = Route("public", "eagle", no_quant="builds toys in float")
+        register_serving(ServingFacet("toy", routes={"vllm": float_only}))
+        with pytest.raises(RequestError, match="^vLLM 0.34 builds toys in float$"):
+            export_hf(qsrc, tmp_path / "qv", engine="vllm", verifier=str(tdir))
+    finally:
+        unregister_serving("toy")
+    assert "toy" not in engine("vllm").layouts
+
+
+def test_no_engine_file_branches_on_a_family_name():
+    """What an engine does with a family is in the family's serving facet (export/hf/facets/) or its traits: the
+    files that read them compare no family name and key no table by one (speculators.py keys its forms by
+    speculators' own model types; a trait's value that is spelled like a family, `session == "lm"`, is a trait)."""
+    root = Path(__file__).parents[2] / "specpress"
+    names = set(BUILTIN_FAMILIES)
+    files = [*sorted((root / "export" / "hf").glob("*.py")), root / "models" / "formats" / "speculators.py",
+             root / "plan" / "commands.py", root / "models" / "inspect.py"]
+    found = []
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text())):
+            consts: list[ast.AST] = []
+            sides = (node.left, *node.comparators) if isinstance(node, ast.Compare) else ()
+            if any(isinstance(side, ast.Attribute) and side.attr in TRAITS for side in sides):
+                continue  # a trait of the family's descriptor
+            if isinstance(node, ast.Compare):
+                for side in sides:
+                    consts += side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+            elif isinstance(node, ast.Dict) and f.name != "speculators.py":
+                consts += [k for k in node.keys if k is not None]
+            found += [f"{f.relative_to(root)}:{node.lineno} {c.value!r}" for c in consts
+                      if isinstance(c, ast.Constant) and c.value in names]
+    assert found == []
+    assert len(files) > 8  # the scan saw the engine files
 
 
 # ------------------------------------------------------------------------------------ teacher-forced forward

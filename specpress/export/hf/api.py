@@ -73,11 +73,12 @@ class ExportSummary:
 
 
 def chain_tokens(policy: str | None, family: str, config: Any) -> tuple[int, list[str]]:
-    """speculative_tokens for `policy` (default: 3, or block_size - 1 for dflash) + notes on approximations."""
+    """speculative_tokens for `policy` (default: 3, or block_size - 1 for a family that drafts a block in one
+    pass: session "block") + notes on approximations."""
     from specpress.runtime.policy import BlockPolicy, ChainPolicy, DynamicPolicy, MTPPolicy, TreePolicy, parse_policy
 
     if policy is None:
-        return (config.block_size - 1 if family == "dflash" else 3), []
+        return (config.block_size - 1 if get_family(family).session == "block" else 3), []
     p = parse_policy(policy)
     if isinstance(p, (ChainPolicy, MTPPolicy)):
         return p.k, []
@@ -173,12 +174,13 @@ def _route(fmt: str | None, engine_name: str | None, family: str) -> tuple[str, 
         if fmt not in FORMATS:
             raise ConfigError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
         if fmt == "speculators":
-            return ("hf" if family == "lm" else "speculators"), CT, None
+            return ("hf" if get_family(family).session == "lm" else "speculators"), CT, None  # an LM: plain HF
         return "public", MODELOPT, None
     eng = engine(engine_name)
-    if family not in eng.layouts:
+    route = eng.route(family)  # the family's serving facet (export/hf/facets/)
+    if route is None:
         raise RequestError(eng.no_route.get(family) or f"{eng.read_from} has no route for {family!r} drafters")
-    lay = eng.layouts[family]
+    lay = route.layout
     if fmt is not None and fmt != _format_of(eng, lay):  # right for another family: the drafter makes it wrong
         raise RequestError(f"--for {eng.name} writes {eng.label}'s own form of a {family} drafter ({lay} layout, "
                            f"{eng.quant}); drop --format {fmt}, or drop --for to write that layout alone")
@@ -224,8 +226,8 @@ def export_hf(drafter: str | Path, out: str | Path, fmt: str | None = None, *, e
     rules = eng.rules() if eng is not None else None
     notes: list[str] = []
     if heads.head_kind(config) != "dense":
-        heads.check(family, config, materialize_head, rules)
-        if heads.refusal(family, config, rules):
+        heads.check(family, config, materialize_head, rules, eng)
+        if heads.refusal(family, config, rules, eng):
             local = Path(verifier).expanduser() if verifier is not None else None
             config, weights, block, note = heads.materialize(drafter, family, config, weights, block,
                                                              local if local is not None and local.is_dir() else None,
@@ -253,7 +255,7 @@ def export_hf(drafter: str | Path, out: str | Path, fmt: str | None = None, *, e
         else (None, [])
     notes += more
     job = Job(family, config, lay, qcfg, quantized, linears, n_target, verifier, Path(out).expanduser(),
-              speculative_tokens or 0) if rules is not None else None
+              speculative_tokens or 0, eng.route(family)) if eng is not None else None
     if rules is not None:
         why = rules.refuse(job)
         if why:
@@ -318,32 +320,33 @@ def export_hf(drafter: str | Path, out: str | Path, fmt: str | None = None, *, e
 def _speculators(family: str, config: Any, public: dict[str, Any], dtype: str, weights: dict[str, Tensor],
                  block: dict[str, Any], verifier: str | None, policy: str | None,
                  tokens: int | None) -> tuple[dict[str, Tensor], dict[str, Any], Callable[[str], str]]:
-    """(tensors, config.json, rename) of the speculators layout (eagle3 / dflash)."""
+    """(tensors, config.json, rename) of the speculators layout (the family's speculators form: eagle3 / dflash)."""
     why = sp.cannot_hold(family, config)
     if why:
         raise ConfigError(why)
+    form = sp.form_of(family)
+    assert form is not None  # cannot_hold refused the others
     verifier_cfg, local = resolve_verifier(verifier, block)
     assert tokens is not None
-    if family == "dflash" and tokens > config.block_size - 1:
-        raise ConfigError(f"policy {policy} drafts {tokens} tokens; this dflash drafter's block holds "
+    if get_family(family).session == "block" and tokens > config.block_size - 1:
+        raise ConfigError(f"policy {policy} drafts {tokens} tokens; this {family} drafter's block holds "
                           f"{config.block_size - 1}")
     sp.check_taps(family, config, (block.get("target") or {}).get("num_hidden_layers"))
     cfg_out = sp.build_config(family, config, {**public, "torch_dtype": dtype}, verifier_cfg, tokens)
-    if family == "dflash":
-        weights = {**weights, "lm_head.weight": _verifier_head(local, dtype)}
-    if family == "eagle3":
-        if "embed_tokens.weight" not in weights:
-            weights = {**weights, "embed_tokens.weight": _verifier_embedding(local, dtype)}
-    return weights, cfg_out, (lambda n: sp.rename_out(family, n))
+    if form.verifier_tensor == "lm_head":
+        weights = {**weights, "lm_head.weight": _verifier_head(local, dtype, form.model_type)}
+    elif "embed_tokens.weight" not in weights:
+        weights = {**weights, "embed_tokens.weight": _verifier_embedding(local, dtype, form.model_type)}
+    return weights, cfg_out, form.rename_out
 
 
-def _verifier_embedding(local: Path | None, dtype: str) -> Tensor:
+def _verifier_embedding(local: Path | None, dtype: str, layout: str) -> Tensor:
     """The verifier's embed_tokens [V, H]: speculators' eagle3 checkpoints store it and its Eagle3DraftModel
     reads it (left out, transformers allocates it uninitialised)."""
     if local is None:
-        raise RequestError("speculators' eagle3 layout stores the verifier's embed_tokens (its Eagle3DraftModel reads "
-                           "it from the checkpoint): pass --target as the local target directory, or save the "
-                           "drafter with the target's embedding (save_drafter(..., include_shared=True))")
+        raise RequestError(f"speculators' {layout} layout stores the verifier's embed_tokens (its Eagle3DraftModel "
+                           f"reads it from the checkpoint): pass --target as the local target directory, or save the "
+                           f"drafter with the target's embedding (save_drafter(..., include_shared=True))")
     w = read_weights(local)
     emb = w.get("model.embed_tokens.weight")
     if emb is None:
@@ -351,11 +354,11 @@ def _verifier_embedding(local: Path | None, dtype: str) -> Tensor:
     return emb.to(getattr(torch, dtype))
 
 
-def _verifier_head(local: Path | None, dtype: str) -> Tensor:
+def _verifier_head(local: Path | None, dtype: str, layout: str) -> Tensor:
     """The verifier's lm_head [V, H] (speculators' DFlash stores it); tied heads come from embed_tokens."""
     if local is None:
-        raise RequestError("speculators' dflash layout stores the verifier's lm_head: pass --target as the local "
-                           "target directory (the server can still load the model id you serve)")
+        raise RequestError(f"speculators' {layout} layout stores the verifier's lm_head: pass --target as the local "
+                           f"target directory (the server can still load the model id you serve)")
     w = read_weights(local)
     head = w.get("lm_head.weight", w.get("model.embed_tokens.weight"))
     if head is None:

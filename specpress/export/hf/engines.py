@@ -5,8 +5,9 @@
     engine("vllm").rules()                -> its Rules (vllm.py / sglang.py / trtllm.py: refusals, notes, the
                                              serve command), imported only when an export runs
 
-This module imports no torch: `specpress export hf --help` reads the versions from it. A family missing
-from `layouts` has no route in that engine; `no_route[family]` is the engine's rule that says why.
+This module imports no torch: `specpress export hf --help` reads the versions from it. What an engine does with
+each family comes from the families' serving facets (export/hf/facets/: one module per family); a family
+without a route in an engine has none there, and `no_route[family]` is the engine's rule that says why.
 
 Versions the rules were read from (the code itself, not its docs):
     vLLM 0.34.0           the PyPI wheel (vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl); its pure-Python
@@ -25,10 +26,14 @@ Versions the rules were read from (the code itself, not its docs):
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from specpress.export.hf.facets import Route
 
 VLLM, SGLANG, TRTLLM = "vllm", "sglang", "trtllm"
+ENGINE_NAMES = (VLLM, SGLANG, TRTLLM)
 
 
 @dataclass(frozen=True)
@@ -37,8 +42,6 @@ class Engine:
     label: str
     version: str  # the release (or source) its rules were read from
     quant: str  # the quantized-Linear format it is written in: "compressed-tensors" | "modelopt"
-    layouts: dict[str, str]  # family -> "speculators" | "public" (the family's own layout) | "hf" (plain HF LM)
-    no_route: dict[str, str] = field(default_factory=dict)  # family -> the engine's rule that leaves it out
     module: str = ""  # its Rules, imported lazily
 
     def rules(self) -> Any:
@@ -48,35 +51,33 @@ class Engine:
     def read_from(self) -> str:
         return f"{self.label} {self.version}"
 
+    def route(self, family: str) -> Route | None:
+        """How this engine serves `family` (its serving facet's route), or None."""
+        from specpress.export.hf.facets import route
 
-_MTP = ("{label}'s MTP routes load the MTP layers of the target's own architecture ({where}); specpress's mtp "
-        "drafter is a DeepSeek-style module on a dense Llama/Qwen3 block over a Llama target, which none of them "
-        "builds. Serve an eagle3 or dflash drafter instead")
+        return route(family, self.name)
+
+    @property
+    def layouts(self) -> dict[str, str]:
+        """family -> "speculators" | "public" (the family's own layout) | "hf" (plain HF LM), for the families it
+        routes (in the facets' listing order)."""
+        from specpress.export.hf.facets import serving_facets
+
+        return {f: s.routes[self.name].layout for f, s in serving_facets().items() if self.name in s.routes}
+
+    @property
+    def no_route(self) -> dict[str, str]:
+        """family -> the engine's rule that leaves it out."""
+        from specpress.export.hf.facets import serving_facets
+
+        return {f: s.no_route[self.name] for f, s in serving_facets().items() if self.name in s.no_route}
+
 
 ENGINES: dict[str, Engine] = {
-    VLLM: Engine(
-        VLLM, "vLLM", "0.34.0", "compressed-tensors",
-        {"eagle3": "speculators", "dflash": "speculators", "eagle": "public", "lm": "hf"},
-        {"mtp": _MTP.format(label="vLLM 0.34", where="config/speculative.py hf_config_override maps deepseek_v3 to "
-                                                    "DeepSeekMTPModel (MLA/MoE), mimo to MiMoMTP, qwen3_next, "
-                                                    "glm4_moe, "
-                                                    "... to their own MTP modules")},
-        "specpress.export.hf.vllm"),
-    SGLANG: Engine(
-        SGLANG, "SGLang", "0.5.23", "compressed-tensors",
-        {"eagle3": "public", "dflash": "public", "eagle": "public", "lm": "hf"},
-        {"mtp": _MTP.format(label="SGLang 0.5.23", where="srt/models/deepseek_nextn.py, qwen3_next_mtp.py, "
-                                                        "mimo_mtp.py, glm4_moe_nextn.py: each its target's block")},
-        "specpress.export.hf.sglang"),
-    TRTLLM: Engine(
-        TRTLLM, "TensorRT-LLM", "main (2026 sources, PyTorch backend)", "modelopt",
-        {"eagle3": "public", "dflash": "public", "lm": "hf"},
-        {"mtp": _MTP.format(label="TensorRT-LLM", where="_torch/models/modeling_deepseekv3.py and its kin load the "
-                                                       "nextn layers from the target checkpoint"),
-         "eagle": ("TensorRT-LLM's PyTorch backend registers EAGLE-3 draft models only (_torch/models/"
-                   "modeling_speculative.py: Eagle3ForCausalLM; an Eagle decoding config runs the EAGLE-3 path), so "
-                   "an EAGLE-1 drafter has no route: distill an eagle3 drafter")},
-        "specpress.export.hf.trtllm"),
+    VLLM: Engine(VLLM, "vLLM", "0.34.0", "compressed-tensors", "specpress.export.hf.vllm"),
+    SGLANG: Engine(SGLANG, "SGLang", "0.5.23", "compressed-tensors", "specpress.export.hf.sglang"),
+    TRTLLM: Engine(TRTLLM, "TensorRT-LLM", "main (2026 sources, PyTorch backend)", "modelopt",
+                   "specpress.export.hf.trtllm"),
 }
 
 

@@ -1,8 +1,9 @@
 """What `export hf` does with a draft head that is not the public dense `lm_head.weight` (models/heads.py).
 
-Each engine's rules (vllm.py, sglang.py, trtllm.py: Rules.own_head, Rules.shared_head, with the files they were
-read from) say what it loads; `--format` alone, without an engine, follows vLLM's and TensorRT-LLM's together
-(RULE_OWN, RULE_SHARED below):
+Each engine's rules say what it loads: the head it builds for a family is its route's own_head in the family's
+serving facet (export/hf/facets/), the head it shares is Rules.shared_head (vllm.py, sglang.py, trtllm.py), with
+the files they were read from; `--format` alone, without an engine, follows vLLM's and TensorRT-LLM's together
+(the facet's own_head, RULE_SHARED below):
 
   - every engine builds the head as one dense Linear: EAGLE-3's [draft_vocab_size, hidden_size], a draft
     LM's (the lm family) [vocab_size, hidden_size]. A low-rank head's `lm_head.down` / `lm_head.up` have
@@ -31,13 +32,6 @@ from torch import Tensor
 
 from specpress.errors import CheckpointError, RequestError, UsageError
 
-RULE_OWN = {
-    "eagle3": "vLLM builds an EAGLE-3 drafter's lm_head as one ParallelLMHead(draft_vocab_size, hidden_size) and "
-              "TensorRT-LLM as one LMHead (vLLM model_executor/models/llama_eagle3.py, TensorRT-LLM "
-              "_torch/models/modeling_speculative.py)",
-    "lm": "an lm drafter is served as a plain HF decoder (vLLM's draft-model mode, HF assisted generation, "
-          "TensorRT-LLM), whose lm_head is one [vocab_size, hidden_size] Linear",
-}
 RULE_SHARED = ("vLLM and TensorRT-LLM share the target's WHOLE lm_head when the checkpoint has none (vLLM: "
                "has_own_lm_head false in v1/spec_decode/eagle/utils.py; TensorRT-LLM: load_lm_head_from_target), "
                "which computes the drafter's logits only when its draft vocabulary is the target's")
@@ -50,18 +44,37 @@ def head_kind(config: Any) -> str:
     return "low_rank" if getattr(config, "head_rank", None) is not None else "dense"
 
 
-def refusal(family: str, config: Any, rules: Any = None) -> str | None:
-    """Why the engine (`rules`: its Rules, engines' own_head / shared_head; None: vLLM's and TensorRT-LLM's
-    rules together, for --format alone) cannot load this drafter's head as it is (None when it can: dense, or
-    shared over the full vocabulary, which is written without lm_head)."""
+def own_head_rule(family: str, rules: Any = None, eng: Any = None) -> str:
+    """The rule for the one dense head the engine (`eng`, its `rules`) builds for `family`, from the family's
+    serving facet (export/hf/facets/); without an engine, vLLM's and TensorRT-LLM's together."""
+    from specpress.export.hf.facets import serving_facet
+
+    if eng is not None:
+        route = eng.route(family)
+        text = route.own_head if route is not None else ""
+        where = eng.read_from
+    else:
+        facet = serving_facet(family)
+        text = facet.own_head if facet is not None else ""
+        where = "vLLM's or TensorRT-LLM's"
+    if not text:
+        raise RequestError(f"{where} rule for a {family} drafter's own head is not known (its serving facet, "
+                           f"export/hf/facets/, names none): serve it from specpress's ONNX export")
+    return f"{rules.label} {text}" if eng is not None else text
+
+
+def refusal(family: str, config: Any, rules: Any = None, eng: Any = None) -> str | None:
+    """Why the engine (`eng`, with `rules`: its Rules; None: vLLM's and TensorRT-LLM's rules together, for
+    --format alone) cannot load this drafter's head as it is (None when it can: dense, or shared over the full
+    vocabulary, which is written without lm_head)."""
     kind = head_kind(config)
     if kind == "low_rank":
-        own = (getattr(rules, "own_head", None) or RULE_OWN)[family]
+        own = own_head_rule(family, rules, eng)
         return (f"this {family} drafter's head is low rank (head_rank {config.head_rank}: lm_head.down, "
                 f"lm_head.up), but {own}")
     if kind == "shared" and config.draft_vocab_size != config.vocab_size:
         shared = getattr(rules, "shared_head", None) or RULE_SHARED
-        return (f"this eagle3 drafter reads the target's lm_head rows of its {config.draft_vocab_size}-token draft "
+        return (f"this {family} drafter reads the target's lm_head rows of its {config.draft_vocab_size}-token draft "
                 f"vocabulary (shared_head), but {shared} ({config.vocab_size} tokens here)")
     return None
 
@@ -112,9 +125,9 @@ def materialize(drafter_dir: Path, family: str, config: Any, weights: dict[str, 
     return dense, out, {**block, "steps": steps, "materialized_head": kind}, note
 
 
-def check(family: str, config: Any, materialize_head: bool, rules: Any = None) -> None:
+def check(family: str, config: Any, materialize_head: bool, rules: Any = None, eng: Any = None) -> None:
     """Refuse an inexpressible head unless asked to write it dense; refuse the flag where it has no use."""
-    why = refusal(family, config, rules)
+    why = refusal(family, config, rules, eng)
     if why and not materialize_head:
         raise RequestError(f"{why}. Pass --materialize-head to write a dense lm_head instead (the exported drafter "
                            f"then stores the whole head again), or serve it from specpress's ONNX export")
@@ -123,4 +136,4 @@ def check(family: str, config: Any, materialize_head: bool, rules: Any = None) -
                            f"the engines load it already; drop the flag")
 
 
-__all__ = ["head_kind", "refusal", "materialize", "check"]
+__all__ = ["head_kind", "own_head_rule", "refusal", "materialize", "check"]

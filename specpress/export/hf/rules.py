@@ -11,12 +11,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
+from specpress.export.hf.facets import Route, ServingFacet, serving_facet
 from specpress.models.quantized.fusion import fused_groups
+
+if TYPE_CHECKING:
+    from specpress.models.family import Family
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,21 @@ class Job:
     verifier: str | None  # --target as given: the target the server loads (speculators' verifier)
     out: Path
     tokens: int  # speculative tokens per round
+    route: Route | None = None  # how the engine serves the family (its serving facet, export/hf/facets/)
+
+    @property
+    def traits(self) -> Family:
+        """The family's descriptor (models/family.py): what the drafter is."""
+        from specpress.models.drafter import get_family
+
+        return get_family(self.family)
+
+    @property
+    def facet(self) -> ServingFacet:
+        """The family's serving facet (export/hf/facets/): what the engines do with it."""
+        facet = serving_facet(self.family)
+        assert facet is not None, f"{self.family}: a job exists only for a family an engine routes"
+        return facet
 
     @property
     def scheme(self) -> str | None:
@@ -58,8 +77,8 @@ class Rules:
                          ModelOpt `exclude_modules`), in the names the engine matches against
     tensors(job, tensors) -> the written tensors, edited into the engine's form (default: unchanged)
     config(job, cfg) -> config.json edited for the engine (default: unchanged)
-    own_head: family -> the engine's rule for the head it builds for that family (one dense Linear), which a
-              low-rank head (lm_head.down / lm_head.up) has no place in (export/hf/heads.py)
+    label: the engine as its rules name it ("vLLM 0.34"); a route's rule texts (export/hf/facets/: the head it
+           builds for a family, which a low-rank head has no place in) follow it
     shared_head: the engine's rule for a checkpoint without lm_head: which head it then uses, so which
                  shared heads (prune --share-head) it computes
     """
@@ -70,7 +89,7 @@ class Rules:
     ignore: Callable[[str, Job], str]
     tensors: Callable[[Job, dict[str, Tensor]], dict[str, Tensor]] = field(default=lambda job, t: t)
     config: Callable[[Job, dict[str, Any]], dict[str, Any]] = field(default=lambda job, c: c)
-    own_head: Mapping[str, str] = field(default_factory=dict)
+    label: str = ""
     shared_head: str = ""
 
 
@@ -83,6 +102,15 @@ def first(*checks: Callable[[Job], str | None]) -> Callable[[Job], str | None]:
                 return why
         return None
     return run
+
+
+def unquantized_only(label: str) -> Callable[[Job], str | None]:
+    """A quantized drafter of a family the engine builds in float only (its route's no_quant rule)."""
+    def check(job: Job) -> str | None:
+        if job.qcfg is None or job.route is None or not job.route.no_quant:
+            return None
+        return f"{label} {job.route.no_quant}"
+    return check
 
 
 def mixed_fused(label: str, where: str) -> Callable[[Job], str | None]:
@@ -117,17 +145,18 @@ def quantized_named(job: Job, leaf: str) -> list[str]:
 
 
 def last_layer_tap(label: str, where: str) -> Callable[[Job], str | None]:
-    """An EAGLE-3 tap on the target's last layer output: specpress takes it after the final norm; the engine
-    captures the residual stream of a layer (before any norm), so it would feed the drafter another feature."""
+    """An EAGLE-3 tap on the target's last layer output (a family whose facet has residual_taps): specpress takes
+    it after the final norm; the engine captures the residual stream of a layer (before any norm), so it would
+    feed the drafter another feature."""
     def check(job: Job) -> str | None:
-        if job.family != "eagle3" or job.taps is None or job.num_target_layers is None:
+        if not job.facet.residual_taps or job.taps is None or job.num_target_layers is None:
             return None
         n = job.num_target_layers
         if max(job.taps) < n:
             return None
-        return (f"this eagle3 drafter taps hidden_states[{n}], the target's last layer output, which specpress takes "
-                f"after the final norm; {label} captures a layer's residual stream before any norm ({where}), so it "
-                f"would feed this drafter another feature. Re-distill it with taps below {n}")
+        return (f"this {job.family} drafter taps hidden_states[{n}], the target's last layer output, which specpress "
+                f"takes after the final norm; {label} captures a layer's residual stream before any norm ({where}), so "
+                f"it would feed this drafter another feature. Re-distill it with taps below {n}")
     return check
 
 

@@ -4,7 +4,7 @@
   LlamaForCausalLMEagle3, srt/models/llama_eagle.py LlamaForCausalLMEagle: `midlayer` / `layers.0`, d2t as its hot
   token map, a missing embed_tokens shared from the target), DFLASH the z-lab DFlash layout (models/dflash.py,
   speculative/dflash_utils.py parse_dflash_draft_config: dflash_config.target_layer_ids / mask_token_id,
-  block_size), STANDALONE a plain HF LM. Its EAGLE-3 layers capture the residual entering layer j
+  block_size), STANDALONE a plain HF LM (each family's route: its serving facet, export/hf/facets/). Its EAGLE-3 layers capture the residual entering layer j
   (srt/models/llama.py set_eagle3_layers_to_capture: eagle_aux_hidden_state_layer_ids + 1). MTP: no route.
 - Quantized Linears: the draft's own quantization_config (configs/model_config.py; the draft inherits the target's
   --quantization unless --speculative-draft-model-quantization names one) as compressed-tensors
@@ -36,10 +36,10 @@ from specpress.export.hf.rules import (
     last_layer_tap,
     mixed_fused,
     quantized_named,
+    unquantized_only,
 )
 
 V = "SGLang 0.5.23"
-ALGORITHM = {"eagle3": "EAGLE3", "eagle": "EAGLE", "dflash": "DFLASH", "lm": "STANDALONE"}
 CT_FILE = "layers/quantization/compressed_tensors/compressed_tensors.py"
 LOW_BIT = ("int3", "int2", "ternary")  # pack-quantized with num_bits 3 / 2 (ct_encodings.py)
 
@@ -48,11 +48,6 @@ def _scheme(job: Job) -> str | None:
     q = job.qcfg
     if q is None:
         return None
-    if job.family == "dflash":
-        return (f"{V} builds DFlash draft layers unquantized (srt/models/dflash.py "
-                f"DFlashDraftModel.supports_quantization is False: only Nemotron-3.5 drafts take a quantization "
-                f"config), so a quantized dflash drafter has no route: export the full-precision drafter "
-                f"(quantize --dequantize), or use --for vllm")
     if getattr(q, "has_pre_quant_scale", False):
         return (f"{V} reads a quantized drafter here as compressed-tensors ({CT_FILE}), whose schemes hold weights, "
                 f"scales, zero points and input scales, not {q.method}'s pre_quant_scale: quantize with --method rtn "
@@ -71,10 +66,10 @@ def _scheme(job: Job) -> str | None:
 
 
 def _plain_fc(job: Job) -> str | None:
-    if job.family not in ("eagle3", "eagle") or not quantized_named(job, "fc"):
+    if job.route is None or not job.route.plain_fc or not quantized_named(job, "fc"):
         return None
-    model = "llama_eagle3.py" if job.family == "eagle3" else "llama_eagle.py"
-    return (f"{V}'s {job.family.upper()} `fc` is a plain torch Linear (srt/models/{model} LlamaModel.fc): its loader "
+    algo, model = job.route.name, job.route.plain_fc
+    return (f"{V}'s {algo} `fc` is a plain torch Linear (srt/models/{model} LlamaModel.fc): its loader "
             f"fills fc.weight only, so a quantized fc would be dropped and the Linear left uninitialised. Keep it in "
             f"float: specpress quantize ... --exclude fc")
 
@@ -99,10 +94,10 @@ def ignore_entry(name: str, job: Job) -> str:
 
 
 def _serve(job: Job) -> str:
-    algo = ALGORITHM[job.family]
+    assert job.route is not None
     parts = [f"python -m sglang.launch_server --model-path {job.verifier or 'TARGET'}",
-             f"--speculative-algorithm {algo} --speculative-draft-model-path {job.out}"]
-    if job.family == "dflash":
+             f"--speculative-algorithm {job.route.name} --speculative-draft-model-path {job.out}"]
+    if job.traits.session == "block":  # one pass drafts the whole block
         parts.append(f"--speculative-num-draft-tokens {job.config.block_size}")
     else:
         parts.append(f"--speculative-num-steps {job.tokens} --speculative-eagle-topk 1 "
@@ -113,17 +108,18 @@ def _serve(job: Job) -> str:
 
 
 def _config(job: Job, cfg: dict) -> dict:
-    if job.family == "eagle":  # SGLang picks the EAGLE-1 model class by this name (no override of the draft's)
-        cfg = {**cfg, "architectures": ["LlamaForCausalLMEagle"]}
+    if job.route is not None and job.route.architectures:  # SGLang picks the model class by this name
+        cfg = {**cfg, "architectures": list(job.route.architectures)}
     if shares_target_head(job):  # the one config SGLang loads the target's lm_head for
         cfg = {**cfg, "draft_vocab_size": None}
     return cfg
 
 
 def shares_target_head(job: Job) -> bool:
-    """An EAGLE-3 export written without lm_head: a shared head over the target's whole vocabulary (a reduced
-    one is refused or materialized before the job exists: export/hf/heads.py)."""
-    return job.family == "eagle3" and bool(getattr(job.config, "shared_head", False))
+    """An EAGLE-3 export (a family with a reduced draft vocabulary) written without lm_head: a shared head over the
+    target's whole vocabulary (a reduced one is refused or materialized before the job exists:
+    export/hf/heads.py)."""
+    return job.traits.draft_vocab == "reduced" and bool(getattr(job.config, "shared_head", False))
 
 
 def _notes(job: Job) -> list[str]:
@@ -139,19 +135,13 @@ def _notes(job: Job) -> list[str]:
                     f"compressed-tensors config"]
 
 
-OWN_HEAD = {
-    "eagle3": f"{V} builds an EAGLE-3 drafter's lm_head as one ParallelLMHead(draft_vocab_size, hidden_size) "
-              f"(srt/models/llama_eagle3.py LlamaForCausalLMEagle3), which has no place for two factors",
-    "lm": f"{V} loads a STANDALONE draft model as a plain HF decoder whose lm_head is one [vocab_size, "
-          f"hidden_size] ParallelLMHead (srt/models/llama.py LlamaForCausalLM)",
-}
 SHARED_HEAD = (f"{V} shares the target's lm_head with an EAGLE-3 drafter only when its config has draft_vocab_size "
                f"null (srt/models/llama_eagle3.py load_lm_head_from_target), and then the target's WHOLE head, whose "
                f"logits are the drafter's only when its draft vocabulary is the target's")
 
 
 RULES = Rules(
-    refuse=first(_scheme, _plain_fc,
+    refuse=first(unquantized_only(V), _scheme, _plain_fc,
                  mixed_fused(V, f"srt/{CT_FILE.replace('compressed_tensors.py', 'utils.py')} should_ignore_layer "
                                 f"raises a ValueError for shards with different schemes"),
                  last_layer_tap(V, "srt/models/llama.py set_eagle3_layers_to_capture captures the input of layer "
@@ -161,6 +151,6 @@ RULES = Rules(
     serve=_serve,
     ignore=ignore_entry,
     config=_config,
-    own_head=OWN_HEAD,
+    label=V,
     shared_head=SHARED_HEAD,
 )

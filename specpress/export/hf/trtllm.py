@@ -6,7 +6,7 @@ checked in tests/export/test_trtllm_rules.py.
   modeling_speculative.py Eagle3ForCausalLM: `midlayer.*` or `layers.0.*`, names prefixed `model.` except
   lm_head; a draft lm_head in the checkpoint replaces the target's), DFlash the z-lab layout (_torch/models/
   modeling_dflash.py: layers.*, fc, hidden_norm, dflash_config.mask_token_id / target_layer_ids, block_size),
-  DraftTarget a plain HF LM. The taps come from the serve config, not the checkpoint (llmapi/llm_args.py
+  DraftTarget a plain HF LM (each family's route: its serving facet, export/hf/facets/). The taps come from the serve config, not the checkpoint (llmapi/llm_args.py
   eagle3_layers_to_capture: layer outputs, default {1, L//2 - 1, L - 4}). MTP and EAGLE-1: no route.
 - Quantized Linears: the draft's hf_quant_config.json (ModelOpt; _torch/model_config.py). quant_algo is a
   QuantAlgo name (quantization/mode.py: W8A16, W4A16_AWQ, FP8, FP8_PER_CHANNEL_PER_TOKEN, NVFP4, ...; no
@@ -39,12 +39,12 @@ from specpress.export.hf.rules import (
     last_layer_tap,
     mixed_fused,
     quantized_named,
+    unquantized_only,
 )
 from specpress.models.quantized.fusion import group_of
 
 V = "TensorRT-LLM (main, PyTorch backend)"
 LOADS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "NVFP4", "W4A16_AWQ", "W8A16")
-DECODING = {"eagle3": "Eagle3", "dflash": "DFlash", "lm": "DraftTarget"}
 
 
 def _algo(job: Job) -> str | None:
@@ -64,10 +64,6 @@ def _algo(job: Job) -> str | None:
 def _scheme(job: Job) -> str | None:
     if job.qcfg is None:
         return None
-    if job.family == "dflash":
-        return (f"{V} stacks every DFlash layer's K/V rows of qkv_proj.weight into one float buffer after loading "
-                f"(_torch/models/modeling_dflash.py _build_fused_kv_buffers), which a quantized Linear has no float "
-                f"weight for: export the full-precision drafter (quantize --dequantize), or use --for vllm")
     algo = _algo(job)
     if algo is None or algo in LOADS:
         return None
@@ -118,9 +114,7 @@ def preceding_norms(job: Job, linear: str) -> list[tuple[str, int]]:
         return []
     if leaf_group[0] == "gate_proj":
         return [(f"{layer}.post_attention_layernorm.weight", h)]
-    if job.family == "eagle3":  # cat(input_layernorm(emb), hidden_norm(g)): EAGLE-3's midlayer reads 2H
-        return [(f"{layer}.input_layernorm.weight", h), (f"{layer}.hidden_norm.weight", h)]
-    return [(f"{layer}.input_layernorm.weight", h)]
+    return [(f"{layer}.{norm}.weight", h) for norm in job.facet.fused_input_norms]  # EAGLE-3's midlayer reads 2H
 
 
 def _awq_form(job: Job, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -160,10 +154,12 @@ def _awq_form(job: Job, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 def _serve(job: Job) -> str:
-    lines = ["speculative_config:", f"  decoding_type: {DECODING[job.family]}",
-             f"  max_draft_len: {job.config.block_size - 1 if job.family == 'dflash' else job.tokens}",
+    assert job.route is not None
+    block = job.traits.session == "block"
+    lines = ["speculative_config:", f"  decoding_type: {job.route.name}",
+             f"  max_draft_len: {job.config.block_size - 1 if block else job.tokens}",
              f"  speculative_model: {job.out}"]
-    if job.family == "eagle3" and job.taps is not None and job.num_target_layers:
+    if job.route.serve_taps and job.taps is not None and job.num_target_layers:
         n = job.num_target_layers
         if sorted(t - 1 for t in job.taps) != sorted({1, n // 2 - 1, n - 4}):
             lines.append(f"  eagle3_layers_to_capture: [{', '.join(str(t - 1) for t in job.taps)}]")
@@ -173,7 +169,7 @@ def _serve(job: Job) -> str:
 
 def _notes(job: Job) -> list[str]:
     notes = []
-    if job.family == "eagle3":
+    if job.route is not None and job.route.serve_taps:
         notes.append(f"{V} takes the taps from the serve config (eagle3_layers_to_capture: layer outputs, default "
                      f"{{1, L//2-1, L-4}}), not from the checkpoint: the command above sets them")
     if _algo(job) == "FP8" and fused_scales_differ(job, ("scales",)):
@@ -185,12 +181,6 @@ def _notes(job: Job) -> list[str]:
     return notes
 
 
-OWN_HEAD = {
-    "eagle3": f"{V} builds an EAGLE-3 drafter's lm_head as one [draft_vocab_size, hidden_size] Linear "
-              f"(_torch/models/modeling_speculative.py Eagle3ForCausalLM), which has no place for two factors",
-    "lm": f"{V} loads a DraftTarget draft model as a plain HF decoder whose lm_head is one [vocab_size, "
-          f"hidden_size] Linear (_torch/models/modeling_llama.py LlamaForCausalLM)",
-}
 SHARED_HEAD = (f"{V} takes the target's WHOLE lm_head when the checkpoint has none (_torch/models/"
                f"modeling_speculative.py Eagle3ForCausalLM.load_weights keeps load_lm_head_from_target; "
                f"load_weights_from_target_model), which computes the drafter's logits only when its draft vocabulary "
@@ -198,7 +188,7 @@ SHARED_HEAD = (f"{V} takes the target's WHOLE lm_head when the checkpoint has no
 
 
 RULES = Rules(
-    refuse=first(_scheme, _head,
+    refuse=first(unquantized_only(V), _scheme, _head,
                  mixed_fused(V, "_torch/models/modeling_utils.py apply_quant_config_exclude_modules leaves a fused "
                                 "layer unquantized when any shard is excluded"),
                  last_layer_tap(V, "_torch/models/modeling_speculative.py spec_metadata.maybe_capture_hidden_states "
@@ -208,6 +198,6 @@ RULES = Rules(
     serve=_serve,
     ignore=runtime_name,
     tensors=_awq_form,
-    own_head=OWN_HEAD,
+    label=V,
     shared_head=SHARED_HEAD,
 )

@@ -3,7 +3,8 @@
 - Routes (`--speculative-config` method): eagle3 and dflash in the speculators layout (transformers_utils/configs/
   speculators/algos.py update_eagle3 / update_dflash build the drafter's hf_config from transformer_layer_config
   plus the fields they copy), EAGLE-1 in its own layout (model_executor/models/llama_eagle.py), an independent LM
-  as a plain HF dir (method draft_model). MTP: no route (engines.py).
+  as a plain HF dir (method draft_model). MTP: no route. Each family's route (its method name, the head vLLM builds
+  for it) is in its serving facet (export/hf/facets/).
 - Module names: draft decoder layers are numbered after the target's depth (`model.layers.{L + i}`:
   llama_eagle3.py / llama_eagle.py / qwen3_dflash.py start_layer_id); `fc` is `model.fc` (a ReplicatedLinear with
   the draft's quantization config); q/k/v and gate/up load into one fused Linear each.
@@ -26,11 +27,10 @@ from __future__ import annotations
 
 import json
 
-from specpress.export.hf.rules import Job, Rules, first, fused_scales_differ, last_layer_tap, mixed_fused
+from specpress.export.hf.rules import Job, Rules, first, fused_scales_differ, last_layer_tap, mixed_fused, unquantized_only
 from specpress.models.formats import compressed_tensors as ct
 
 V = "vLLM 0.34"
-METHOD = {"eagle3": "eagle3", "dflash": "dflash", "eagle": "eagle", "lm": "draft_model"}
 
 
 def _pre_quant(job: Job) -> str | None:
@@ -67,7 +67,8 @@ def _nvfp4_scales(job: Job) -> str | None:
 
 
 def _serve(job: Job) -> str:
-    spec = {"model": str(job.out), "method": METHOD[job.family], "num_speculative_tokens": job.tokens}
+    assert job.route is not None
+    spec = {"model": str(job.out), "method": job.route.name, "num_speculative_tokens": job.tokens}
     return f"vllm serve {job.verifier or 'TARGET'} --speculative-config '{json.dumps(spec)}'"
 
 
@@ -96,12 +97,6 @@ def _looks_like_hub_id(s: str) -> bool:
     return not Path(s).expanduser().exists() and s.count("/") == 1 and not s.startswith((".", "/", "~"))
 
 
-OWN_HEAD = {
-    "eagle3": f"{V} builds an EAGLE-3 drafter's lm_head as one ParallelLMHead(draft_vocab_size, hidden_size) "
-              f"(model_executor/models/llama_eagle3.py Eagle3LlamaForCausalLM), which has no place for two factors",
-    "lm": f"{V} loads a draft model (method draft_model) as a plain HF decoder whose lm_head is one "
-          f"[vocab_size, hidden_size] ParallelLMHead (model_executor/models/llama.py LlamaForCausalLM)",
-}
 SHARED_HEAD = (f"{V} installs the target's WHOLE lm_head when the checkpoint has none (model_executor/models/utils.py "
                f"process_eagle_weight leaves has_own_lm_head false; v1/worker/gpu/spec_decode/eagle/utils.py "
                f"share_target_lm_head), which computes the drafter's logits only when its draft vocabulary is the "
@@ -109,7 +104,7 @@ SHARED_HEAD = (f"{V} installs the target's WHOLE lm_head when the checkpoint has
 
 
 RULES = Rules(
-    refuse=first(_pre_quant, _three_bit,
+    refuse=first(unquantized_only(V), _pre_quant, _three_bit,
                  mixed_fused(V, "model_executor/layers/quantization/compressed_tensors/utils.py should_ignore_layer "
                                 "raises a ValueError for shards with different schemes"),
                  last_layer_tap(V, "model_executor/models/llama.py LlamaModel.forward collects tap j as hidden + "
@@ -118,6 +113,6 @@ RULES = Rules(
     notes=_notes,
     serve=_serve,
     ignore=lambda name, job: ct.name_pattern(name),
-    own_head=OWN_HEAD,
+    label=V,
     shared_head=SHARED_HEAD,
 )
