@@ -75,7 +75,9 @@ def test_readme_python_api_names_import():
     section = README.read_text().split("### Python API", 1)[1].split("\n## ", 1)[0]
     names = set(re.findall(r"`(specpress(?:\.\w+)+)\.(\w+)[(`]", section))
     names |= {("specpress.sweep.pipeline", "run_sweep"),  # named bare, after the dotted name of their module
-              ("specpress.runtime.run_pipeline", "run_decode"), ("specpress.runtime.run_pipeline", "stats_line")}
-    assert {("specpress.sweep.pipeline", "sweep_request"), ("specpress.runtime.run_pipeline", "run_request")} <= names
+              ("specpress.runtime.run_pipeline", "run_decode"), ("specpress.runtime.run_pipeline", "stats_line"),
+              ("specpress.compress.regen_pipeline", "report_lines")}
+    assert {("specpress.sweep.pipeline", "sweep_request"), ("specpress.runtime.run_pipeline", "run_request"),
+            ("specpress.compress.regen_pipeline", "regenerate_from_dirs")} <= names
     for module, name in sorted(names):
         assert callable(getattr(importlib.import_module(module), name)), f"{module}.{name}"
