@@ -76,8 +76,10 @@ def test_readme_python_api_names_import():
     names = set(re.findall(r"`(specpress(?:\.\w+)+)\.(\w+)[(`]", section))
     names |= {("specpress.sweep.pipeline", "run_sweep"),  # named bare, after the dotted name of their module
               ("specpress.runtime.run_pipeline", "run_decode"), ("specpress.runtime.run_pipeline", "stats_line"),
-              ("specpress.compress.regen_pipeline", "report_lines")}
+              ("specpress.compress.regen_pipeline", "report_lines"), ("specpress.export.pipeline", "target_export"),
+              ("specpress.export.pipeline", "onnx_lines"), ("specpress.export.pipeline", "target_lines")}
     assert {("specpress.sweep.pipeline", "sweep_request"), ("specpress.runtime.run_pipeline", "run_request"),
-            ("specpress.compress.regen_pipeline", "regenerate_from_dirs")} <= names
+            ("specpress.compress.regen_pipeline", "regenerate_from_dirs"),
+            ("specpress.export.pipeline", "onnx_export")} <= names
     for module, name in sorted(names):
         assert callable(getattr(importlib.import_module(module), name)), f"{module}.{name}"
