@@ -80,6 +80,7 @@ def test_readme_python_api_names_import():
               ("specpress.export.pipeline", "onnx_lines"), ("specpress.export.pipeline", "target_lines")}
     assert {("specpress.sweep.pipeline", "sweep_request"), ("specpress.runtime.run_pipeline", "run_request"),
             ("specpress.compress.regen_pipeline", "regenerate_from_dirs"),
-            ("specpress.export.pipeline", "onnx_export"), ("specpress.export.trt.pipeline", "engines_from_onnx")} <= names
+            ("specpress.export.pipeline", "onnx_export"), ("specpress.export.trt.pipeline", "engines_from_onnx"),
+            ("specpress.export.hf.pipeline", "hf_export")} <= names
     for module, name in sorted(names):
         assert callable(getattr(importlib.import_module(module), name)), f"{module}.{name}"
