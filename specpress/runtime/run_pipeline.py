@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from specpress.runtime.bench_pipeline import (
+    DecodeOptions,
     check_compile,
     check_drafter_dir,
     load_drafter_runner,
@@ -30,26 +31,13 @@ from specpress.runtime.bench_pipeline import (
 )
 
 
-@dataclass(frozen=True)
-class RunRequest:
+@dataclass(frozen=True, kw_only=True)
+class RunRequest(DecodeOptions):
     """One prompt to decode, checked (run_request): what run_decode takes. Defaults are the CLI's."""
 
     target_dir: Path
     prompt: str
     max_new_tokens: int = 64
-    drafter_dir: Path | None = None
-    policy: str | None = None  # None: the drafter family's default policy
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-    dtype: str = "fp32"
-    backend: str = "torch"
-    target_backend: str = "torch"
-    target_quant: Any = None  # TargetQuant (compress/quantize/target.parse_spec) or None
-    target_quant_data: str | None = None
-    compile_drafter: bool = False
-    strict: bool = False
 
 
 @dataclass
@@ -88,8 +76,10 @@ def run_request(target_dir: str | Path, prompt: str, max_new_tokens: int = 64, *
     check_drafter_dir(backend, drafter_dir)
     tq = parse_spec(target_quant, target_quant_data)
     check_target_backend(tq, target_backend, False)
-    return RunRequest(Path(target_dir), prompt, max_new_tokens, drafter_dir, policy, temperature, top_k, top_p, seed,
-                      dtype, backend, target_backend, tq, target_quant_data, compile_drafter, strict)
+    return RunRequest(target_dir=Path(target_dir), prompt=prompt, max_new_tokens=max_new_tokens, drafter_dir=drafter_dir,
+                      policy=policy, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, dtype=dtype,
+                      backend=backend, target_backend=target_backend, target_quant=tq,
+                      target_quant_data=target_quant_data, compile_drafter=compile_drafter, strict=strict)
 
 
 def run_decode(req: RunRequest, *, echo: Callable[[str], None] | None = None) -> RunResult:
