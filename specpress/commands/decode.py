@@ -1,4 +1,5 @@
-"""`specpress run` and `specpress bench`: thin layers over specpress.runtime."""
+"""`specpress run` and `specpress bench`: the options parsed, then runtime/run_pipeline.py and
+runtime/bench_pipeline.py."""
 
 from __future__ import annotations
 
@@ -9,13 +10,7 @@ import click
 
 from specpress.commands.target_quant import target_quant_options
 from specpress.runtime.backends import READS, backends, names
-from specpress.runtime.bench_pipeline import (  # noqa: F401 - COMPILE_WARMUP_PROMPTS: re-exported
-    COMPILE_WARMUP_PROMPTS,
-    check_compile,
-    check_drafter_dir,
-    load_drafter_runner,
-    loop_target,
-)
+from specpress.runtime.bench_pipeline import COMPILE_WARMUP_PROMPTS  # noqa: F401 - re-exported
 
 TEMPERATURE = click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
                            help="0 = greedy; >0 samples from the target's (processed) distribution.")
@@ -98,58 +93,15 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
       specpress run --target ~/.cache/specpress/zoo/small --drafter ./eagle3 --policy chain:4 --prompt "import os"
       specpress run --target ~/.cache/specpress/zoo/small --drafter ./eagle3 --target-quant fp8 --prompt "import os"
     """
-    import torch
+    from specpress.runtime.run_pipeline import run_decode, run_request, stats_line
 
-    from specpress.commands.target_quant import check_target_backend, compress_target, greedy_drift
-    from specpress.compress.quantize.target import parse_spec
-    from specpress.limits import prompt_line_limit
-    from specpress.machine import check_decode
-    from specpress.models.target import load_target
-    from specpress.models.tokenizer import load_tokenizer
-    from specpress.runtime.bench import default_policy
-    from specpress.runtime.compile import compile_errors
-    from specpress.runtime.loop import speculative_generate
-    from specpress.runtime.plain import decode_plain
-    from specpress.runtime.policy import parse_policy
-    from specpress.runtime.prompts import encode, max_context
-    from specpress.runtime.sampling import SamplingParams
-
-    check_compile(compile_drafter, drafter_dir, backend)
-    check_drafter_dir(backend, drafter_dir)
-    tq = parse_spec(target_quant, target_quant_data)
-    check_target_backend(tq, target_backend, False)
-    tok = load_tokenizer(target_dir)
-    ids = encode(prompt, tok, prompt_line_limit(max_context(target_dir)))
-    check_decode(target_dir, len(ids), max_new_tokens, dtype, "--prompt")  # before the target's weights load
-    target = float_target = load_target(target_dir, dtype=dtype)
-    if tq is not None:
-        target, _ = compress_target(float_target, target_dir, tq, target_quant_data, seed,
-                                    lambda m: click.echo(m, err=True))
-    gen = torch.Generator().manual_seed(seed)
-    params = SamplingParams(temperature, top_k, top_p)
-    verifier = loop_target(target_backend, target, target_dir, dtype, False, lambda m: click.echo(m, err=True))
-    drift = ""
-    if drafter_dir is None:
-        g = decode_plain(verifier, ids, max_new_tokens, params, gen)
-        click.echo(prompt + tok.decode(g.tokens))
-        if tq is not None and params.greedy:
-            drift = greedy_drift(float_target, ids, max_new_tokens, g.tokens)
-        click.echo(f"[{len(g.tokens)} tokens, {len(g.tokens) / (g.decode_ms / 1e3):.1f} tok/s, plain decoding{drift}]",
-                   err=True)
-        return
-    drafter = load_drafter_runner(backend, drafter_dir, target, strict=strict,
-                                  warn=lambda m: click.echo(m, err=True), compile_drafter=compile_drafter,
-                                  target_dir=target_dir)
-    pol = parse_policy(policy or default_policy(drafter.family))
-    with compile_errors(compile_drafter):
-        s = speculative_generate(verifier, drafter, ids, max_new_tokens, pol, params, gen)
-    click.echo(prompt + tok.decode(s.tokens))
-    tau = 1 + sum(r.accepted for r in s.rounds) / max(1, len(s.rounds))
-    if tq is not None and params.greedy:
-        drift = greedy_drift(float_target, ids, max_new_tokens, s.tokens)
-    click.echo(f"[{len(s.tokens)} tokens, {len(s.tokens) / (s.total_ms / 1e3):.1f} tok/s, {pol}, tau {tau:.2f} "
-               f"over {len(s.rounds)} rounds{drift}; `specpress bench` measures speedup against plain decoding]",
-               err=True)
+    req = run_request(target_dir, prompt, max_new_tokens, drafter_dir=drafter_dir, policy=policy,
+                      temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, dtype=dtype, backend=backend,
+                      target_backend=target_backend, target_quant=target_quant, target_quant_data=target_quant_data,
+                      compile_drafter=compile_drafter, strict=strict)
+    res = run_decode(req, echo=lambda m: click.echo(m, err=True))
+    click.echo(res.output)
+    click.echo(stats_line(res), err=True)
 
 
 @click.command()

@@ -1,10 +1,8 @@
-"""`specpress export`: deployable forms of a drafter (and of its target). `export onnx` and `export target` are
-thin layers over specpress.export."""
+"""`specpress export`: deployable forms of a drafter (and of its target). `export onnx` and `export target`
+parse their options, then call specpress.export.pipeline (onnx_export, target_export) and print its lines."""
 
 from __future__ import annotations
 
-import math
-from collections import Counter
 from pathlib import Path
 
 import click
@@ -60,33 +58,15 @@ def onnx(drafter_dir: Path, target_dir: Path, out: Path, attention: str, opset: 
       specpress export onnx --drafter drafters/eagle3 --target ~/.cache/specpress/zoo/small --out onnx/eagle3
       specpress run --backend onnxruntime --drafter onnx/eagle3 --target ~/.cache/specpress/zoo/small ...
     """
-    from specpress.artifacts import claim_output
-    from specpress.export.onnx import ExportOptions, export_from_dirs
+    from specpress.export.onnx import ExportOptions
+    from specpress.export.pipeline import onnx_export, onnx_lines
 
     options = ExportOptions(attention=attention, opset=opset, dtype=dtype, quant_format=quant_format,
                             accuracy_level=accuracy_level, force=force)
-    with claim_output(out, force=force, inputs={"--drafter": drafter_dir, "--target": target_dir}):
-        rep = export_from_dirs(drafter_dir, target_dir, out, options,
-                               progress=lambda s: click.echo(f"  {s}", err=True),
-                               warn=lambda s: click.echo(s, err=True), target_dtype=target_dtype, bar=True)
-    own = sum(rep.graphs.values())
-    click.echo(f"exported {len(rep.graphs)} graph(s) -> {rep.out}  ({rep.seconds:.1f} s, attention {attention}, "
-               f"{dtype})")
-    rounds = rep.rounds.errors if rep.rounds else {}
-    click.echo(f"  {'graph':<10} {'bytes':>14}   max_rel / max_abs over outputs: random inputs | real rounds")
-    for name, size in rep.graphs.items():
-        click.echo(f"  {name:<10} {size:>12,} B   {_worst(rep.errors[name])} | {_worst(rounds.get(name))}")
-    if rep.rounds:
-        r = rep.rounds
-        click.echo(f"  real rounds: {r.policy} greedy, {r.prompts} prompts, {r.rounds} rounds: {r.agree} drafted the "
-                   f"same tokens, {r.near_ties} near ties, {r.disagree} differ")
-    click.echo(f"  drafter graphs {own:,} B; shared target embeddings/head {rep.shared_bytes:,} B (counted apart); "
-               f"tolerance max_rel {rep.tolerance:g}")
-    if rep.quantization:
-        q = rep.quantization
-        ops = Counter(note.split(" -> ", 1)[-1] for note in q["linears"])  # "<linear>: <scheme> -> <ops>"
-        click.echo(f"  quantized Linears ({', '.join(q['schemes'])}, --quant-format {q['format']}): "
-                   + "; ".join(f"{n} as {op}" for op, n in ops.items()))
+    rep = onnx_export(drafter_dir, target_dir, out, options, progress=lambda s: click.echo(f"  {s}", err=True),
+                      warn=lambda s: click.echo(s, err=True), target_dtype=target_dtype, bar=True)
+    for line in onnx_lines(rep, options):
+        click.echo(line)
 
 
 @export.command("target")
@@ -113,28 +93,13 @@ def target(target_dir: Path, out: Path, dtype: str, force: bool) -> None:
     Example:
       specpress export target --target ~/.cache/specpress/zoo/small --out onnx/target
     """
-    from specpress.artifacts import check_space, claim_output
-    from specpress.export.target import TargetExportOptions, export_target_from_dir
-    from specpress.models.io import tensor_index
+    from specpress.export.pipeline import target_export, target_lines
+    from specpress.export.target import TargetExportOptions
 
     options = TargetExportOptions(dtype=dtype, force=force)
-    with claim_output(out, force=force, inputs={"--target": target_dir}):
-        params = sum(math.prod(t.shape) for t in tensor_index(target_dir).values())  # from the headers alone
-        check_space(out, params * (2 if dtype == "fp16" else 4), f"the target's {params:,} parameters at {dtype}")
-        rep = export_target_from_dir(target_dir, out, options, progress=lambda s: click.echo(f"  {s}", err=True))
-    d = rep.decode
-    click.echo(f"exported the target -> {rep.out}  ({rep.seconds:.1f} s, {dtype}, {rep.bytes:,} B)")
-    click.echo(f"  random inputs: {_worst(rep.errors)}; tolerance max_rel {rep.tolerance:g}")
-    click.echo(f"  greedy decoding, {d['prompts']} prompts x {d['tokens']} tokens: {d['agree']} identical, "
-               f"{d['near_ties']} near ties, {d['differ']} differ")
-
-
-def _worst(errors: dict | None) -> str:
-    """'max_rel / max_abs (output)' of the output with the largest max_rel; '-' when not run."""
-    if not errors:
-        return "-"
-    name, e = max(errors.items(), key=lambda kv: kv[1]["max_rel"])
-    return f"{e['max_rel']:.1e} / {max(x['max_abs'] for x in errors.values()):.1e} ({name})"
+    rep = target_export(target_dir, out, options, progress=lambda s: click.echo(f"  {s}", err=True))
+    for line in target_lines(rep, options):
+        click.echo(line)
 
 
 export_hf.register(export)

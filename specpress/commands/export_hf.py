@@ -1,4 +1,5 @@
-"""`specpress export hf`: a drafter (float or quantized) as a serving engine loads it.
+"""`specpress export hf`: a drafter (float or quantized) as a serving engine loads it: the options parsed, then
+export.hf.pipeline.hf_export, and its summary printed.
 
 A standalone Click command; `register(group)` adds it to the `export` group (specpress/commands/export.py).
 """
@@ -62,23 +63,10 @@ def hf(drafter: str, out: str, engine: str | None, fmt: str | None, target: str 
       specpress export hf --drafter drafters/eagle3-int4 --out served/eagle3-int4 --format speculators \\
           --target ~/.cache/specpress/zoo/small
     """
-    from pathlib import Path
+    from specpress.export.hf.pipeline import hf_export
 
-    from specpress.artifacts import claim_output
-    from specpress.errors import UsageError, deprecated
-    from specpress.export.hf import export_hf
-    from specpress.export.hf.api import check_flags
-
-    check_flags(fmt, engine)  # before --out is claimed: the command line alone is wrong
-    if verifier is not None:
-        if target is not None:
-            raise UsageError("--verifier is the old spelling of --target; give --target only")
-        deprecated("--verifier", "use --target")
-        target = verifier
-    local = target if target is not None and Path(target).expanduser().exists() else None  # not a model id
-    with claim_output(out, force=force, inputs={"--drafter": drafter, "--target": local}):
-        summary = export_hf(drafter, out, fmt, engine=engine, verifier=target, policy=policy, force=force,
-                            materialize_head=materialize_head)
+    summary = hf_export(drafter, out, fmt, engine=engine, target=target, legacy_verifier=verifier, policy=policy,
+                        force=force, materialize_head=materialize_head)
     for line in summary.lines():
         click.echo(line)
 

@@ -1,4 +1,5 @@
-"""`specpress export trt`: TensorRT engines from an `export onnx` directory (thin over export.trt.builder).
+"""`specpress export trt`: TensorRT engines from an `export onnx` directory: the options parsed, then
+export.trt.pipeline.engines_from_onnx.
 
 The `export` group lives in commands/export.py; it attaches this command with `register(group)`.
 """
@@ -6,36 +7,8 @@ The `export` group lives in commands/export.py; it attaches this command with `r
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
-
-# keys an `export onnx` manifest may carry for the sizes the engines must cover (first found wins)
-TREE_KEYS = ("max_tree", "tree_budget", "max_new_tokens_per_call", "block_size")
-CONTEXT_KEYS = ("max_context", "context_length", "max_position_embeddings")
-
-
-def _from_manifest(manifest: dict[str, Any] | None, keys: tuple[str, ...]) -> int | None:
-    if not manifest:
-        return None
-    for scope in (manifest, manifest.get("budget") or {}, manifest.get("config") or {}):
-        for key in keys:
-            if isinstance(scope, dict) and isinstance(scope.get(key), int):
-                return int(scope[key])
-    return None
-
-
-def _axes(values: tuple[str, ...]) -> tuple[tuple[str, Any], ...]:
-    from specpress.errors import UsageError
-    from specpress.export.trt.profiles import AxisRange
-
-    out = []
-    for v in values:
-        name, sep, rng = v.partition("=")
-        if not sep or not name:
-            raise UsageError(f"--axis takes NAME=MIN:OPT:MAX, got {v!r}")
-        out.append((name, AxisRange.parse(rng)))
-    return tuple(out)
 
 
 @click.command("trt")
@@ -77,30 +50,10 @@ def trt(onnx_dir: Path | None, out: Path, target_gpu: str, max_tree: int | None,
       specpress export trt --onnx onnx/eagle3-plugin --out engines/eagle3-rtx --flavour tensorrt_rtx --target-gpu sm89
       specpress export trt --probe --out /tmp/trt-probe                                  # does the install work?
     """
-    from specpress.artifacts import claim_output, scratch_dir
-    from specpress.errors import RequestError, UsageError
-    from specpress.export.trt.builder import BuildOptions, read_source_manifest, build_engines
-    from specpress.export.trt.profiles import Budget
+    from specpress.export.trt.pipeline import engines_from_onnx
 
-    if (onnx_dir is None) == (not probe):
-        raise UsageError("give exactly one of --onnx DIR (an `export onnx` output) or --probe")
-    with claim_output(out, force=force, inputs={"--onnx": onnx_dir}), \
-            scratch_dir("specpress-trt-probe-") as scratch:
-        if probe:
-            from specpress.export.trt.probe import save_probe
-
-            onnx_dir = Path(scratch)
-            save_probe(onnx_dir / "tree_attention_probe.onnx")
-        assert onnx_dir is not None
-        if not onnx_dir.is_dir():
-            raise RequestError(f"--onnx {onnx_dir} is not a directory; expected an `export onnx` output")
-        manifest = read_source_manifest(onnx_dir)
-        tree = max_tree or _from_manifest(manifest, TREE_KEYS) or 64
-        context = max_context or _from_manifest(manifest, CONTEXT_KEYS) or 2048
-        options = BuildOptions(budget=Budget(max_tree=tree, max_context=max(context, tree)), axes=_axes(axis_specs),
-                               targets=tuple(t.strip() for t in target_gpu.split(",") if t.strip()),
-                               flavour=None if flavour == "auto" else flavour)
-        build_engines(onnx_dir, out, options, echo=click.echo, force=force, verbose=verbose)
+    engines_from_onnx(onnx_dir, out, probe=probe, target_gpu=target_gpu, max_tree=max_tree, max_context=max_context,
+                      axes=axis_specs, flavour=flavour, force=force, verbose=verbose, echo=click.echo)
 
 
 def register(group: click.Group) -> None:

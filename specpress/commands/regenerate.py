@@ -1,4 +1,4 @@
-"""`specpress regenerate`: a thin layer over specpress.compress.regen."""
+"""`specpress regenerate`: the options parsed, then compress/regen_pipeline.py (regenerate_from_dirs)."""
 
 from __future__ import annotations
 
@@ -57,47 +57,15 @@ def regenerate(target_dir: Path, data_path: Path, out: Path, sequences: int, pro
       specpress distill --target ~/.cache/specpress/zoo/small --family dflash \\
           --data data/regen-small.jsonl --out drafters/dflash --minutes 10
     """
-    from rich.console import Console
-    from rich.progress import Progress
+    from specpress.compress.regen_pipeline import (
+        RegenConfig,
+        regenerate_from_dirs,
+        report_lines,
+    )
 
-    from specpress.artifacts import claim_output
-    from specpress.compress.data import check_data
-    from specpress.compress.guards import check_seq_len, interrupted, regen_saved
-    from specpress.compress.data import data_stream
-    from specpress.compress.regen import RegenConfig, card_path, verify_partial, regenerate as run
-    from specpress.models.target import load_target
-    from specpress.models.tokenizer import load_tokenizer
-    from specpress.ticker import LogTicker, bar_columns
-
-    cfg = RegenConfig(sequences=sequences, prompt_tokens=prompt_tokens, new_tokens=new_tokens, batch=batch,
-                      temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    with claim_output(out, force=force, inputs={"--target": target_dir, "--data": data_path}, kind="file",
-                      partial=True, resume=resume, companions=(card_path(Path(out)),)) as claim:  # before loading
-        assert claim.partial is not None
-        if resume and claim.partial.exists():
-            verify_partial(out)  # a partial cut short or changed is refused before the target is loaded
-        check_seq_len(target_dir, prompt_tokens + new_tokens, batch, training=False,
-                      what=f"--prompt-tokens {prompt_tokens} + --new-tokens {new_tokens}")
-        check_data(data_path)  # a device, a FIFO or more text than memory: refused before loading
-        target = load_target(target_dir, dtype=target_dtype)
-        tok = load_tokenizer(target_dir)
-        stream = data_stream(data_path, tok, target.config.eos_ids, target.config.vocab_size, target_dir)
-        console = Console(stderr=True)
-        ticker = LogTicker(console, "regenerate", sequences)
-        with Progress(*bar_columns(eta=True), console=console) as bar:
-            task = bar.add_task("regenerate", total=sequences)
-
-            def on_batch(done: int, total: int) -> None:
-                bar.update(task, completed=done)
-                ticker.tick(done, "sequences")
-
-            try:
-                assert claim.partial is not None  # --resume without one: said in claim.notes, starts fresh
-                card = run(target, tok, stream, cfg, out, resume=resume and claim.partial.exists(), force=force,
-                           source=str(data_path), on_batch=on_batch)
-            except KeyboardInterrupt:
-                assert claim.partial is not None
-                raise interrupted(claim.partial, regen_saved(claim.partial)) from None
-    click.echo(f"wrote {out}: {card['sequences']} sequences, {card['generated_tokens']} generated tokens "
-               f"({card['tokens_per_s']:.0f} tokens/s), {card['stopped_at_eos']} stopped at EOS, "
-               f"{card['round_trip_exact']}/{card['sequences']} re-encode exactly")
+    config = RegenConfig(sequences=sequences, prompt_tokens=prompt_tokens, new_tokens=new_tokens, batch=batch,
+                         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    report = regenerate_from_dirs(target_dir, data_path, out, config, resume=resume, force=force,
+                                  target_dtype=target_dtype, progress=True)
+    for line in report_lines(report):
+        click.echo(line)

@@ -1,4 +1,4 @@
-"""`specpress sweep`: a thin layer over specpress.sweep."""
+"""`specpress sweep`: the options parsed, then specpress.sweep.pipeline (sweep_request, run_sweep)."""
 
 from __future__ import annotations
 
@@ -71,47 +71,8 @@ def sweep(recipe: str, out: Path, resume: bool, force: bool, jobs: int | None, e
     retried (executor.retries, default 2) and then recorded as failed. Workers write under OUT, so on a
     multi-node cluster OUT must be on a filesystem every node mounts at the same path (checked at start).
     """
-    from dataclasses import replace
+    from specpress.sweep.pipeline import run_sweep, sweep_request
 
-    from specpress.artifacts import claim_output
-    from specpress.errors import UsageError
-    from specpress.sweep.driver import Sweep, failure_summary, parse_loss
-    from specpress.sweep.executors import ExecutorSpec, require_ray
-    from specpress.sweep.recipe import load_recipe
-
-    if max_tau_loss is not None and not find_smallest:
-        raise UsageError("--max-tau-loss only applies with --find-smallest")
-    loss = parse_loss(max_tau_loss or "3%")
-    r = load_recipe(recipe)
-    spec = r.executor or ExecutorSpec()
-    if executor is not None and executor != spec.kind:
-        spec = replace(spec, kind=executor, address=None)
-    if address is not None:
-        if spec.kind != "ray":
-            raise UsageError("--address only applies with --executor ray")
-        spec = replace(spec, address=address)
-    if spec.kind == "ray":
-        require_ray()  # before any work: without Ray, say how to install it
-    inputs = {"target": r.target.path, "drafter": r.drafter.path, "prompts": r.prompts.path,
-              "calibration": r.calibration.path, "agreement_data": r.agreement_data.path, "recipe": r.source}
-    # what is already in --out (a sweep to resume or replace, or something else) is the Sweep's to check;
-    # a second sweep into the same --out fails at once
-    with claim_output(out, force=force, inputs=inputs, in_place=True):
-        s = Sweep(r, out, resume=resume, force=force)
-        s.open()
-        if find_smallest:
-            if (jobs or 1) > 1 or spec.kind != "local":
-                s.log("--find-smallest evaluates one point at a time (each choice depends on the last), in this "
-                      "process; --jobs and --executor ignored")
-            s.find_smallest(loss)
-        else:
-            s.run_all(jobs=jobs, executor=spec)
-        records = s.finalize()
-    failed = failure_summary(records)
-    if failed and (tolerate_failures or r.tolerate_failures):
-        s.log(f"{failed} (tolerated: {'--tolerate-failures' if tolerate_failures else 'tolerate_failures: true'})")
-    elif failed:
-        from specpress.errors import SweepFailed
-
-        raise SweepFailed(f"{failed}; every other result is in {out}. Fix the points, or pass --tolerate-failures "
-                          f"(recipe: tolerate_failures: true) to accept failed points")
+    req = sweep_request(recipe, executor=executor, address=address, find_smallest=find_smallest,
+                        max_tau_loss=max_tau_loss, jobs=jobs, tolerate_failures=tolerate_failures)
+    run_sweep(req, out, resume=resume, force=force)

@@ -72,13 +72,11 @@ def load_drafter_runner(backend: str, drafter_dir: Path, target, *, strict: bool
                        target.lm_head.weight.device, strict=strict, warn=warn, **opts)
 
 
-@dataclass(frozen=True)
-class BenchRequest:
-    """One bench run, checked (bench_request): what run_bench takes. Defaults are the CLI's."""
+@dataclass(frozen=True, kw_only=True)
+class DecodeOptions:
+    """The options `run` and `bench` share (given by keyword): the drafter and where it runs, the policy, sampling,
+    seed, the target's dtype and backend, its --target-quant. Defaults are the CLI's."""
 
-    target_dir: Path
-    prompts_file: Path
-    max_new_tokens: int
     drafter_dir: Path | None = None
     policy: str | None = None  # None: the drafter family's default policy
     temperature: float = 0.0
@@ -88,13 +86,22 @@ class BenchRequest:
     dtype: str = "fp32"
     backend: str = "torch"
     compile_drafter: bool = False
-    compile_target: bool = False
-    compare_dir: Path | None = None
-    compare_backend: str = "torch"  # resolved: --compare-backend, else --backend
     target_backend: str = "torch"
     target_quant: Any = None  # TargetQuant (compress/quantize/target.parse_spec) or None
     target_quant_data: str | None = None
     strict: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchRequest(DecodeOptions):
+    """One bench run, checked (bench_request): what run_bench takes. Defaults are the CLI's."""
+
+    target_dir: Path
+    prompts_file: Path
+    max_new_tokens: int
+    compile_target: bool = False
+    compare_dir: Path | None = None
+    compare_backend: str = "torch"  # resolved: --compare-backend, else --backend
 
 
 def bench_request(target_dir: str | Path, prompts_file: str | Path, max_new_tokens: int, *,
@@ -124,9 +131,12 @@ def bench_request(target_dir: str | Path, prompts_file: str | Path, max_new_toke
     check_drafter_dir(compare_backend, compare_dir, "--compare-drafter")
     tq = parse_spec(target_quant, target_quant_data)
     check_target_backend(tq, target_backend, compile_target)
-    return BenchRequest(Path(target_dir), Path(prompts_file), max_new_tokens, drafter_dir, policy, temperature, top_k,
-                        top_p, seed, dtype, backend, compile_drafter, compile_target, compare_dir, compare_backend,
-                        target_backend, tq, target_quant_data, strict)
+    return BenchRequest(target_dir=Path(target_dir), prompts_file=Path(prompts_file), max_new_tokens=max_new_tokens,
+                        drafter_dir=drafter_dir, policy=policy, temperature=temperature, top_k=top_k, top_p=top_p,
+                        seed=seed, dtype=dtype, backend=backend, compile_drafter=compile_drafter,
+                        compile_target=compile_target, compare_dir=compare_dir, compare_backend=compare_backend,
+                        target_backend=target_backend, target_quant=tq, target_quant_data=target_quant_data,
+                        strict=strict)
 
 
 def bench_from_dirs(target_dir: str | Path, prompts_file: str | Path, max_new_tokens: int, *, console: Any = None,
@@ -278,5 +288,5 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-__all__ = ["COMPILE_WARMUP_PROMPTS", "BenchRequest", "bench_from_dirs", "bench_lines", "bench_request",
+__all__ = ["COMPILE_WARMUP_PROMPTS", "BenchRequest", "DecodeOptions", "bench_from_dirs", "bench_lines", "bench_request",
            "check_compile", "check_drafter_dir", "load_drafter_runner", "loop_target", "run_bench", "summary_lines"]

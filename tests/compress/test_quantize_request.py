@@ -66,3 +66,21 @@ def test_request_builds_what_the_run_takes():
         assert quantize_request(scheme="int4", legacy_float_dtype="bfloat16").float_dtype == "bf16"
     req = quantize_request(scheme="int3", recover_steps=3, seq_len=16, resume=True)
     assert req.recovery.steps == 3 and req.recovery.seq_len == 16 and req.run_kwargs()["resume"] is True
+
+
+def test_readme_python_api_names_import():
+    """Every function README's Python API section names by its dotted path (specpress.x.y.name) exists."""
+    import importlib
+
+    section = README.read_text().split("### Python API", 1)[1].split("\n## ", 1)[0]
+    names = set(re.findall(r"`(specpress(?:\.\w+)+)\.(\w+)[(`]", section))
+    names |= {("specpress.sweep.pipeline", "run_sweep"),  # named bare, after the dotted name of their module
+              ("specpress.runtime.run_pipeline", "run_decode"), ("specpress.runtime.run_pipeline", "stats_line"),
+              ("specpress.compress.regen_pipeline", "report_lines"), ("specpress.export.pipeline", "target_export"),
+              ("specpress.export.pipeline", "onnx_lines"), ("specpress.export.pipeline", "target_lines")}
+    assert {("specpress.sweep.pipeline", "sweep_request"), ("specpress.runtime.run_pipeline", "run_request"),
+            ("specpress.compress.regen_pipeline", "regenerate_from_dirs"),
+            ("specpress.export.pipeline", "onnx_export"), ("specpress.export.trt.pipeline", "engines_from_onnx"),
+            ("specpress.export.hf.pipeline", "hf_export")} <= names
+    for module, name in sorted(names):
+        assert callable(getattr(importlib.import_module(module), name)), f"{module}.{name}"
