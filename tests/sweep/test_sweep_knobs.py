@@ -183,3 +183,13 @@ def test_find_smallest_searches_the_knobs_prunes_by_proxy_and_confirms_by_real_t
     assert not smaller or smaller[-1]["retention"] is not None  # the next smaller one was benched, and failed
     assert k["spearman_n"] == len(s["trials"]) and (k["spearman_n"] >= 3 or k["spearman"] is None)
     assert "pruned (not benched)" in res.output
+
+
+def test_the_readme_example_loads_and_help_says_how_it_works(tmp_path):
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Find the smallest drafter", 1)[1]
+    example = yaml.safe_load(section.split("```yaml", 1)[1].split("```", 1)[0])
+    r = parse(tmp_path, example["search"])
+    assert len(r.search.points) == 3 * 2 * 2 + 2 and r.search.margin == 0.05
+    out = CliRunner().invoke(cli, ["sweep", "--help"]).output
+    assert "search:" in out and "proxy" in out and "Spearman" in out
