@@ -60,7 +60,8 @@ def sweep(recipe: str, out: Path, resume: bool, force: bool, jobs: int | None, e
     the calibration windows, as an expected chain length over the base's); those under 1 - loss - margin are
     skipped unbenched, the rest searched by real tau, so the answer is always confirmed by real tau.
     search.json's `knobs` section has each candidate's bytes, proxy and real retention, and the proxy's Spearman
-    correlation with real retention.
+    correlation with real retention. `objective: speed` benches every candidate the proxy keeps and picks the
+    fastest (highest measured speedup) that keeps tau, instead of the fewest bytes.
     float_dtype (default auto: bf16 for an fp32 base) is what compressed points store their remaining
     floats in; their bytes and tau are those of the stored drafter. Each results.jsonl line holds the
     settings, provenance, bytes, bits/param, tau, AR[k], per-prompt tau, the paired delta tau with its CI

@@ -65,14 +65,19 @@ def _search(sweep: Any, loss: float, label: str, cands: list[Any], progress: Any
     brec = R.latest(R.read_results(sweep.out))[R.run_key("base", *run[0])]
     if brec["status"] != "ok":
         raise RequestError(f"the base drafter's run{on} failed ({brec['error']}); nothing to compare against")
-    sweep.log(f"searching {len(cands)} points (sorted by bytes){on} for the smallest with τ retention >= "
+    fastest = sweep.recipe.search is not None and sweep.recipe.search.objective == "speed"
+    sweep.log(f"searching {len(cands)} points (sorted by bytes){on} for the {'fastest' if fastest else 'smallest'} "
+              f"with τ retention >= "
               f"{100 * (1 - loss):.1f} % of the base's τ {brec['tau']:.3f} ({run[0][0]}, T={run[0][1]:g})")
+
+    speeds: dict[str, float | None] = {}  # speedup of each benched point (a speed objective picks by it)
 
     def evaluate(pid: str) -> Trial:
         point = sweep.recipe.point(pid)
         if sweep.missing(point, run):
             sweep.evaluate(point, run, progress)
         r = R.latest(R.read_results(sweep.out))[R.run_key(pid, *run[0])]
+        speeds[pid] = r.get("speedup") if r["status"] == "ok" else None
         p = r.get("paired") or {}
         return Trial(pid, r.get("bytes"), r.get("retention") if r["status"] == "ok" else None,
                      tau=r.get("tau"), delta_tau=p.get("delta_tau"), ci=p.get("ci"), error=r.get("error"))
@@ -81,12 +86,15 @@ def _search(sweep: Any, loss: float, label: str, cands: list[Any], progress: Any
     if sweep.recipe.search is None:
         result = find_smallest(cands, evaluate, 1 - loss)
     else:
-        result, knobs = _search_knobs(sweep, loss, label, cands, evaluate)
+        result, knobs = _search_knobs(sweep, loss, label, cands, evaluate, speeds.get)
     for i, t in enumerate(result.trials, 1):
         verdict = "error" if t.retention is None else ("pass" if t.passed else "fail")
         ret = "–" if t.retention is None else f"{100 * t.retention:.1f} %"
         sweep.log(f"  tried {i}: {t.id:<22} {fmt_bytes(t.bytes):>10}  retention {ret:>8}  {verdict}")
-    if result.found:
+    if result.found and fastest:
+        sweep.log(f"fastest point{on} keeping >= {100 * (1 - loss):.1f} % of τ: {result.found} (speedup "
+                  f"{speeds[result.found]:.2f}×); benched {len(result.trials)} of {len(cands)} points", style="bold")
+    elif result.found:
         t = next(t for t in result.trials if t.id == result.found)
         sweep.log(f"smallest point{on} keeping >= {100 * (1 - loss):.1f} % of τ: {result.found} "
                   f"({fmt_bytes(t.bytes)}, retention {100 * (t.retention or 0):.1f} %); evaluated "
@@ -101,8 +109,8 @@ def _search(sweep: Any, loss: float, label: str, cands: list[Any], progress: Any
     return result, payload
 
 
-def _search_knobs(sweep: Any, loss: float, label: str, cands: list[Any], evaluate: Callable[[str], Any]
-                  ) -> tuple[Any, dict[str, Any]]:
+def _search_knobs(sweep: Any, loss: float, label: str, cands: list[Any], evaluate: Callable[[str], Any],
+                  speed: Callable[[str], float | None]) -> tuple[Any, dict[str, Any]]:
     """The proxy-pruned search of knobs.py over `cands` (logged); (its SearchResult, search.json's `knobs`)."""
     from specpress.sweep.knobs import search_knobs
     from specpress.sweep.report import fmt_bytes
@@ -123,8 +131,9 @@ def _search_knobs(sweep: Any, loss: float, label: str, cands: list[Any], evaluat
                   + ("  pruned (not benched)" if p < floor else ""))
         return p
 
-    ks = search_knobs(cands, logged, evaluate, 1 - loss, spec.margin)
-    out = {**ks.to_dict(cands, spec.margin), "proxy_batches": spec.proxy_batches, "base_proxy": base}
+    ks = search_knobs(cands, logged, evaluate, 1 - loss, spec.margin, speed if spec.objective == "speed" else None)
+    out = {**ks.to_dict(cands, spec.margin), "objective": spec.objective, "proxy_batches": spec.proxy_batches,
+           "base_proxy": base}
     if out["spearman"] is not None:
         sweep.log(f"proxy vs real retention: Spearman {out['spearman']:+.2f} over {out['spearman_n']} benched "
                   f"candidates")

@@ -6,6 +6,7 @@
         - quantize: {budget: [1MiB, 2MiB], candidates: [int8, int4:g64]}
       margin: 0.05                       # prune a candidate whose proxy retention < 1 - max_tau_loss - margin
       proxy_batches: 2                   # calibration windows ([8, 128] each) the proxy reads
+      objective: bytes                   # bytes: the fewest bytes; speed: the highest measured speedup
 
 The knobs expand like grid entries (the cartesian product of every list; at most MAX_CANDIDATES candidates)
 and join the grid's points as candidates; each is sized exactly as a grid point is (driver.sizing_bytes).
@@ -14,7 +15,9 @@ Then, per target: every candidate is BUILT (as the point would be, reused by a l
 folded into a chain's expected accepted length 1 + Σ_k Π_{j≤k} acc@j and divided by the base drafter's: no
 speculative decoding. Candidates whose proxy falls below the threshold minus `margin` are pruned (recorded
 with their proxy, never benched); the rest are searched by real τ as search.py does, so the answer is always
-a candidate whose real τ retention passed. search.json's `knobs` section holds every candidate's bytes,
+a candidate whose real τ retention passed. With `objective: speed` every candidate the proxy keeps is benched
+and the answer is the passing one with the highest speedup over plain decoding, as the bench measures it on
+the recipe's first backend (emulated schemes on a CPU measure acceptance, not speed: use it on real kernels). search.json's `knobs` section holds every candidate's bytes,
 proxy, and real τ / retention where evaluated, and the proxy's Spearman rank correlation with real retention
 (over ≥ 3 evaluated candidates). A plain sweep (no --find-smallest) runs the grid only.
 """
@@ -29,7 +32,8 @@ from specpress.errors import ConfigError
 from specpress.sweep.grid import BASE_ID, Point, check_grid_size, expand_entry
 from specpress.sweep.search import Candidate, SearchResult, Trial, find_smallest
 
-SEARCH_KEYS = ("knobs", "margin", "proxy_batches")
+SEARCH_KEYS = ("knobs", "margin", "proxy_batches", "objective")
+OBJECTIVES = ("bytes", "speed")
 MAX_CANDIDATES = 256  # every candidate is built for its proxy: more is days, or a typo
 DEFAULT_MARGIN = 0.05
 DEFAULT_PROXY_BATCHES = 2
@@ -45,9 +49,11 @@ class SearchSpec:
     margin: float = DEFAULT_MARGIN
     proxy_batches: int = DEFAULT_PROXY_BATCHES
     knobs: tuple[Any, ...] = ()  # the entries as written (to_dict, so the hash sees them)
+    objective: str = "bytes"  # the fewest bytes, or the highest speedup, among those keeping τ
 
     def to_dict(self) -> dict[str, Any]:
-        return {"knobs": list(self.knobs), "margin": self.margin, "proxy_batches": self.proxy_batches}
+        return {"knobs": list(self.knobs), "margin": self.margin, "proxy_batches": self.proxy_batches,
+                "objective": self.objective}
 
 
 def parse_search(obj: Any, grid: tuple[Point, ...], where: str = "search") -> tuple[SearchSpec, tuple[str, ...]]:
@@ -72,6 +78,10 @@ def parse_search(obj: Any, grid: tuple[Point, ...], where: str = "search") -> tu
     batches = obj.get("proxy_batches", DEFAULT_PROXY_BATCHES)
     if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
         raise ConfigError(f"{where}.proxy_batches must be an integer >= 1, found {batches!r}")
+    objective = obj.get("objective", "bytes")
+    if objective not in OBJECTIVES:
+        raise ConfigError(f"{where}.objective {objective!r}: choose bytes (the fewest) or speed (the highest measured "
+                          f"speedup)")
     check_grid_size(knobs, f"{where}.knobs", MAX_CANDIDATES, "a search holds")
     seen = {p.id: p for p in grid}
     points: list[Point] = []
@@ -87,7 +97,7 @@ def parse_search(obj: Any, grid: tuple[Point, ...], where: str = "search") -> tu
                 continue  # the grid (or an earlier knob) already holds it
             seen[p.id] = p
             points.append(p)
-    return SearchSpec(tuple(points), float(margin), batches, tuple(knobs)), tuple(skipped)
+    return SearchSpec(tuple(points), float(margin), batches, tuple(knobs), objective), tuple(skipped)
 
 
 def tau_proxy(acc: list[float]) -> float:
@@ -108,6 +118,7 @@ class KnobSearch:
     proxies: dict[str, float]
     unbuilt: list[dict[str, str]]  # candidates whose proxy could not be taken (their build failed)
     result: SearchResult
+    speeds: dict[str, float | None]  # measured speedup of each benched candidate (objective speed only)
 
     def to_dict(self, candidates: list[Candidate], margin: float) -> dict[str, Any]:
         from specpress.sweep.stats import spearman
@@ -118,7 +129,8 @@ class KnobSearch:
             t = trials.get(c.id)
             p = self.proxies.get(c.id)
             rows.append({"id": c.id, "bytes": c.bytes, "proxy": p, "pruned": p is not None and p < self.floor,
-                         "tau": None if t is None else t.tau, "retention": None if t is None else t.retention})
+                         "tau": None if t is None else t.tau, "retention": None if t is None else t.retention,
+                         "speedup": self.speeds.get(c.id)})
         pairs = [(r["proxy"], r["retention"]) for r in rows if r["proxy"] is not None and r["retention"] is not None]
         return {"proxy": PROXY, "margin": margin, "prune_below": self.floor, "candidates": rows,
                 "pruned": [r["id"] for r in rows if r["pruned"]], "unbuilt": self.unbuilt,
@@ -126,9 +138,10 @@ class KnobSearch:
 
 
 def search_knobs(candidates: list[Candidate], proxy: Callable[[str], float], evaluate: Callable[[str], Trial],
-                 threshold: float, margin: float) -> KnobSearch:
-    """Take every candidate's proxy; prune those below threshold - margin; search the rest by real τ (search.py).
-    A candidate whose proxy raises is left out and recorded in `unbuilt`."""
+                 threshold: float, margin: float, speed: Callable[[str], float | None] | None = None) -> KnobSearch:
+    """Take every candidate's proxy; prune those below threshold - margin; search the rest by real τ (search.py:
+    the fewest bytes), or, given `speed` (a benched candidate's speedup), bench them all and pick the fastest that
+    passes. A candidate whose proxy raises is left out and recorded in `unbuilt`."""
     floor = threshold - margin
     proxies: dict[str, float] = {}
     unbuilt: list[dict[str, str]] = []
@@ -138,4 +151,14 @@ def search_knobs(candidates: list[Candidate], proxy: Callable[[str], float], eva
         except Exception as exc:  # noqa: BLE001 — recorded, as a failed point is; the search goes on
             unbuilt.append({"point": c.id, "error": f"{type(exc).__name__}: {exc}"})
     kept = [c for c in candidates if c.id in proxies and proxies[c.id] >= floor]
-    return KnobSearch(floor, proxies, unbuilt, find_smallest(kept, evaluate, threshold))
+    if speed is None:
+        return KnobSearch(floor, proxies, unbuilt, find_smallest(kept, evaluate, threshold), {})
+    result = SearchResult(threshold, kept)
+    for c in sorted(kept, key=lambda c: c.bytes):
+        t = evaluate(c.id)
+        t.passed = t.retention is not None and t.retention >= threshold - 1e-12
+        result.trials.append(t)
+    speeds = {t.id: speed(t.id) for t in result.trials}
+    fast = [t for t in result.trials if t.passed and speeds[t.id] is not None]
+    result.found = max(fast, key=lambda t: speeds[t.id]).id if fast else None  # ties: the fewer bytes
+    return KnobSearch(floor, proxies, unbuilt, result, speeds)

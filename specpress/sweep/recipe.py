@@ -29,6 +29,7 @@
       knobs: [{chain: [{prune: {head_rank: [16, 32]}}, {quantize: {scheme: [int8, int4], recover_steps: [0, 200]}}]}]
       margin: 0.05                   # skip, unbenched, candidates whose τ proxy is this far under the threshold
       proxy_batches: 2               # calibration windows of the proxy (teacher-forced acc@k, no decoding)
+      objective: bytes               # or speed: the fastest benched candidate keeping τ
 
 Data (`calibration`, `agreement_data`, `distill.data`): `zoo-train` / `zoo-val` (or `zoo:train` / `zoo:val`,
 as the CLI's --data spells them) are the splits of the

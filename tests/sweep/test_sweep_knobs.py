@@ -51,6 +51,7 @@ def test_knobs_expand_to_the_product_and_join_the_grid(tmp_path):
     ([{"quantize": {"scheme": "int8"}}], ["search must be a mapping", "knobs"]),
     ({"knobs": [{"quantize": {"scheme": "int8"}}], "margin": 1.5}, ["search.margin", "[0, 1)"]),
     ({"knobs": [{"quantize": {"scheme": "int8"}}], "proxy_batches": 0}, ["search.proxy_batches", ">= 1"]),
+    ({"knobs": [{"quantize": {"scheme": "int8"}}], "objective": "tau"}, ["search.objective", "bytes", "speed"]),
     ({"knobs": [{"prune": {"head_rnak": [8, 16]}}]}, ["search.knobs[0]", "'head_rnak'", "head_rank"]),
     ({"knobs": [{"id": "int8", "quantize": {"scheme": "int4"}}]}, ["'int8'", "other steps", "`id`"]),
 ])
@@ -99,7 +100,8 @@ def test_a_candidate_the_proxy_prunes_is_never_benched():
     d = ks.to_dict(cands, 0.05)
     assert d["pruned"] == ["c0"] and d["prune_below"] == pytest.approx(0.92)
     row = d["candidates"][0]
-    assert row == {"id": "c0", "bytes": 100, "proxy": 0.70, "pruned": True, "tau": None, "retention": None}
+    assert row == {"id": "c0", "bytes": 100, "proxy": 0.70, "pruned": True, "tau": None, "retention": None,
+                   "speedup": None}
     assert d["spearman_n"] == len(set(calls)) and len(calls) >= 1
 
 
@@ -114,6 +116,17 @@ def test_the_answer_is_the_smallest_passing_by_real_tau_not_by_the_proxy():
     assert ks.result.found == passing[0] == "c2" and "c2" in calls and "c3" not in calls
     found = next(t for t in ks.result.trials if t.id == "c2")
     assert found.passed and found.retention == 0.98
+
+
+def test_objective_speed_benches_what_the_proxy_keeps_and_picks_the_fastest_passing():
+    ret = {"c0": 0.99, "c1": 0.98, "c2": 0.99, "c3": 0.90, "c4": 1.0}
+    proxy = {"c0": 0.50, "c1": 0.99, "c2": 0.99, "c3": 0.99, "c4": 1.0}
+    speed = {"c0": 9.0, "c1": 1.5, "c2": 2.0, "c3": 3.0, "c4": 1.2}  # c0 pruned, c3 fails real τ
+    cands, evaluate, calls = _case(ret, proxy)
+    ks = search_knobs(cands, proxy.__getitem__, evaluate, 0.97, 0.05, speed=speed.get)
+    assert ks.result.found == "c2" and calls == ["c1", "c2", "c3", "c4"]
+    rows = {r["id"]: r for r in ks.to_dict(cands, 0.05)["candidates"]}
+    assert rows["c2"]["speedup"] == 2.0 and rows["c0"]["speedup"] is None and rows["c0"]["pruned"]
 
 
 def test_a_candidate_that_cannot_be_built_is_left_out_and_said_so():
@@ -133,7 +146,7 @@ def test_a_candidate_that_cannot_be_built_is_left_out_and_said_so():
 # ----------------------------------------------------------------------------------------------- end to end
 
 
-def _setup(root: Path) -> Path:
+def _setup(root: Path, ffn: tuple[int, ...] = (1, 36, 38), **search: object) -> Path:
     """A tiny target and an lm drafter holding its weights (every draft accepted until compressed); the grid
     holds int8, the knobs FFN cuts of the drafter (a deep one the proxy prunes) chained with int8."""
     from specpress.models.drafter_io import save_drafter
@@ -153,8 +166,8 @@ def _setup(root: Path) -> Path:
     recipe = {"target": "target", "drafter": "drafter", "prompts": "prompts.jsonl", "policies": ["chain:3"],
               "max_new_tokens": 10, "calibration": "ids.jsonl", "agreement_data": "ids.jsonl",
               "agreement_batches": 1, "grid": [{"quantize": {"scheme": "int8"}}],
-              "search": {"knobs": [{"chain": [{"prune": {"ffn": [1, 36, 38]}}, {"quantize": {"scheme": "int8"}}]}],
-                         "margin": 0.05, "proxy_batches": 1}}
+              "search": {"knobs": [{"chain": [{"prune": {"ffn": list(ffn)}}, {"quantize": {"scheme": "int8"}}]}],
+                         "margin": 0.05, "proxy_batches": 1, **search}}
     (root / "recipe.yaml").write_text(yaml.safe_dump(recipe))
     return root / "recipe.yaml"
 
@@ -183,6 +196,18 @@ def test_find_smallest_searches_the_knobs_prunes_by_proxy_and_confirms_by_real_t
     assert not smaller or smaller[-1]["retention"] is not None  # the next smaller one was benched, and failed
     assert k["spearman_n"] == len(s["trials"]) and (k["spearman_n"] >= 3 or k["spearman"] is None)
     assert "pruned (not benched)" in res.output
+
+
+def test_objective_speed_answers_the_fastest_benched_candidate(tmp_path):
+    recipe = _setup(tmp_path, ffn=(38,), objective="speed")
+    res = CliRunner().invoke(cli, ["sweep", str(recipe), "--out", str(tmp_path / "s"), "--find-smallest",
+                                   "--max-tau-loss", "50%"])
+    assert res.exit_code == 0, (res.output, res.exception)
+    s = json.loads((tmp_path / "s" / "search.json").read_text())
+    rows = s["knobs"]["candidates"]
+    assert s["knobs"]["objective"] == "speed" and all(r["speedup"] is not None for r in rows)  # all benched
+    passing = [r for r in rows if r["retention"] >= 0.5]
+    assert s["found"] == max(passing, key=lambda r: r["speedup"])["id"] and "fastest point" in res.output
 
 
 def test_the_readme_example_loads_and_help_says_how_it_works(tmp_path):
