@@ -25,8 +25,10 @@ import click
               help="With --executor ray: the cluster to join (auto, ray://HOST:10001, HOST:6379); default: a "
                    "local Ray instance started for this sweep.")
 @click.option("--find-smallest", is_flag=True,
-              help="Search the grid for the smallest drafter keeping tau (see --max-tau-loss) instead of running "
-                   "every point.")
+              help="Search for the smallest drafter keeping tau (see --max-tau-loss) instead of running every "
+                   "point: the grid's points, plus the recipe's `search:` knob ranges; with `search:` every "
+                   "candidate is built and screened by a teacher-forced tau proxy (a few forward passes, no "
+                   "speculative decoding) before the survivors are benched.")
 @click.option("--tolerate-failures", is_flag=True,
               help="Exit 0 even when some points fail (they are recorded either way); the recipe key "
                    "`tolerate_failures: true` says the same.")
@@ -52,6 +54,14 @@ def sweep(recipe: str, out: Path, resume: bool, force: bool, jobs: int | None, e
     lossless against its own target and paired with the same point on the float target (Δτ and the
     target's greedy drift in a target-precision table, plots/tau_vs_target; --find-smallest searches once
     per target).
+    A `search:` block (only read by --find-smallest) declares knob ranges as grid entries, e.g.
+    `search: {knobs: [{prune: {head_rank: [32, 64], recover_steps: [0, 200]}}], margin: 0.05}`: their product
+    joins the grid's points; each candidate is built and gets a tau proxy (teacher-forced acc@k with the target on
+    the calibration windows, as an expected chain length over the base's); those under 1 - loss - margin are
+    skipped unbenched, the rest searched by real tau, so the answer is always confirmed by real tau.
+    search.json's `knobs` section has each candidate's bytes, proxy and real retention, and the proxy's Spearman
+    correlation with real retention. `objective: speed` benches every candidate the proxy keeps and picks the
+    fastest (highest measured speedup) that keeps tau, instead of the fewest bytes.
     float_dtype (default auto: bf16 for an fp32 base) is what compressed points store their remaining
     floats in; their bytes and tau are those of the stored drafter. Each results.jsonl line holds the
     settings, provenance, bytes, bits/param, tau, AR[k], per-prompt tau, the paired delta tau with its CI

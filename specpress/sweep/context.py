@@ -298,11 +298,16 @@ class SweepContext:
         """Windows for acc@k (None when agreement_batches is 0)."""
         if not self.recipe.agreement_batches:
             return None
+        return self.windows(self.recipe.agreement_data)
+
+    def windows(self, source: DataSource) -> Any:
+        """[8, 128] windows of `source` (shorter past the target's context), seeded with the recipe's seed: those
+        acc@k reads (agreement_data), and the --find-smallest search's τ proxy (calibration)."""
         from specpress.compress.data import WindowSampler
 
         batch, seq = AGREEMENT_WINDOWS
         seq = min(seq, self.target.config.max_position_embeddings - 1)
-        return WindowSampler(self.stream(self.recipe.agreement_data), seq, batch, self.recipe.seed)
+        return WindowSampler(self.stream(source), seq, batch, self.recipe.seed)
 
 
 def open_context(recipe: Recipe, out: Path, target_dir: Path, base_dir: Path, base_digest: str | None = None

@@ -324,8 +324,8 @@ def _product_size(kind: str, body: Any) -> int:
     return math.prod(len(v) if isinstance(v, list) and k not in NAME_LISTS else 1 for k, v in body.items())
 
 
-def check_grid_size(grid: Any, where: str = "grid") -> None:
-    """Refuse a grid that expands to more than MAX_POINTS points, with its size, before expanding it."""
+def check_grid_size(grid: Any, where: str = "grid", limit: int = MAX_POINTS, what: str = "a grid holds") -> None:
+    """Refuse a grid that expands to more than `limit` points, with its size, before expanding it."""
     total = 0
     for i, entry in enumerate(grid if isinstance(grid, list) else []):
         try:
@@ -334,9 +334,9 @@ def check_grid_size(grid: Any, where: str = "grid") -> None:
             continue  # expand_entry says what is wrong with it
         n = math.prod(_product_size(kind, body) for kind, body, _ in stages)
         total += n
-        if total > MAX_POINTS:
+        if total > limit:
             before = f" ({total:,} with the entries before it)" if total != n else ""
-            raise ConfigError(f"{where}[{i}] expands to {n:,} points{before}; a grid holds at most {MAX_POINTS:,} "
+            raise ConfigError(f"{where}[{i}] expands to {n:,} points{before}; {what} at most {limit:,} "
                               f"(each point is built and measured): list fewer values")
 
 

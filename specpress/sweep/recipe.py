@@ -25,6 +25,11 @@
     agreement_data: zoo-val          # zoo-val (held-out stdlib files) | PATH
     executor: {kind: ray, resources: {cpus: 4, gpus: 1, memory_gb: 16}, retries: 2}   # or local (default);
                                      # how points run, not part of the hash (executors.py)
+    search:                          # only for --find-smallest: knob ranges searched beyond the grid (knobs.py)
+      knobs: [{chain: [{prune: {head_rank: [16, 32]}}, {quantize: {scheme: [int8, int4], recover_steps: [0, 200]}}]}]
+      margin: 0.05                   # skip, unbenched, candidates whose τ proxy is this far under the threshold
+      proxy_batches: 2               # calibration windows of the proxy (teacher-forced acc@k, no decoding)
+      objective: bytes               # or speed: the fastest benched candidate keeping τ
 
 Data (`calibration`, `agreement_data`, `distill.data`): `zoo-train` / `zoo-val` (or `zoo:train` / `zoo:val`,
 as the CLI's --data spells them) are the splits of the
@@ -51,7 +56,7 @@ from specpress.sweep.grid import Point, expand_grid
 RECIPE_VERSION = 1
 TOP_KEYS = ("version", "name", "description", "target", "drafter", "grid", "policies", "prompts", "temperatures",
             "backends", "max_new_tokens", "seed", "dtype", "float_dtype", "calibration", "agreement_batches",
-            "agreement_data", "tolerate_failures", "executor", "target_quant")
+            "agreement_data", "tolerate_failures", "executor", "target_quant", "search")
 REQUIRED = ("target", "drafter", "grid", "prompts")
 DTYPES = ("fp32", "bf16", "fp16")
 ZOO_SPLITS = {"zoo-train": "train", "zoo-val": "val", "zoo:train": "train", "zoo:val": "val"}  # CLI spelling too
@@ -136,6 +141,7 @@ class Recipe:
     tolerate_failures: bool = False  # a failed point still lets the sweep exit 0 (not in the hash: measures nothing)
     executor: Any = None  # executors.ExecutorSpec; how points run, kept out of to_dict and so of the hash
     target_quant: tuple[Any, ...] = ()  # TargetQuant specs besides the float target (compress/quantize/target.py)
+    search: Any = None  # knobs.SearchSpec: candidates beyond the grid for --find-smallest, or None
 
     @property
     def targets(self) -> tuple[Any, ...]:
@@ -150,7 +156,8 @@ class Recipe:
         return find_target(self.targets, label)
 
     def point(self, pid: str) -> Point:
-        for p in self.points:
+        """A grid point, or a candidate of the `search:` block, by id."""
+        for p in (*self.points, *(self.search.points if self.search else ())):
             if p.id == pid:
                 return p
         raise ConfigError(f"no grid point {pid!r}; points: {', '.join(p.id for p in self.points)}")
@@ -164,7 +171,8 @@ class Recipe:
                 "backends": list(self.backends), "max_new_tokens": self.max_new_tokens, "seed": self.seed,
                 "dtype": self.dtype, "float_dtype": self.float_dtype, "calibration": self.calibration.to_json(),
                 "agreement_batches": self.agreement_batches, "agreement_data": self.agreement_data.to_json(),
-                **({"target_quant": [t.text for t in self.target_quant]} if self.target_quant else {})}
+                **({"target_quant": [t.text for t in self.target_quant]} if self.target_quant else {}),
+                **({"search": self.search.to_dict()} if self.search else {})}
 
     def hash(self) -> str:
         d = self.to_dict()
@@ -339,7 +347,13 @@ def parse_recipe(obj: Any, base_dir: Path, source: Path | None = None) -> Recipe
         if ver != RECIPE_VERSION:
             raise ConfigError(f"version {ver!r} is not readable; this specpress reads recipe version {RECIPE_VERSION}")
         points, skipped = expand_grid(d["grid"])
-        _warn_legacy(points, where)
+        search = None
+        if "search" in d:
+            from specpress.sweep.knobs import parse_search
+
+            search, more = parse_search(d["search"], points)
+            skipped += more
+        _warn_legacy((*points, *(search.points if search else ())), where)
         dtype = _str(d.get("dtype", "fp32"), "dtype")
         if dtype not in DTYPES:
             raise ConfigError(f"dtype {dtype!r} is not known; choose one of {', '.join(DTYPES)}")
@@ -362,7 +376,8 @@ def parse_recipe(obj: Any, base_dir: Path, source: Path | None = None) -> Recipe
             tolerate_failures=_flag(d.get("tolerate_failures", False), "tolerate_failures"),
             executor=parse_executor(d["executor"]) if "executor" in d else None,
             target_quant=() if "target_quant" not in d else parse_target_list(
-                _list(d["target_quant"], "target_quant", "[fp8, int4, 'nvfp4:activations=static']"), "target_quant"))
+                _list(d["target_quant"], "target_quant", "[fp8, int4, 'nvfp4:activations=static']"), "target_quant"),
+            search=search)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
 

@@ -50,3 +50,26 @@ def pareto_flags(items: Sequence[tuple[float, float]]) -> list[bool]:
         dominated = any((b2 <= b and t2 >= t) and (b2 < b or t2 > t) for j, (b2, t2) in enumerate(items) if j != i)
         flags.append(not dominated)
     return flags
+
+
+def _ranks(values: Sequence[float]) -> np.ndarray:
+    """Ranks 0..n-1 of `values`, ties given their mean rank."""
+    x = np.asarray(values, dtype=np.float64)
+    ranks = np.empty(x.size)
+    ranks[x.argsort(kind="stable")] = np.arange(x.size)
+    for v in np.unique(x):
+        ranks[x == v] = ranks[x == v].mean()
+    return ranks
+
+
+def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Spearman rank correlation of paired values (ties at mean rank); None with fewer than 3 pairs or when
+    either side is constant (no ranking to compare)."""
+    if len(xs) != len(ys):
+        raise ValueError(f"spearman needs paired values: {len(xs)} vs {len(ys)}")
+    if len(xs) < 3:
+        return None
+    rx, ry = _ranks(xs), _ranks(ys)
+    if rx.std() == 0 or ry.std() == 0:
+        return None
+    return float(np.corrcoef(rx, ry)[0, 1])
