@@ -206,8 +206,8 @@ def check_taps(family: str, config: Any, num_target_layers: int | None) -> None:
         return
     raise ConfigError(f"this {family} drafter taps hidden_states[{n}], the target's last layer output, which "
                       f"specpress takes after the final norm; vLLM takes tap {n} before the final norm (the residual "
-                      f"stream after {n} layers), so it would feed this drafter another feature. Re-distill it with taps "
-                      f"below {n}")
+                      f"stream after {n} layers), so it would feed this drafter another feature. Re-distill it with "
+                      f"taps below {n}")
 
 
 def proposal(tokens: int) -> dict[str, Any]:
