@@ -129,3 +129,24 @@ def saved_target_and_drafter(root):
     t = random_eos_target()
     tdir, data = save_with_tokenizer(t, root)
     return tdir, data, save_drafter(make("eagle3", t), root / "e3")
+
+
+def lm_sweep_inputs(root, prompts: int) -> None:
+    """A sweep's inputs under `root`: a tiny target, an lm drafter holding the target's own weights (every
+    draft accepted until it is compressed), `prompts` 5-token prompts and 4 x 150 token ids as input_ids."""
+    import json
+
+    from specpress.models.drafter_io import save_drafter
+    from specpress.models.lm import LMDrafter
+    from specpress.models.target import save_target
+
+    target = tiny_target()
+    save_target(target, root / "target")
+    d = LMDrafter(LMConfig.from_target_config(target.config))
+    d.load_state_dict(target.state_dict())
+    save_drafter(d.eval().attach_target(target), root / "drafter")
+    g = torch.Generator().manual_seed(3)
+    rows = [{"input_ids": torch.randint(1, V, (5,), generator=g).tolist()} for _ in range(prompts)]
+    (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = [{"input_ids": torch.randint(1, V, (150,), generator=g).tolist()} for _ in range(4)]
+    (root / "ids.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data))

@@ -11,7 +11,16 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from drafters_common import V, make, random_eos_target, randomize, run, save_with_tokenizer, tiny_target
+from drafters_common import (
+    V,
+    lm_sweep_inputs,
+    make,
+    random_eos_target,
+    randomize,
+    run,
+    save_with_tokenizer,
+    tiny_target,
+)
 
 from specpress.cli import cli
 from specpress.compress.data import WindowSampler
@@ -252,24 +261,11 @@ def test_sweep_budget_key():
 
 
 def test_a_sweep_point_allocates_under_its_budget(tmp_path):
-    import json
-
     import yaml
 
-    from specpress.models.lm import LMConfig, LMDrafter
-    from specpress.models.target import save_target
     from specpress.sweep.results import read_results
 
-    t = tiny_target()
-    save_target(t, tmp_path / "target")
-    d = LMDrafter(LMConfig.from_target_config(t.config))
-    d.load_state_dict(t.state_dict())
-    save_drafter(d.eval().attach_target(t), tmp_path / "drafter")
-    g = torch.Generator().manual_seed(3)
-    rows = [{"input_ids": torch.randint(1, V, (5,), generator=g).tolist()} for _ in range(4)]
-    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    data = [{"input_ids": torch.randint(1, V, (150,), generator=g).tolist()} for _ in range(4)]
-    (tmp_path / "ids.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data))
+    lm_sweep_inputs(tmp_path, prompts=4)
     recipe = {"target": "target", "drafter": "drafter", "prompts": "prompts.jsonl", "policies": ["chain:3"],
               "max_new_tokens": 8, "calibration": "ids.jsonl", "agreement_data": "ids.jsonl", "agreement_batches": 1,
               "grid": [{"quantize": {"budget": "10bpp", "candidates": ["int8", "int4:g8", "float"],

@@ -10,13 +10,10 @@ import pytest
 import torch
 import yaml
 from click.testing import CliRunner
-from drafters_common import V, tiny_target
+from drafters_common import V, lm_sweep_inputs
 
 from specpress.cli import cli
 from specpress.errors import ConfigError, DataError, RequestError
-from specpress.models.drafter_io import save_drafter
-from specpress.models.lm import LMConfig, LMDrafter
-from specpress.models.target import save_target
 from specpress.sweep.driver import cores
 from specpress.sweep.recipe import load_recipe
 from specpress.sweep.results import guard_out, read_results
@@ -47,16 +44,7 @@ FIELDS = ("point", "steps", "provenance", "bytes", "bits_per_param", "tau", "ar"
 def write_setup(root: Path) -> Path:
     """A tiny target, an lm drafter holding the target's own weights (every draft accepted until it is
     compressed), prompts and token data as input_ids; returns the recipe file."""
-    target = tiny_target()
-    save_target(target, root / "target")
-    d = LMDrafter(LMConfig.from_target_config(target.config))
-    d.load_state_dict(target.state_dict())
-    save_drafter(d.eval().attach_target(target), root / "drafter")
-    g = torch.Generator().manual_seed(3)
-    rows = [{"input_ids": torch.randint(1, V, (5,), generator=g).tolist()} for _ in range(8)]
-    (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    data = [{"input_ids": torch.randint(1, V, (150,), generator=g).tolist()} for _ in range(4)]
-    (root / "ids.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data))
+    lm_sweep_inputs(root, prompts=8)
     (root / "recipe.yaml").write_text(yaml.safe_dump(RECIPE))
     return root / "recipe.yaml"
 

@@ -7,10 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 from click.testing import CliRunner
-from drafters_common import V, tiny_target
+from drafters_common import lm_sweep_inputs
 
 from specpress.cli import cli
 from specpress.errors import ConfigError
@@ -149,20 +148,8 @@ def test_a_candidate_that_cannot_be_built_is_left_out_and_said_so():
 def _setup(root: Path, ffn: tuple[int, ...] = (1, 36, 38), **search: object) -> Path:
     """A tiny target and an lm drafter holding its weights (every draft accepted until compressed); the grid
     holds int8, the knobs FFN cuts of the drafter (a deep one the proxy prunes) chained with int8."""
-    from specpress.models.drafter_io import save_drafter
-    from specpress.models.lm import LMConfig, LMDrafter
-    from specpress.models.target import save_target
 
-    target = tiny_target()
-    save_target(target, root / "target")
-    d = LMDrafter(LMConfig.from_target_config(target.config))
-    d.load_state_dict(target.state_dict())
-    save_drafter(d.eval().attach_target(target), root / "drafter")
-    g = torch.Generator().manual_seed(3)
-    rows = [{"input_ids": torch.randint(1, V, (5,), generator=g).tolist()} for _ in range(6)]
-    (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    data = [{"input_ids": torch.randint(1, V, (150,), generator=g).tolist()} for _ in range(4)]
-    (root / "ids.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data))
+    lm_sweep_inputs(root, prompts=6)
     recipe = {"target": "target", "drafter": "drafter", "prompts": "prompts.jsonl", "policies": ["chain:3"],
               "max_new_tokens": 10, "calibration": "ids.jsonl", "agreement_data": "ids.jsonl",
               "agreement_batches": 1, "grid": [{"quantize": {"scheme": "int8"}}],
