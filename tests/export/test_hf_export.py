@@ -298,8 +298,8 @@ def test_help_and_notes_do_not_promise_sglang_a_quantized_modelopt_route(target,
 
 def test_a_tap_on_the_targets_last_layer_is_refused(target, target_dir, tmp_path):
     """hidden_states[L] is taken after the final norm here; vLLM 0.34 collects tap j as hidden + residual after
-    j layers (model_executor/models/llama.py LlamaModel.forward, models/interfaces.py _maybe_add_hidden_state),
-    tap L before the final norm, so a tap L would be another feature there."""
+    j layers (model_executor/models/llama.py LlamaModel.forward, model_executor/models/interfaces.py
+    _maybe_add_hidden_state), tap L before the final norm, so a tap L would be another feature there."""
     from dataclasses import replace
 
     from specpress.models.drafter import build_drafter

@@ -198,7 +198,7 @@ def check_taps(family: str, config: Any, num_target_layers: int | None) -> None:
     """Refuse an eagle3 tap vLLM cannot reproduce: hidden_states[L] (the last layer's output) is taken after
     the final norm here, while vLLM takes tap j as the residual stream after j layers, hidden + residual before
     any norm, j = L included (vLLM 0.34 model_executor/models/llama.py LlamaModel.forward with
-    models/interfaces.py _maybe_add_hidden_state, aux_hidden_state_layers)."""
+    model_executor/models/interfaces.py _maybe_add_hidden_state, aux_hidden_state_layers)."""
     form = form_of(family)
     taps = getattr(config, "target_layer_ids", None) if form is not None and form.residual_taps else None
     n = getattr(config, "num_target_layers", None) or num_target_layers
