@@ -115,6 +115,10 @@ def test_absurd_config_sizes_are_refused_before_allocation(setup, tmp_path, what
     assert any(w in msg for w in ("is outside", "whole number", "must be")), msg
     if what == "target":
         refused(invoke("run", "--target", d, "--prompt", "x"), SpecpressError, field)
+    else:  # refused before the target is built (no_loading), not after loading it
+        refused(invoke("run", "--target", tdir, "--drafter", d, "--prompt", "x"), SpecpressError, field)
+        refused(invoke("export", "onnx", "--drafter", d, "--target", tdir, "--out", tmp_path / "x"),
+                SpecpressError, field)
 
 
 def test_inspect_warns_when_parameters_and_bytes_disagree(setup, tmp_path):

@@ -33,8 +33,10 @@ def onnx_export(drafter_dir: str | Path, target_dir: str | Path, out: str | Path
     """
     from specpress.artifacts import claim_output
     from specpress.export.onnx import export_from_dirs
+    from specpress.models.drafter_io import check_drafter_config
 
     with claim_output(out, force=options.force, inputs={"--drafter": drafter_dir, "--target": target_dir}):
+        check_drafter_config(drafter_dir)  # before the target is built
         return export_from_dirs(drafter_dir, target_dir, out, options, progress=progress, warn=warn,
                                 target_dtype=target_dtype, bar=bar)
 

@@ -126,6 +126,17 @@ def read_drafter_config(path: str | Path) -> tuple[str, Any, dict[str, Any]]:
                           f"specpress wrote") from None
 
 
+def check_drafter_config(path: str | Path | None) -> None:
+    """Read a drafter artifact's config.json (config.json beside safetensors weights; anything else is left
+    to its loader) so that its sizes and fields are checked before a command builds the target: a refusal
+    that needs one JSON read must not wait for a multi-GB target to load."""
+    if path is None:
+        return
+    path = Path(path).expanduser()
+    if (path / "config.json").is_file() and any(path.glob("*.safetensors")):
+        read_drafter_config(path)
+
+
 def check_block(block: Any, source: str) -> dict[str, Any]:
     """The `specpress` block of a drafter's config.json (what specpress wrote), its fields of the types
     specpress writes; {} when there is none."""

@@ -39,8 +39,10 @@ def loop_target(target_backend: str, target, target_dir: Path, dtype: str, compi
 
 def check_drafter_dir(backend: str, drafter_dir: Path | None, flag: str = "--drafter") -> None:
     """Before any loading: an export given to a backend that runs drafter artifacts is refused, naming the
-    backend that runs it (a drafter artifact given to an export backend is exported on demand)."""
+    backend that runs it (a drafter artifact given to an export backend is exported on demand); a drafter
+    artifact's config.json is read, so an absurd or malformed one is refused before the target is built."""
     from specpress.errors import RequestError
+    from specpress.models.drafter_io import check_drafter_config
     from specpress.runtime.backends import check_reads, get_backend
 
     backend_ = get_backend(backend)
@@ -49,6 +51,8 @@ def check_drafter_dir(backend: str, drafter_dir: Path | None, flag: str = "--dra
             check_reads(backend_, Path(drafter_dir))
         except RequestError as exc:
             raise RequestError(str(exc).replace("--drafter ", f"{flag} ", 1)) from None
+    check_drafter_config(drafter_dir)  # before the target is built
+
 
 
 def check_compile(compile_drafter: bool, drafter_dir: Path | None, backend: str = "torch") -> None:
