@@ -18,24 +18,12 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-
-from specpress.sweep.stats import paired_comparison
+from specpress.sweep.stats import paired_comparison, spearman
 
 
-def _ranks(x: list[float]) -> np.ndarray:
-    a = np.asarray(x, dtype=np.float64)
-    order = a.argsort(kind="stable")
-    r = np.empty(len(a))
-    r[order] = np.arange(len(a))
-    for v in np.unique(a):  # average ranks for ties
-        r[a == v] = r[a == v].mean()
-    return r
-
-
-def spearman(x: list[float], y: list[float]) -> float:
-    rx, ry = _ranks(x), _ranks(y)
-    return float(np.corrcoef(rx, ry)[0, 1])
+def _rho(x: list[float], y: list[float]) -> str:
+    r = spearman(x, y)  # None: fewer than 3 pairs, or one side constant
+    return "n/a" if r is None else f"{r:+.3f}"
 
 
 def _step(row: dict) -> dict | None:
@@ -77,11 +65,11 @@ def main(paths: list[str]) -> None:
     alloc = [r for r in rows if (s := _step(r)) and s.get("allocation")]
     if len(alloc) >= 3:
         print(f"Spearman(predicted cost, tau) over {len(alloc)} allocations: "
-              f"{spearman([preds[r['point']] for r in alloc], [r['tau'] for r in alloc]):+.3f}")
+              f"{_rho([preds[r['point']] for r in alloc], [r['tau'] for r in alloc])}")
     known = [r for r in rows if preds.get(r["point"]) is not None]
     if len(known) > len(alloc):
         print(f"Spearman(predicted cost, tau) over {len(known)} points with a prediction: "
-              f"{spearman([preds[r['point']] for r in known], [r['tau'] for r in known]):+.3f}")
+              f"{_rho([preds[r['point']] for r in known], [r['tau'] for r in known])}")
     uniform = [r for r in rows if r["point"] != "base" and not ((s := _step(r)) and s.get("allocation"))]
     for a in sorted(alloc, key=lambda r: r["bytes"]):
         budget = _step(a)["allocation"]["budget_bytes"]
