@@ -23,14 +23,20 @@ def zoo() -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--no-resume", is_flag=True, help="Ignore a checkpoint left by an interrupted build.")
 @click.option("--force", is_flag=True, help="Build again and replace a zoo target already in --out.")
-def build(out: Path | None, size: str, minutes: float | None, seed: int, no_resume: bool, force: bool) -> None:
+@click.option("--dtype", type=click.Choice(["auto", "bf16", "fp32"]), default="auto", show_default=True,
+              help="Dtype of the training forwards. auto: bf16 autocast for small and medium where the CPU computes "
+                   "bf16 natively (AVX512-BF16 or AMX), fp32 elsewhere, where emulated bf16 is ~2.7x slower "
+                   "(small: 4.7 s a step against 1.8 s). The model card records it; builds in different dtypes "
+                   "differ.")
+def build(out: Path | None, size: str, minutes: float | None, seed: int, no_resume: bool, force: bool,
+          dtype: str) -> None:
     """Train a tokenizer and a small Llama on the Python standard library of this interpreter.
 
     Corpus: the `*.py` files of the running interpreter's standard library, test folders excluded,
     split into train / validation by a stable hash of each file's path. Tokenizer: byte-level BPE,
     4096 tokens. small: 8 layers, hidden 256 (7.9M parameters), 1200 steps with Muon on the blocks'
     weight matrices and AdamW on the embedding and norms: validation perplexity about 18 in about
-    17 minutes on 2 idle cores. medium: hidden 512 (27M parameters), AdamW, about 37 minutes: a
+    17 minutes on 2 idle cores with native bf16 (AMX), about 40 minutes in fp32 on a CPU without it. medium: hidden 512 (27M parameters), AdamW, about 37 minutes: a
     target whose forward costs real compute, for speed studies (BENCHMARKS.md, "Zoo targets").
 
     The step budget is fixed per size, so a build is deterministic for its --seed on one machine and
@@ -51,7 +57,7 @@ def build(out: Path | None, size: str, minutes: float | None, seed: int, no_resu
 
     target = out or default_zoo_dir(size)
     report = build_zoo(target, size=size, minutes=minutes, seed=seed, progress=True, resume=not no_resume,
-                       force=force)
+                       force=force, dtype=dtype)
     click.echo(f"zoo target written to {report.out}")
     click.echo(f"  params {report.params:,}  steps {report.steps}  val loss {report.val_loss:.3f}  "
                f"perplexity {report.val_perplexity:.2f}")

@@ -191,24 +191,44 @@ def _clear_partial(partial: Path) -> None:
 def build_zoo(out: Path, *, size: str = "small", minutes: float | None = None, seed: int = 0,
               progress: bool = True, resume: bool = True, force: bool = False, preset: ZooPreset | None = None,
               steps: int | None = None, max_files: int | None = None,
-              stdlib: Path | None = None) -> ZooReport:
+              stdlib: Path | None = None, dtype: str = "auto") -> ZooReport:
     """Build the zoo target into `out` and return its report.
 
     size: a name in PRESETS (ignored when `preset` is given). minutes: optional wall-clock cap on
     training on top of the preset's fixed step budget (`steps` overrides that budget). max_files /
     stdlib: a smaller or different corpus (tests). resume: continue from `<out>.partial/` when it
     was left by a build with the same settings. force: replace a zoo target already in `out` (else refused).
+    dtype: the training forwards' dtype; auto trains a preset that asks for bf16 in bf16 only where this CPU
+    computes it natively (specpress.device.native_bf16), else in fp32. The dtype used is part of the build's
+    settings (a checkpoint of the other dtype is not resumed) and is written on the model card.
     """
     if preset is None:
         if size not in PRESETS:
             raise UsageError(f"unknown zoo size {size!r}; available: {', '.join(PRESETS)}")
         preset = PRESETS[size]
+    preset = replace(preset, bf16=_bf16(preset, dtype))
     if minutes is not None and minutes <= 0:
         raise UsageError(f"--minutes must be positive, got {minutes}")
     out = Path(out).expanduser().absolute()
     _check_out(out, force)
     with claim_output(out, force=True, partial=True, resume=True):  # locked; its partial is _prepare_partial's
         return _build(out, preset, minutes, seed, progress, resume, steps, max_files, stdlib)
+
+
+def _bf16(preset: ZooPreset, dtype: str) -> bool:
+    from specpress.device import native_bf16, train_dtype
+
+    if dtype == "auto":
+        return preset.bf16 and native_bf16("cpu")
+    return train_dtype(dtype) == "bf16"
+
+
+def _dtype_words(bf16: bool) -> str:
+    from specpress.device import native_bf16
+
+    if bf16:
+        return "bf16 autocast"
+    return "fp32" if native_bf16("cpu") else "fp32 (this CPU has no native bf16: neither AVX512-BF16 nor AMX)"
 
 
 def _build(out: Path, preset: ZooPreset, minutes: float | None, seed: int, progress: bool, resume: bool,
@@ -241,7 +261,7 @@ def _build(out: Path, preset: ZooPreset, minutes: float | None, seed: int, progr
     if (partial / STATE_FILE).is_file():
         say.note(f"resuming from the checkpoint in {partial}")
     say.note(f"training {params / 1e6:.1f}M params for {tcfg.steps} steps of "
-             f"{preset.batch_size}x{preset.seq_len} tokens{f' (at most {minutes:g} min)' if minutes else ''}"
+             f"{preset.batch_size}x{preset.seq_len} tokens in {_dtype_words(tcfg.bf16)}{f' (at most {minutes:g} min)' if minutes else ''}"
              f"{'; compiling first (~1 min)' if tcfg.compile else ''}")
     with say.training(tcfg.steps, "train") as on_step:
         result = train(model, batches, tcfg, state_dir=partial, key=key, on_step=on_step)
