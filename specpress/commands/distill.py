@@ -79,10 +79,12 @@ FAMILIES_HELP = "eagle, eagle3, mtp, dflash, lm"
               help="dflash: weight w of the L1 distance between the drafter's and the target's distributions "
                    "per block position, (1 - w)·CE + w·L1 (DSpark trains with 0.9).")
 @click.option("--checkpoint-minutes", type=click.FloatRange(min=0), default=2.0, show_default=True)
-@click.option("--dtype", type=click.Choice(["bf16", "fp32"]), default="bf16", show_default=True,
+@click.option("--dtype", type=click.Choice(["auto", "bf16", "fp32"]), default="auto", show_default=True,
               help="Dtype of the target's and the student's forwards: bf16 runs them under bfloat16 autocast (about "
-                   "2x faster on CPUs with AMX / AVX512-BF16); losses, optimizer and weights stay fp32 either way (the "
-                   "target's weights are held in --target-dtype).")
+                   "2x faster on CPUs with AMX / AVX512-BF16, 2-3x slower on CPUs without them, which emulate it); "
+                   "auto: bf16 where the device computes it natively (a bf16 GPU, such a CPU), fp32 elsewhere. "
+                   "Losses, optimizer and weights stay fp32 either way (the target's weights are held in "
+                   "--target-dtype); the artifact's provenance records the dtype used.")
 @click.option("--bf16/--fp32", "legacy_bf16", default=None, hidden=True, help="Deprecated spelling of --dtype.")
 @click.option("--compile", "compile_teacher", is_flag=True,
               help="Run the target's teacher forward through torch.compile (Inductor, fixed shapes): on the zoo "
@@ -127,8 +129,9 @@ def distill(target_dir: Path, family: str, data_path: Path, out: Path, steps: in
     of 8) and AdamW (tau 1.90 at block:8); its best recipe here is target-regenerated data (`specpress
     regenerate`) with --markov-rank 128 --lr 3e-3 --optimizer muon --gamma 1 (tau 3.27); DSpark's
     --tv-weight 0.9 did worse than CE alone (the Markov head is stored as markov_head.markov_w{1,2}.weight,
-    its rank as dflash_config.markov_rank). --compile gave 10 % more steps in one 10-minute run. On
-    GPUs without bf16 (pre-Ampere) pass --dtype fp32.
+    its rank as dflash_config.markov_rank). --compile gave 10 % more steps in one 10-minute run.
+    --dtype auto trains in bf16 only where the device computes it natively: on a CPU without AMX or
+    AVX512-BF16 (and a pre-Ampere GPU) it trains in fp32, the faster there.
 
     Multi-GPU: `torchrun --nproc_per_node N -m specpress.cli distill ...` shards the batches by rank
     (gradients all-reduced; rank 0 writes).

@@ -26,7 +26,8 @@ class DistillConfig:
     inside the drafter's transformer layers, AdamW on the rest). lr / optimizer None = the family's default
     (its descriptor's DistillDefaults: eagle3 2e-3 with muon, others 1e-3 with adamw), resolved on construction
     so to_dict records the value used. bf16: the target's and the student's forwards run under bfloat16 autocast (losses, optimizer state
-    and weights stay fp32). compile: the target's teacher forward runs through torch.compile (teacher.py).
+    and weights stay fp32); None = where the device computes bf16 natively (specpress.device.native_bf16), resolved
+    on construction like lr. compile: the target's teacher forward runs through torch.compile (teacher.py).
     """
 
     version: ClassVar[int] = 1
@@ -65,11 +66,15 @@ class DistillConfig:
     teacher_weight: float = 1.0
     checkpoint_minutes: float = 2.0
     eval_batches: int = 4
-    bf16: bool = True
+    bf16: bool | None = None
     compile: bool = False
 
     def __post_init__(self) -> None:
         fam = get_family(self.family)  # unknown family -> ConfigError listing the known ones
+        if self.bf16 is None:
+            from specpress.device import native_bf16, pick_device
+
+            object.__setattr__(self, "bf16", native_bf16(pick_device()))
         if self.lr is None:
             object.__setattr__(self, "lr", fam.distill.lr)
         if self.optimizer is None:

@@ -35,7 +35,7 @@ class DistillRunReport:
     report: Any  # compress.distill.DistillReport (not imported here: that module imports torch)
 
 
-def distill_request(family: str, *, steps: int | None = None, minutes: float | None = None, dtype: str = "bf16",
+def distill_request(family: str, *, steps: int | None = None, minutes: float | None = None, dtype: str = "auto",
                     legacy_bf16: bool | None = None, compile: bool = False, target_quant: str | None = None,
                     target_quant_data: str | None = None, **fields: Any) -> DistillRequest:
     """Check one combination of distill's options and build its config (defaults are DistillConfig's).
@@ -45,6 +45,7 @@ def distill_request(family: str, *, steps: int | None = None, minutes: float | N
     fields: the other DistillConfig fields (lr, batch, seq_len, taps, ...); the config validates them.
     """
     from specpress.compress.quantize.target import parse_spec
+    from specpress.device import train_dtype
     from specpress.errors import UsageError, deprecated
 
     if steps is None and minutes is None:
@@ -53,7 +54,8 @@ def distill_request(family: str, *, steps: int | None = None, minutes: float | N
         dtype = "bf16" if legacy_bf16 else "fp32"
         deprecated("--bf16 / --fp32", f"use --dtype {dtype}")
     tq = parse_spec(target_quant, target_quant_data, data_default="--data")
-    config = DistillConfig(family=family, steps=steps, minutes=minutes, **fields, bf16=dtype == "bf16",
+    config = DistillConfig(family=family, steps=steps, minutes=minutes, **fields,
+                           bf16=None if dtype == "auto" else train_dtype(dtype) == "bf16",
                            compile=compile)
     return DistillRequest(config, tq, target_quant_data)
 

@@ -150,14 +150,15 @@ def is_zoo_dir(path: Path) -> bool:
 
 def preset_changes(path: Path, size: str) -> list[str]:
     """How the preset recorded in a finished zoo build differs from today's `size` preset, as
-    "field: built -> now" strings (empty when it matches). Fields a build predates count at their default."""
+    "field: built -> now" strings (empty when it matches). Fields a build predates count at their default. bf16 is
+    not compared: the training dtype is chosen per machine (build_zoo's dtype), not by the preset."""
     built = _read_json(Path(path) / "zoo.json")
     old = built.get("preset") if isinstance(built, dict) else None
     if not isinstance(old, dict):
         return []
     defaults = {f.name: f.default for f in fields(ZooPreset)}
     return [f"{k}: {old.get(k, defaults[k])} -> {v}" for k, v in asdict(PRESETS[size]).items()
-            if old.get(k, defaults[k]) != v]
+            if k != "bf16" and old.get(k, defaults[k]) != v]
 
 
 def ensure_zoo(size: str = "small", *, progress: bool = True) -> Path:

@@ -246,7 +246,7 @@ def test_deterministic_and_resume_equals_uninterrupted(target, tmp_path, optimiz
 
 
 def test_teacher_cache_is_bit_identical(target, tmp_path):
-    c = cfg("dflash", steps=4)
+    c = cfg("dflash", steps=4, bf16=True)
     plain = distill(target, c, sampler(c), None)
     first = distill(target, c, sampler(c), None, cache_dir=tmp_path / "cache")
     second = distill(target, c, sampler(c), None, cache_dir=tmp_path / "cache")

@@ -45,3 +45,27 @@ def test_the_request_refuses_what_the_command_refuses_in_its_order(tmp_path):
                    "--out", tmp_path / "o")
     assert cli.exit_code == 2 and "give a budget" in cli.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_dtype_auto_trains_in_bf16_only_where_the_device_computes_it_natively(monkeypatch):
+    import specpress.device as device
+
+    for native in (True, False):
+        monkeypatch.setattr(device, "native_bf16", lambda dev="cpu", native=native: native)
+        assert distill_request("eagle3", steps=2).config.bf16 is native  # auto, the default
+        assert distill_request("eagle3", steps=2, dtype="bf16").config.bf16 is True
+        assert distill_request("eagle3", steps=2, dtype="fp32").config.bf16 is False
+    with pytest.raises(UsageError, match="choose auto, bf16 or fp32"):
+        distill_request("eagle3", steps=2, dtype="fp8")
+
+
+def test_native_bf16_reads_the_cpu_features(monkeypatch):
+    import torch
+
+    from specpress.device import native_bf16
+
+    for avx512_bf16, amx, expected in ((False, False, False), (True, False, True), (False, True, True)):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v)
+        assert native_bf16("cpu") is expected
+    assert native_bf16("meta") is False

@@ -381,3 +381,24 @@ def test_compiled_training_is_deterministic(mini_stdlib: Path, tmp_path: Path) -
     assert all(r.compiled for r in reports)
     a, b = (load_file(str(tmp_path / n / "model.safetensors")) for n in "ab")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_training_dtype_auto_follows_native_bf16_and_is_recorded(mini_stdlib: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """auto trains a bf16 preset in bf16 only where the CPU computes bf16 natively; the dtype used is in zoo.json
+    and on the card, and is not a preset change a sweep reports."""
+    import specpress.device as device
+
+    for native in (True, False):
+        monkeypatch.setattr(device, "native_bf16", lambda dev="cpu", native=native: native)
+        assert zb._bf16(TINY, "auto") is native and zb._bf16(TINY, "fp32") is False
+        assert zb._bf16(TINY, "bf16") is True
+        assert zb._bf16(dataclasses.replace(TINY, bf16=False), "auto") is False  # a preset asking for fp32
+    with pytest.raises(Exception, match="choose auto, bf16 or fp32"):
+        zb._bf16(TINY, "fp8")
+    r = _build(tmp_path / "z", mini_stdlib, dtype="fp32")
+    meta = json.loads((tmp_path / "z" / "zoo.json").read_text())
+    assert r.bf16 is False and meta["preset"]["bf16"] is False and meta["bf16"] is False
+    assert "fp32" in (tmp_path / "z" / "README.md").read_text()
+    monkeypatch.setitem(zb.PRESETS, "small", TINY)  # TINY asks for bf16; the fp32 build is not "older"
+    assert zb.preset_changes(tmp_path / "z", "small") == []
