@@ -17,11 +17,12 @@ own head (eagle3, lm) is its Linear or, low rank, its two factor Linears (each f
 eagle3's shared head is the target's head (the same shared initializer) gathered at the draft vocabulary's
 target ids, a drafter-own int64 constant.
 
-`EXPORTS` holds one `ExportFamily` per exportable family: its graph builder, the role of each graph it
-emits (manifest.GraphRole: the runner call and the cache layers, recorded in manifest.json, which is all
-the backends read) and the torch computation of its `fuse` graph (for validation). Exporting a new family
-means one builder here and one entry in EXPORTS; the other facts export needs come from the family's
-traits (models/family.py: draft vocabulary, session kind).
+`EXPORTS` holds one `ExportFamily` per exportable family, each registered by `register_export` beside its
+graph builder: the builder, the role of each graph it emits (manifest.GraphRole: the runner call and the
+cache layers, recorded in manifest.json, which is all the backends read) and the torch computation of its
+`fuse` graph (for validation). Exporting a new family means one builder and one register_export call (from
+any module: nothing here lists the families); the other facts export needs come from the family's traits
+(models/family.py: draft vocabulary, session kind).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from specpress.export.blocks import decoder_layer, linear, mlp, rms_norm, rotary
 from specpress.export.context import Ctx
 from specpress.export.graph import NP_TYPES
 from specpress.manifest import GraphRole
+from specpress.models.drafter import BUILTIN_FAMILIES
 from specpress.models.heads import LowRankHead
 
 INT64, INT32, BOOL = TensorProto.INT64, TensorProto.INT32, TensorProto.BOOL
@@ -102,6 +104,72 @@ def _feature_outputs(c: Ctx, logits: str, vocab: int, hidden: str, width: int) -
     c.g.output("hidden_out", hidden, c.g.ft, [1, "tokens", width])
 
 
+# ------------------------------------------------------------------------- the registry of export descriptors
+
+Builder = Callable[[nn.Module, NewCtx], dict[str, Ctx]]
+Roles = Callable[[Any], dict[str, GraphRole]]
+Fuse = Callable[[Any, Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class ExportFamily:
+    """How one drafter family exports to ONNX.
+
+    build  (drafter, new ctx) -> {graph name: Ctx}: its graphs (I/O in the module docstring)
+    roles  drafter -> {graph name: GraphRole}, the same names in the same order: what each graph serves
+    fuse   (drafter, taps [1, T, n*Ht]) -> features [1, T, H]: what its `fuse` graph computes, in torch
+    """
+
+    build: Builder
+    roles: Roles
+    fuse: Fuse | None = None
+
+
+EXPORTS: dict[str, ExportFamily] = {}  # drafter family -> its export descriptor, in registration order
+
+
+def register_export(name: str, family: ExportFamily) -> ExportFamily:
+    """Register drafter family `name`'s export descriptor (beside its graph builder); a name registered twice
+    is an error."""
+    if name in EXPORTS:
+        raise ValueError(f"an ONNX export for drafter family {name!r} is already registered")
+    EXPORTS[name] = family
+    return family
+
+
+def unregister_export(name: str) -> None:
+    """Remove a registered descriptor that is not built in (for tests that register their own family)."""
+    if name in BUILTIN_FAMILIES:
+        raise ValueError(f"{name!r} is a built-in drafter family and its export stays registered")
+    EXPORTS.pop(name, None)
+
+
+def export_family(name: str) -> ExportFamily:
+    """The export descriptor of drafter family `name`; a family without one is refused, naming those with one."""
+    try:
+        return EXPORTS[name]
+    except KeyError:
+        raise RequestError(f"no ONNX export for drafter family {name!r}; exportable: {', '.join(EXPORTS)}") from None
+
+
+def cache_dims(d: Any) -> tuple[int, int, int]:
+    """(cache layers, kv heads, head dim) of drafter `d`'s KV cache, read off a one-slot cache: every
+    family's new_cache knows them (the lm drafter is a TargetModel and has no cache_dims)."""
+    k = d.new_cache(1).k  # [layers, batch, kv heads, capacity, head dim]
+    return k.shape[0], k.shape[2], k.shape[4]
+
+
+def _every_layer(d: Any) -> tuple[int, ...]:
+    return tuple(range(cache_dims(d)[0]))
+
+
+def _feature_roles(d: Any) -> dict[str, GraphRole]:  # eagle, eagle3 after its fuse
+    return {"step": GraphRole("feature", _every_layer(d))}
+
+
+# ------------------------------------------------------------------------- each family: its builder, registered
+
+
 def eagle_graphs(d: nn.Module, new: NewCtx) -> dict[str, Ctx]:
     cfg = d.config
     c = new("step")
@@ -116,6 +184,9 @@ def eagle_graphs(d: nn.Module, new: NewCtx) -> dict[str, Ctx]:
     _feature_outputs(c, shared_head(c, x, d), cfg.vocab_size, x, cfg.hidden_size)
     present_io(c, presents, cfg.num_key_value_heads, cfg.head_dim)
     return {"step": c}
+
+
+register_export("eagle", ExportFamily(eagle_graphs, _feature_roles))
 
 
 def eagle3_graphs(d: nn.Module, new: NewCtx) -> dict[str, Ctx]:
@@ -142,6 +213,10 @@ def eagle3_graphs(d: nn.Module, new: NewCtx) -> dict[str, Ctx]:
     return {"fuse": fuse, "step": c}
 
 
+register_export("eagle3", ExportFamily(eagle3_graphs, lambda d: {"fuse": GraphRole("fuse"), **_feature_roles(d)},
+                                     fuse=lambda d, taps: d.fc(taps)))
+
+
 def mtp_graphs(d: nn.Module, new: NewCtx) -> dict[str, Ctx]:
     cfg = d.config
     out = {}
@@ -162,6 +237,11 @@ def mtp_graphs(d: nn.Module, new: NewCtx) -> dict[str, Ctx]:
         present_io(c, [(pk, pv)], cfg.num_key_value_heads, cfg.head_dim)
         out[f"step.{k}"] = c
     return out
+
+
+# one step graph per MTP module k, holding that module's cache layer k
+register_export("mtp", ExportFamily(mtp_graphs, lambda d: {f"step.{k}": GraphRole("feature", (k,))
+                                                         for k in range(d.config.num_nextn_predict_layers)}))
 
 
 def dflash_graphs(d: nn.Module, new: NewCtx) -> dict[str, Ctx]:
@@ -203,6 +283,14 @@ def dflash_graphs(d: nn.Module, new: NewCtx) -> dict[str, Ctx]:
     return out
 
 
+def _dflash_roles(d: Any) -> dict[str, GraphRole]:
+    markov = {"markov": GraphRole("markov")} if d.markov_head is not None else {}
+    return {"fuse": GraphRole("fuse"), "block": GraphRole("block", _every_layer(d)), **markov}
+
+
+register_export("dflash", ExportFamily(dflash_graphs, _dflash_roles, fuse=lambda d, taps: d.hidden_norm(d.fc(taps))))
+
+
 def causal_lm(c: Ctx, d: nn.Module) -> tuple[str, str, list[tuple[str, str]], list[str]]:
     """A TargetModel's forward (the lm family's graph, and `export target`'s): declares ids, positions, the
     mask and the past K/V inputs; returns (final normed hidden, logits, present (k, v) per layer, the
@@ -237,63 +325,7 @@ def lm_graphs(d: nn.Module, new: NewCtx) -> dict[str, Ctx]:
     return {"lm": c}
 
 
-def cache_dims(d: Any) -> tuple[int, int, int]:
-    """(cache layers, kv heads, head dim) of drafter `d`'s KV cache, read off a one-slot cache: every
-    family's new_cache knows them (the lm drafter is a TargetModel and has no cache_dims)."""
-    k = d.new_cache(1).k  # [layers, batch, kv heads, capacity, head dim]
-    return k.shape[0], k.shape[2], k.shape[4]
-
-
-def _every_layer(d: Any) -> tuple[int, ...]:
-    return tuple(range(cache_dims(d)[0]))
-
-
-Builder = Callable[[nn.Module, NewCtx], dict[str, Ctx]]
-Roles = Callable[[Any], dict[str, GraphRole]]
-Fuse = Callable[[Any, Tensor], Tensor]
-
-
-@dataclass(frozen=True)
-class ExportFamily:
-    """How one drafter family exports to ONNX.
-
-    build  (drafter, new ctx) -> {graph name: Ctx}: its graphs (I/O in the module docstring)
-    roles  drafter -> {graph name: GraphRole}, the same names in the same order: what each graph serves
-    fuse   (drafter, taps [1, T, n*Ht]) -> features [1, T, H]: what its `fuse` graph computes, in torch
-    """
-
-    build: Builder
-    roles: Roles
-    fuse: Fuse | None = None
-
-
-def _feature_roles(d: Any) -> dict[str, GraphRole]:  # eagle, eagle3 after its fuse
-    return {"step": GraphRole("feature", _every_layer(d))}
-
-
-def _dflash_roles(d: Any) -> dict[str, GraphRole]:
-    markov = {"markov": GraphRole("markov")} if d.markov_head is not None else {}
-    return {"fuse": GraphRole("fuse"), "block": GraphRole("block", _every_layer(d)), **markov}
-
-
-EXPORTS: dict[str, ExportFamily] = {
-    "eagle": ExportFamily(eagle_graphs, _feature_roles),
-    "eagle3": ExportFamily(eagle3_graphs, lambda d: {"fuse": GraphRole("fuse"), **_feature_roles(d)},
-                           fuse=lambda d, taps: d.fc(taps)),
-    # one step graph per MTP module k, holding that module's cache layer k
-    "mtp": ExportFamily(mtp_graphs, lambda d: {f"step.{k}": GraphRole("feature", (k,))
-                                               for k in range(d.config.num_nextn_predict_layers)}),
-    "dflash": ExportFamily(dflash_graphs, _dflash_roles, fuse=lambda d, taps: d.hidden_norm(d.fc(taps))),
-    "lm": ExportFamily(lm_graphs, lambda d: {"lm": GraphRole("lm", _every_layer(d))}),
-}
-
-
-def export_family(name: str) -> ExportFamily:
-    """The export descriptor of drafter family `name`; a family without one is refused, naming those with one."""
-    try:
-        return EXPORTS[name]
-    except KeyError:
-        raise RequestError(f"no ONNX export for drafter family {name!r}; exportable: {', '.join(EXPORTS)}") from None
+register_export("lm", ExportFamily(lm_graphs, lambda d: {"lm": GraphRole("lm", _every_layer(d))}))
 
 
 def build_graphs(drafter: Any, new: NewCtx) -> tuple[dict[str, Ctx], dict[str, GraphRole]]:

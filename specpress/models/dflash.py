@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from specpress.errors import ConfigError, RequestError
 from specpress.models import forced
 from specpress.models.drafter import Drafter, LlamaDrafterConfig, as_int_tuple, register_family
-from specpress.models.family import DistillDefaults, StudentSpec
+from specpress.models.family import Detection, DistillDefaults, StudentSpec
 from specpress.models.kv import KVCache
 from specpress.models.layers import MLP, RMSNorm, Rotary, apply_rotary, attention, resolve_mask, resolve_positions
 from specpress.models.target import TargetAttention, TargetConfig
@@ -315,4 +315,5 @@ register_family(
                             published="DFlash: random anchors, the block mask, CE weighted by exp(-(k-1)/gamma) "
                                       "with gamma 7/5/4 for blocks of 16/10/8, AdamW, clip 1.0"),
     prunable=("layers", "heads", "ffn"), layer_stack="layers", draft_vocab="target", student=student_config,
-    speculators="dflash")
+    speculators="dflash",
+    detection=Detection(priority=20, architectures=(ARCHITECTURE,), fields=("dflash_config",)))

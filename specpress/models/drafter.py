@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from specpress.errors import CheckpointError, ConfigError, RequestError
 from specpress.config import config_kwargs
 from specpress.limits import check_dims
-from specpress.models.family import REQUIRED_TRAITS, TRAITS, Family
+from specpress.models.family import REQUIRED_TRAITS, TRAITS, Detection, Family
 from specpress.models.io import load_into
 from specpress.models.kv import Fp8KVCache, KVCache
 from specpress.models.layers import RopeConfig, resolve_mask, resolve_positions
@@ -355,6 +355,11 @@ def register_family(name: str, config_cls: type[DrafterConfig], model_cls: type[
         raise ValueError(f"family {name!r}: missing trait(s) {missing}, unknown trait(s) {unknown}; "
                          f"a family declares {', '.join(TRAITS)} (models/family.py)")
     fam = Family(name, config_cls, model_cls, reader, writer, **traits)
+    if fam.detection is not None:  # detect_family asks families in priority order: it must be total
+        taken = [f.name for f in _FAMILIES.values() if f.detection and f.detection.priority == fam.detection.priority]
+        if taken:
+            raise ValueError(f"family {name!r}: detection priority {fam.detection.priority} is {taken[0]}'s; "
+                             f"give it one of its own (the families are asked in priority order)")
     _FAMILIES[name] = fam
     return fam
 
@@ -389,6 +394,14 @@ def families_phrase(test: Callable[[Family], bool]) -> str:
     """families_where(test) in words, for messages: "eagle3 and dflash", "eagle, dflash and lm"."""
     names = families_where(test)
     return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
+
+
+def detection_rules() -> list[tuple[str, Detection]]:
+    """(family name, its detection rule) of each family that has one, in the order detect_family asks them:
+    lowest priority first."""
+    _load_builtins()
+    rules = [(f.name, f.detection) for f in _FAMILIES.values() if f.detection is not None]
+    return sorted(rules, key=lambda rule: rule[1].priority)
 
 
 def get_family(name: str) -> Family:

@@ -7,7 +7,8 @@ rebuilds them (specpress.models.quantized.restore) before loading, and their ten
 
 The `specpress` block: {family, format_version, config_version, target (fingerprint of the target it
 was built for), steps (the ordered compression steps applied, each a JSON object)}. Public checkpoints
-without it load too: the family is told from `architectures` and telltale fields (see detect_family).
+without it load too: the family is told from `architectures` and telltale fields, by each family's
+detection rule (see detect_family).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from torch import nn
 
 from specpress.artifacts import atomic_dir, write_json
 from specpress.errors import CheckpointError, ConfigError, RequestError
-from specpress.models.drafter import Drafter, get_family
+from specpress.models.drafter import Drafter, detection_rules, families_where, get_family
 from specpress.models.io import check_finite, read_config, read_weights, save_weights, tensor_index
 from specpress.models.layers import Rotary
 from specpress.models.quantized.restore import active_quantize_step, quantized_keys, restore_quantized
@@ -31,43 +32,31 @@ if TYPE_CHECKING:
 
 FORMAT_VERSION = 1
 FLOAT8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
-EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 
 
 def detect_family(cfg: Mapping[str, Any], weight_names: Collection[str] | None = None,
                   source: str = "config.json") -> str:
     """The drafter family of a config.json (+ the tensor names, when known).
 
-    A `specpress` block wins. Else: EAGLE-3 architectures or `draft_vocab_size` -> eagle3;
-    `DFlashDraftModel` / `dflash_config` -> dflash; `num_nextn_predict_layers` -> mtp; a Llama-style
-    config whose weights hold `fc.weight` (or, with no weights, that has EAGLE-1's `bias` field) -> eagle;
-    any other supported HF decoder -> lm.
+    A `specpress` block wins. Else the first family whose detection rule (its `detection` trait,
+    models/family.py Detection) claims the config, asked in priority order; the built-ins: EAGLE-3
+    architectures or `draft_vocab_size` -> eagle3; `DFlashDraftModel` / `dflash_config` -> dflash;
+    `num_nextn_predict_layers` -> mtp; weights holding `fc.weight` (or, with no weights, EAGLE-1's `bias`
+    field) -> eagle; any other supported HF decoder -> lm.
     """
     block = cfg.get("specpress")
     if isinstance(block, Mapping) and block.get("family"):
         return str(block["family"])
-    from specpress.models.target import ARCHITECTURES
-
     archs = cfg.get("architectures") or []
     arch = archs[0] if archs else ""
-    # draft_vocab_size marks an EAGLE-3 head only on a Llama-style (or unnamed) architecture: an unknown name
-    # with it is some other model, refused below rather than loaded as eagle3
-    if arch in EAGLE3_ARCHITECTURES or ("draft_vocab_size" in cfg and (not arch or arch in ARCHITECTURES)):
-        return "eagle3"
-    if arch == "DFlashDraftModel" or "dflash_config" in cfg:
-        return "dflash"
-    if "num_nextn_predict_layers" in cfg:
-        return "mtp"
-    if weight_names is not None and weight_names:
-        if "fc.weight" in weight_names:
-            return "eagle"
-    elif "bias" in cfg:
-        return "eagle"
-    if arch in ARCHITECTURES or cfg.get("model_type") in {v[0] for v in ARCHITECTURES.values()}:
-        return "lm"
-    known = sorted({*EAGLE3_ARCHITECTURES, "DFlashDraftModel", *ARCHITECTURES})
+    rules = detection_rules()
+    for name, rule in rules:
+        if rule.claims(cfg, arch, weight_names):
+            return name
+    names = families_where(lambda f: f.detection is not None)
+    known = sorted(set().union(*(rule.known_architectures() for _, rule in rules)))
     raise ConfigError(f"{source}: cannot tell which drafter family this is: none claims architectures {archs}; "
-                      f"known families: eagle, eagle3, mtp, dflash, lm (architectures {', '.join(known)})")
+                      f"known families: {', '.join(names)} (architectures {', '.join(known)})")
 
 
 def save_drafter(model: Drafter, out: str | Path, *, provenance: Sequence[Mapping[str, Any]] | None = None,

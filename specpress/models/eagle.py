@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from specpress.errors import ConfigError
 from specpress.models import forced
 from specpress.models.drafter import Drafter, LlamaDrafterConfig, register_family
-from specpress.models.family import DistillDefaults, StudentSpec
+from specpress.models.family import Detection, DistillDefaults, StudentSpec
 from specpress.models.kv import KVCache
 from specpress.models.layers import Rotary
 from specpress.models.target import DecoderLayer, TargetConfig
@@ -114,4 +114,6 @@ register_family(
                             "target head, feature noise U(-0.1, 0.1), clip 0.5 (paper lr 3e-5 at 7B; 1e-3 here)"),
     prunable=("layers", "heads", "ffn"), layer_stack="layers", pinned_layers=(0,), draft_vocab="target",
     student=student_config,
-    note="layer 0 has no input norm (it reads fc's output) and stays")
+    note="layer 0 has no input norm (it reads fc's output) and stays",
+    # EAGLE-1's `fc` among the tensors (its `bias` config field, when the tensor names are not known)
+    detection=Detection(priority=40, fields=("bias",), weights=("fc.weight",)))

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from specpress.errors import CheckpointError, ConfigError, RequestError
 from specpress.models import forced
 from specpress.models.drafter import Drafter, LlamaDrafterConfig, as_int_tuple, register_family
-from specpress.models.family import DistillDefaults, StudentSpec
+from specpress.models.family import Detection, DistillDefaults, StudentSpec
 from specpress.models.heads import check_rank, make_head, shared_head_logits
 from specpress.models.io import load_into
 from specpress.models.kv import KVCache
@@ -318,4 +318,8 @@ register_family(
                             published="EAGLE-3: training-time test, step weights 0.8^i, clip 0.5 (paper: 7 steps, "
                                       "AdamW lr 5e-5); the lr 2e-3 / Muon defaults were measured better here"),
     prunable=("heads", "ffn", "vocab", "head_rank", "share_head"), draft_vocab="reduced", student=student_config,
-    speculators="eagle3")
+    speculators="eagle3",
+    # draft_vocab_size marks an EAGLE-3 head only on a Llama-style (or unnamed) architecture: an unknown name
+    # with it is some other model, refused rather than loaded as eagle3
+    detection=Detection(priority=10, architectures=ARCHITECTURES, fields=("draft_vocab_size",),
+                        fields_need_decoder=True))

@@ -22,9 +22,13 @@ Everything outside models/ that depends on the family reads it from here, never 
   speculators     the speculators model type it is written as (models/formats/speculators.py FORMS: eagle3,
                   dflash), None when speculators has no layout for it (optional; an "lm" session is written as
                   a plain HF decoder instead)
+  detection       how a public checkpoint (a config.json without a `specpress` block) is told to be this
+                  family (Detection: the architectures it answers to, its telltale config fields and tensor
+                  names, its place in the order families are asked); None: only its own artifacts load as it
 
 Adding a family = one file in models/ that defines its config and module and calls register_family with
-these traits (see models/eagle.py). What the serving engines do with it is its serving facet, one module in
+these traits (see models/eagle.py), `detection` included: drafter_io.detect_family asks the families' rules
+and knows none of them. What the serving engines do with it is its serving facet, one module in
 export/hf/facets/ (registered from the export layer: models/ imports nothing above it); without one, every
 engine refuses it as a family it has no route for.
 """
@@ -32,9 +36,10 @@ engine refuses it as a family it has no route for.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping
 
 from specpress.models.forced import TeacherForced
+from specpress.models.target import ARCHITECTURES as DECODERS
 
 if TYPE_CHECKING:
     from specpress.models.drafter import Drafter, DrafterConfig
@@ -99,6 +104,49 @@ class StudentSpec:
     markov_rank: int | None = None
 
 
+@dataclass(frozen=True)
+class Detection:
+    """How a public checkpoint (a config.json without a `specpress` block) is told to be this family.
+
+    drafter_io.detect_family asks the families that have a rule in `priority` order (lowest first; no two
+    alike) and the first that claims the config wins. A rule claims a config whose first architecture `arch`
+    ("" when none) is one of `architectures`; else, when it names `weights` and the checkpoint's tensor names
+    are known (non-empty), one whose tensors include one of them (the tensors decide, its fields are not
+    read); else one that holds one of the telltale config `fields` - with `fields_need_decoder`, only if
+    `arch` is "" or a supported target decoder's (models/target.py ARCHITECTURES: the same field beside an
+    unknown name is some other model). `decoder`: it also claims any supported target decoder, by
+    architecture or model_type (a plain HF LM).
+    """
+
+    priority: int
+    architectures: tuple[str, ...] = ()
+    fields: tuple[str, ...] = ()
+    fields_need_decoder: bool = False
+    weights: tuple[str, ...] = ()
+    decoder: bool = False
+
+    def __post_init__(self) -> None:
+        if not (self.architectures or self.fields or self.weights or self.decoder):
+            raise ValueError("a detection rule must name architectures, fields or weights, or claim decoders")
+        if self.fields_need_decoder and not self.fields:
+            raise ValueError("fields_need_decoder without telltale fields")
+
+    def claims(self, cfg: Mapping[str, Any], arch: Any, weight_names: Collection[str] | None) -> bool:
+        """Whether a config.json whose first architecture is `arch` ("" when none) is this family's."""
+        if arch in self.architectures:
+            return True
+        if self.weights and weight_names:  # the tensor names are known: they decide, not the config fields
+            if any(w in weight_names for w in self.weights):
+                return True
+        elif any(f in cfg for f in self.fields) and (not self.fields_need_decoder or not arch or arch in DECODERS):
+            return True
+        return self.decoder and (arch in DECODERS or cfg.get("model_type") in {v[0] for v in DECODERS.values()})
+
+    def known_architectures(self) -> set[str]:
+        """The architecture names this rule answers to (for the message when no family claims a config)."""
+        return {*self.architectures, *(DECODERS if self.decoder else ())}
+
+
 StudentFn = Callable[[Mapping[str, Any], StudentSpec, Any, Any], "DrafterConfig"]  # (shape, spec, target cfg, teacher cfg)
 
 
@@ -124,6 +172,7 @@ class Family:
     pinned_layers: tuple[int, ...] = ()  # layers of the stack pruning must keep
     note: str = ""  # why a stage is not prunable, shown with the error
     speculators: str | None = None  # the speculators model type it is written as (None: no speculators layout)
+    detection: Detection | None = None  # how a public checkpoint is told to be this family (None: never)
 
     def __post_init__(self) -> None:
         checks = (("session", (self.session,), SESSIONS), ("policies", self.policies, POLICY_KINDS),

@@ -21,7 +21,7 @@ from torch import Tensor
 from specpress.errors import ConfigError
 from specpress.models import forced
 from specpress.models.drafter import Drafter, DrafterConfig, register_family
-from specpress.models.family import DistillDefaults, StudentSpec
+from specpress.models.family import Detection, DistillDefaults, StudentSpec
 from specpress.models.heads import check_rank, make_head
 from specpress.models.io import load_into
 from specpress.models.target import TargetConfig, TargetModel, target_state_dict
@@ -94,4 +94,5 @@ register_family(
     teacher_forced=forced.lm, loss="lm",
     distill=DistillDefaults(published="a small LM distilled by forward KL to the target's distribution"),
     prunable=("layers", "heads", "ffn", "head_rank"), layer_stack="model.layers", draft_vocab="own",
-    student=student_config)
+    student=student_config,
+    detection=Detection(priority=90, decoder=True))  # any plain decoder no other family claims: asked last

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from specpress.errors import ConfigError
 from specpress.models import forced
 from specpress.models.drafter import Drafter, LlamaDrafterConfig, register_family
-from specpress.models.family import DistillDefaults, StudentSpec
+from specpress.models.family import Detection, DistillDefaults, StudentSpec
 from specpress.models.kv import KVCache
 from specpress.models.layers import RMSNorm, Rotary
 from specpress.models.target import DecoderLayer, TargetConfig
@@ -163,4 +163,5 @@ register_family(
     teacher_forced=forced.chain, loss="chain",
     distill=DistillDefaults(grad_clip=0.5, ttt_steps=None, step_weights="mean",
                             published="DeepSeek-V3 MTP: the mean over depths of each module's cross-entropy"),
-    prunable=("heads", "ffn"), draft_vocab="target", student=student_config, note="its modules are chained draft steps, not depth")
+    prunable=("heads", "ffn"), draft_vocab="target", student=student_config, note="its modules are chained draft steps, not depth",
+    detection=Detection(priority=30, fields=("num_nextn_predict_layers",)))

@@ -1,4 +1,5 @@
-"""The export descriptor table (export/families.py EXPORTS) and the graph roles it writes to manifest.json."""
+"""The export descriptors (export/families.py EXPORTS, each family's registered by register_export) and the
+graph roles they write to manifest.json."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from drafters_common import CONFIGS, SHAPE, randomize
 
 from specpress.errors import CheckpointError, RequestError
 from specpress.export.context import Ctx
-from specpress.export.families import EXPORTS, build_graphs, cache_dims, export_family
+from specpress.export.families import (EXPORTS, build_graphs, cache_dims, export_family, register_export,
+                                      unregister_export)
 from specpress.export.graph import Graph
 from specpress.manifest import CALLS, GraphRole, load_manifest, manifest_from_dict
 from specpress.models import forced
@@ -70,6 +72,26 @@ def test_every_family_is_exportable_or_refused_by_name(unexported):
     d = build_drafter(UnexportedConfig(**SHAPE))
     with pytest.raises(RequestError, match="no ONNX export for drafter family 'unexported'"):
         built(d)  # refused before any graph is built
+
+
+def test_a_family_registers_its_own_export(unexported, target):
+    """Exporting a family is one register_export call beside its builder, from any module: the 'unexported'
+    family (an EAGLE network) given eagle's descriptor here builds its graphs and is listed as exportable; a
+    name registered twice is refused and a built-in stays registered."""
+    with pytest.raises(ValueError, match="an ONNX export for drafter family 'eagle' is already registered"):
+        register_export("eagle", EXPORTS["eagle"])
+    with pytest.raises(ValueError, match="'eagle' is a built-in drafter family"):
+        unregister_export("eagle")
+    register_export("unexported", EXPORTS["eagle"])
+    try:
+        ctxs, roles = built(build_drafter(UnexportedConfig(**SHAPE), target))
+        assert list(ctxs) == ["step"] and roles["step"] == GraphRole("feature", (0,))
+        with pytest.raises(RequestError, match="^no ONNX export for drafter family 'medusa'; exportable: eagle, "
+                                               "eagle3, mtp, dflash, lm, unexported$"):
+            export_family("medusa")
+    finally:
+        unregister_export("unexported")
+    assert list(EXPORTS) == ["eagle", "eagle3", "mtp", "dflash", "lm"]
 
 
 @pytest.mark.parametrize("name", CASES)

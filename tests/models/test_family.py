@@ -26,8 +26,9 @@ from specpress.errors import ConfigError, RequestError
 from specpress.models import eagle, forced
 from specpress.models.drafter import (BUILTIN_FAMILIES, build_drafter, families_where, family_names, get_family,
                                       register_family, unregister_family)
+from specpress.models.drafter_io import detect_family, read_drafter_config, save_drafter
 from specpress.models.eagle import EagleConfig, EagleDrafter
-from specpress.models.family import REQUIRED_TRAITS, TRAITS, DistillDefaults, StudentSpec
+from specpress.models.family import REQUIRED_TRAITS, TRAITS, Detection, DistillDefaults, StudentSpec
 from specpress.models.forced import input_features
 from specpress.models.target import TargetConfig, TargetModel
 from specpress.runtime.backends.torch.runner import drafter_runner
@@ -222,6 +223,47 @@ def test_a_toy_family_goes_through_export_hf(toy, target, tmp_path):
     finally:
         unregister_serving("toy")
     assert "toy" not in engine("vllm").layouts
+
+
+def test_a_toy_family_is_detected_by_its_own_rule(target, tmp_path):
+    """A public checkpoint (no `specpress` block) is told to be a family by the family's detection trait: a toy
+    registered here with one is claimed by it, before the families with a later priority, named when nothing
+    claims a config, and loads bare; drafter_io is not edited. Without one the toy is never detected."""
+    with pytest.raises(ValueError, match="must name architectures, fields or weights"):
+        Detection(priority=5)
+    with pytest.raises(ValueError, match="detection priority 40 is eagle's; give it one of its own"):
+        _register_toy(detection=Detection(priority=40, fields=("toy_depth",)))
+    assert "toy" not in family_names()
+    toy_arch = {"architectures": ["LlamaForCausalLMToy"]}
+    _register_toy(detection=Detection(priority=5, architectures=("LlamaForCausalLMToy",), fields=("toy_depth",)))
+    try:
+        assert detect_family(toy_arch) == "toy"
+        eagle1 = {"architectures": ["LlamaForCausalLM"], "bias": True}
+        assert detect_family({**eagle1, "toy_depth": 2}) == "toy"  # asked before eagle (priority 40)
+        assert detect_family(eagle1) == "eagle" and detect_family({**eagle1, "draft_vocab_size": 8}) == "eagle3"
+        with pytest.raises(ConfigError) as err:
+            detect_family({"architectures": ["Medusa"]})
+        assert str(err.value) == (
+            "config.json: cannot tell which drafter family this is: none claims architectures ['Medusa']; known "
+            "families: eagle, eagle3, mtp, dflash, lm, toy (architectures DFlashDraftModel, Eagle3LlamaForCausalLM, "
+            "LlamaForCausalLM, LlamaForCausalLMEagle3, LlamaForCausalLMToy, MistralForCausalLM, Qwen2ForCausalLM, "
+            "Qwen3ForCausalLM)")
+        d = build_drafter(student_config(DistillConfig(family="toy", steps=1), target.config), target)
+        out = save_drafter(d, tmp_path / "toy")
+        cfg = json.loads((out / "config.json").read_text())
+        del cfg["specpress"]  # a public checkpoint: its weights hold EAGLE-1's fc.weight too
+        (out / "config.json").write_text(json.dumps({**cfg, **toy_arch}))
+        family, config, _ = read_drafter_config(out)
+        assert family == "toy" and config == d.config
+    finally:
+        unregister_family("toy")
+    _register_toy()  # no detection trait: only its own artifacts load as a toy
+    try:
+        with pytest.raises(ConfigError, match=r"none claims architectures \['LlamaForCausalLMToy'\]; known families: "
+                                              r"eagle, eagle3, mtp, dflash, lm \("):
+            detect_family(toy_arch)
+    finally:
+        unregister_family("toy")
 
 
 def test_no_engine_file_branches_on_a_family_name():
