@@ -48,6 +48,10 @@ def detect_family(cfg: Mapping[str, Any], weight_names: Collection[str] | None =
     if isinstance(block, Mapping) and block.get("family"):
         return str(block["family"])
     archs = cfg.get("architectures") or []
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise ConfigError(f"{source}: 'architectures' must be a list of class names (strings), found {archs!r}")
+    if not isinstance(cfg.get("model_type", ""), str):
+        raise ConfigError(f"{source}: 'model_type' must be a string, found {cfg['model_type']!r}")
     arch = archs[0] if archs else ""
     rules = detection_rules()
     for name, rule in rules:

@@ -281,3 +281,16 @@ def test_unknown_public_layout_is_clear(tmp_path):
     f.write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "n_embd": 8}))
     with pytest.raises(ConfigError, match="cannot tell which drafter family.*known families"):
         inspect_artifact(f)
+
+
+@pytest.mark.parametrize("cfg, field", [({"architectures": [["Eagle3"]]}, "architectures"),
+                                        ({"architectures": {"0": "x"}}, "architectures"),
+                                        ({"architectures": "LlamaForCausalLM"}, "architectures"),
+                                        ({"architectures": ["LlamaForCausalLM"], "model_type": ["llama"]},
+                                         "model_type")])
+def test_detection_refuses_malformed_identity_fields_by_name(cfg, field):
+    """A list or dict where a name belongs was a TypeError / KeyError from deep inside detection."""
+    from specpress.models.drafter_io import detect_family
+
+    with pytest.raises(ConfigError, match=f"config.json: '{field}' must be"):
+        detect_family(cfg)
