@@ -90,7 +90,7 @@ def bench_speculative(target: TargetRunner, drafter: AnyDrafter, prompts: list[P
     every prompt too, in the same interleave (plain, drafter, compare; reversed on odd prompts), and the
     JSON gains "compare": its metrics against the same plain runs, labelled by `compare_label`, and the
     two drafters' forward and round times (medians over prompts) with their ratio compare / drafter, and
-    "paired": the mean per-prompt τ(compare) - τ(drafter) with its 95 % bootstrap CI (sweep/stats.py).
+    "paired": the mean per-prompt τ(compare) - τ(drafter) with its 95 % bootstrap CI (specpress/stats.py).
     keep_plain: the plain decodings' outputs as "plain_outputs" (the compressed-target comparison reads them).
     "eval_coverage" (and compare's): the share of the emitted tokens in a reduced draft vocabulary
     (runtime/coverage.py), None when the drafter drafts the target's whole vocabulary.
@@ -135,7 +135,7 @@ def bench_speculative(target: TargetRunner, drafter: AnyDrafter, prompts: list[P
     if keep_plain:
         result["plain_outputs"] = [g.tokens for g in plain]
     if compare is not None:
-        from specpress.sweep.stats import paired_comparison
+        from specpress.stats import paired_comparison
 
         result["compare"] = {**(compare_label or {}),
                              **compare_metrics(specs[0], specs[1], plain, compare_bytes, greedy=params.greedy),
