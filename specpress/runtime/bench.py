@@ -12,7 +12,7 @@ from specpress.models.tokenizer import load_tokenizer
 from specpress.runtime.backends.base import AnyDrafter, TargetRunner
 from specpress.runtime.coverage import eval_coverage
 from specpress.runtime.metrics import compare_metrics, plain_metrics, spec_metrics
-from specpress.runtime.plain import check_fits, decode_plain
+from specpress.runtime.plain import check_decode, check_fits, decode_plain
 from specpress.runtime.prompts import Prompt, load_prompts
 from specpress.runtime.sampling import SamplingParams
 
@@ -21,8 +21,7 @@ def load_bench_inputs(target_dir: str | Path, prompts_file: str | Path, dtype: s
                       max_new_tokens: int | None = None) -> tuple[TargetModel, list[Prompt]]:
     """The target and the prompts, read in that order of cost: the prompts first (checked against the
     target's config), then, with `max_new_tokens`, the decoding's context and KV memory checked
-    (machine.check_decode), then the target's weights."""
-    from specpress.machine import check_decode
+    (plain.check_decode), then the target's weights."""
     from specpress.models.io import read_config
     from specpress.models.target import TargetConfig
 
