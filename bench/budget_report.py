@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from specpress.sweep.stats import paired_comparison, spearman
+from specpress.stats import paired_comparison, spearman
 
 
 def _rho(x: list[float], y: list[float]) -> str:

@@ -24,7 +24,7 @@ import json
 import sys
 from pathlib import Path
 
-from specpress.sweep.stats import paired_comparison
+from specpress.stats import paired_comparison
 
 
 def _point(spec: str) -> tuple[dict, dict, dict]:

@@ -22,7 +22,7 @@ against plain greedy decoding. Everything already written is kept on a rerun.
   so it ranks on the target's own greedy continuations of them (`prune --data PROMPTS.jsonl`).
 
 `table` prints the markdown table: τ retention (pooled τ ÷ the base's on the same prompts) and the paired
-Δτ with its 95 % bootstrap CI over prompts (specpress.sweep.stats, as the sweep reports it).
+Δτ with its 95 % bootstrap CI over prompts (specpress.stats, as the sweep reports it).
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> None:
 
 
 def table(args: argparse.Namespace) -> None:
-    from specpress.sweep.stats import paired_comparison
+    from specpress.stats import paired_comparison
 
     print("| kept draft tokens | ranked on | evaluated on | τ (base → pruned) | retention | Δτ [95 % CI] "
           "| coverage: evaluation / calibration | lossless |")

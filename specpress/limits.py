@@ -10,7 +10,8 @@ Prompt lines: a line of a prompts file longer than `prompt_line_limit(context)` 
 that fits the target (the bound allows 64 bytes per position of its context, and at least 1 MiB): it is
 refused before it is tokenized. Data files: a special file (/dev/zero, a FIFO) is refused as not a
 regular file, and text larger than a quarter of the memory free now is refused with its size (reading it
-and holding its tokens needs more than that); `machine.check_seq_len` / `check_decode` bound the windows.
+and holding its tokens needs more than that); `compress.guards.check_seq_len` / `runtime.plain.check_decode`
+bound the windows.
 """
 
 from __future__ import annotations

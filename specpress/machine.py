@@ -1,9 +1,11 @@
 """What this machine can take, and how busy it was.
 
-Memory: `check_seq_len` refuses a window longer than the target's context, or a step that cannot fit in
-memory, before the work starts rather than leaving it to the kernel's OOM killer. The memory figure is a
-rough lower bound (logits, attention scores and activations of one step), so a refusal is certain to be
-right while a pass promises nothing.
+Memory: what is free now (`available_bytes`) and rough lower bounds on what a step (`step_bytes`: logits,
+attention scores and activations of one [batch, seq_len] step) and a KV cache (`kv_bytes`) hold, so a
+refusal built on them is certain to be right while a pass promises nothing. The refusals themselves read the
+target's config.json, so they live above models/: compress/guards.py's `check_seq_len` (a training or
+regeneration window) and runtime/plain.py's `check_decode` (a prompt plus --max-new-tokens), both before
+the work starts rather than leaving it to the kernel's OOM killer.
 
 Load: how busy the machine was while a run was timed: other processes' share of the CPUs the run may use.
 
@@ -20,8 +22,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from specpress.errors import RequestError
 
 COMPETING_SHARE = 0.2  # others busy on >= 20 % of the run's cores on average: say so
 
@@ -149,31 +149,13 @@ def step_bytes(cfg: Any, batch: int, seq_len: int, training: bool) -> int:
     return logits + scores + acts
 
 
-def _fmt(n: float) -> str:
+def fmt_bytes(n: float) -> str:
+    """`n` bytes in B / KiB / MiB / GiB / TiB, one decimal (the refusals' unit)."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
             return f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
-
-
-def check_seq_len(target_dir: Path | str, seq_len: int, batch: int, *, training: bool = True,
-                  what: str | None = None) -> None:
-    """A window of `seq_len` tokens (`what` names the flags that set it) within the target's context, and one
-    [batch, seq_len] step's estimated memory within what is free."""
-    from specpress.models.io import read_config
-    from specpress.models.target import TargetConfig
-
-    what = what or f"--seq-len {seq_len}"
-    cfg = TargetConfig.from_hf(read_config(target_dir), source=str(Path(target_dir) / "config.json"))
-    if seq_len > cfg.max_context:
-        raise RequestError(f"{what} is longer than the target's context ({cfg.max_context} positions, "
-                           f"{target_dir}/config.json): positions past it are ones the target never computes; "
-                           f"use at most {cfg.max_context}")
-    need, free = step_bytes(cfg, batch, seq_len, training), available_bytes()
-    if free is not None and need > free:
-        raise RequestError(f"one step of --batch {batch} x {what} needs at least {_fmt(need)} of memory on this "
-                           f"target; {_fmt(free)} is available: use a smaller window or --batch")
 
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -183,24 +165,3 @@ def kv_bytes(cfg: Any, capacity: int, dtype_bytes: int = 4, batch: int = 1) -> i
     """Bytes of the target's KV cache for `capacity` positions of `batch` rows (K and V, every layer), as
     models/kv.py allocates it up front."""
     return 2 * cfg.num_hidden_layers * batch * cfg.num_key_value_heads * capacity * cfg.head_dim * dtype_bytes
-
-
-def check_decode(target_dir: Path | str, prompt_tokens: int, max_new_tokens: int, dtype: str = "fp32",
-                 label: str = "prompt") -> None:
-    """Before the target is loaded: the longest prompt (`prompt_tokens`) plus --max-new-tokens within the
-    target's context, and the KV cache decoding allocates for them within the memory free now (the
-    target's alone: a lower bound, so a refusal is certain to be right)."""
-    from types import SimpleNamespace
-
-    from specpress.models.io import read_config
-    from specpress.models.target import TargetConfig
-    from specpress.runtime.plain import check_fits
-
-    cfg = TargetConfig.from_hf(read_config(target_dir), source=str(Path(target_dir) / "config.json"))
-    capacity = check_fits(SimpleNamespace(config=cfg), prompt_tokens, max_new_tokens, label)
-    need, free = kv_bytes(cfg, capacity, DTYPE_BYTES.get(dtype, 4)), available_bytes()
-    if free is not None and need > free:
-        raise RequestError(f"--max-new-tokens {max_new_tokens} after {label} ({prompt_tokens} tokens) needs a KV "
-                           f"cache of {capacity:,} positions: {_fmt(need)} for this target ({cfg.num_hidden_layers} "
-                           f"layers x {cfg.num_key_value_heads} KV heads x {cfg.head_dim} x {dtype}); {_fmt(free)} "
-                           f"is available: lower --max-new-tokens")

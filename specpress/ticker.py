@@ -1,11 +1,13 @@
-"""Progress display: the columns every specpress progress bar shows (`bar_columns`), and plain lines for logs
+"""Progress display: the columns every specpress progress bar shows (`bar_columns`), plain lines for logs
 (rich's live bars draw nothing until they finish when stderr is not a terminal, `... > build.log 2>&1`, so
-long jobs also print one plain line every so often there)."""
+long jobs also print one plain line every so often there), and `count_bar`, the plain counting bar of long
+loops."""
 
 from __future__ import annotations
 
 import time
-
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
@@ -39,3 +41,30 @@ class LogTicker:
         self.last = now
         m, s = divmod(int(now - self.t0), 60)
         self.console.print(f"{self.label} {step}/{self.total} {text} ({m}:{s:02d} elapsed)", highlight=False)
+
+
+@contextmanager
+def count_bar(enabled: bool, label: str, total: int, every_s: float = 60.0) -> Iterator[Callable[[], None]]:
+    """Yield `advance()` for a transient progress bar over `total` items, with the time left (a no-op when
+    disabled). When stderr is not a terminal (a log file), a plain line every `every_s` seconds says the
+    same, with the estimated time left."""
+    if not enabled:
+        yield lambda: None
+        return
+    from rich.progress import Progress
+
+    console = Console(stderr=True)
+    ticker = LogTicker(console, label, total, every_s)
+    done = [0]
+    t0 = time.monotonic()
+
+    with Progress(*bar_columns(eta=True), console=console, transient=True) as bar:
+        task = bar.add_task(label, total=total)
+
+        def advance() -> None:
+            bar.advance(task)
+            done[0] += 1
+            left = (time.monotonic() - t0) / done[0] * (total - done[0])
+            ticker.tick(done[0], f"(about {int(left) // 60}:{int(left) % 60:02d} left)")
+
+        yield advance

@@ -1,17 +1,14 @@
-"""`specpress plan`: a thin layer over specpress.plan."""
+"""`specpress plan`: the planned command line parsed with that command's own options, then
+specpress.plan.report's plan_to (or recipe_plans_to) and the lines it prints."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Any
 
 import click
 
 PLANNED = ("distill", "quantize", "prune", "export onnx", "export target", "export hf", "bench", "run")
-
-
-def _fmt(n: float) -> str:
-    return f"{n / 2 ** 30:.2f} GiB" if n >= 2 ** 30 else f"{n / 2 ** 20:.0f} MiB"
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False,
@@ -43,13 +40,20 @@ def plan(json_out: Path | None, force: bool, command: tuple[str, ...]) -> None:
     """
     from specpress.cli import COMMANDS
     from specpress.errors import UsageError
-    from specpress.plan import plan_command
+    from specpress.plan import report
 
     words = list(command)
     if json_out is not None and str(json_out) in {n.split()[0] for n in PLANNED}:  # `plan --json export hf ...`
         words, json_out = [str(json_out), *words], Path("-")
+    json_file = None if json_out == Path("-") else json_out
     if len(words) == 1 and (words[0].endswith((".yaml", ".yml")) or words[0] in ("quickstart",)):
-        return _plan_recipe(words[0], json_out, force)
+        plans = report.recipe_plans_to(words[0], json_file, force=force)
+        if json_out == Path("-"):
+            click.echo(json.dumps(report.recipe_json(words[0], plans), indent=2))
+        else:
+            for line in report.recipe_lines(words[0], plans):
+                click.echo(line)
+        return
     name = " ".join(words[:2]) if words[0] == "export" and len(words) > 1 else words[0]
     if name not in PLANNED:
         raise UsageError(f"plan knows no command {name!r}; give one of: {', '.join(PLANNED)} with its options")
@@ -66,68 +70,9 @@ def plan(json_out: Path | None, force: bool, command: tuple[str, ...]) -> None:
         return
     except click.ClickException as exc:
         raise UsageError(f"specpress {name}: {exc.format_message()}") from None
-    with _json_claim(json_out, force):
-        p = plan_command(name, ctx.params)
-        if json_out != Path("-"):
-            _show(f"specpress {name}", p)
-        _write_json(json_out, p.to_dict())
-
-
-def _json_claim(json_out: Path | None, force: bool) -> Any:
-    """--json FILE claimed (artifacts.claim_output) before planning; nothing to claim for stdout."""
-    from contextlib import nullcontext
-
-    from specpress.artifacts import claim_output
-
-    if json_out is None or json_out == Path("-"):
-        return nullcontext()
-    return claim_output(json_out, force=force, kind="file", flag="--json")
-
-
-def _write_json(json_out: Path | None, obj: dict) -> None:
-    """The plan's JSON to --json FILE, or on stdout for a bare --json."""
-    import json
-
-    from specpress.artifacts import write_json
-
+    p = report.plan_to(name, ctx.params, json_file, force=force)
     if json_out == Path("-"):
-        click.echo(json.dumps(obj, indent=2))
-    elif json_out is not None:
-        write_json(json_out, obj)
-
-
-def _plan_recipe(recipe: str, json_out: Path | None, force: bool) -> None:
-    from specpress.plan import plan_recipe
-
-    with _json_claim(json_out, force):
-        plans = plan_recipe(recipe)
-        worst = max(plans, key=lambda p: p.peak_bytes)
-        if json_out != Path("-"):
-            for p in plans:
-                _show(p.command, p)
-            click.echo(f"sweep {recipe}: {len(plans)} plans; the largest peak is {_fmt(worst.peak_bytes)} "
-                       f"({worst.command}); in-process and local workers run one point at a time, a Ray cluster one "
-                       f"per worker")
-        _write_json(json_out, {"recipe": recipe, "peak_bytes": worst.peak_bytes,
-                               "plans": [p.to_dict() for p in plans]})
-
-
-def _show(title: str, p) -> None:  # noqa: ANN001 - a specpress.plan.Plan (not imported at module load)
-    from specpress.machine import available_bytes
-
-    click.echo(f"{title}: peak about {_fmt(p.peak_bytes)} (in the {p.peak_phase} phase)")
-    for phase, parts in p.phases.items():
-        click.echo(f"  {phase:<24} {_fmt(sum(parts.values())):>10}   "
-                   + ", ".join(f"{k} {_fmt(v)}" for k, v in parts.items() if v))
-    click.echo(f"  {'process (imports)':<24} {_fmt(p.base):>10}")
-    click.echo(f"  must hold {_fmt(p.holds_bytes)}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in p.holds.items()))
-    work = ", ".join(f"{k.replace('_', ' ')} {v:,}" if isinstance(v, int) else f"{k.replace('_', ' ')} {v}"
-                     for k, v in p.work.items() if v is not None)
-    if work:
-        click.echo(f"  work: {work}")
-    for note in p.notes:
-        click.echo(f"  note: {note}")
-    free = available_bytes()
-    if free is not None:
-        verdict = "fits" if p.peak_bytes < free else "does NOT fit"
-        click.echo(f"  {verdict} in the {_fmt(free)} available now")
+        click.echo(json.dumps(p.to_dict(), indent=2))
+    else:
+        for line in report.plan_lines(f"specpress {name}", p):
+            click.echo(line)

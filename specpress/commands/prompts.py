@@ -1,4 +1,5 @@
-"""`specpress prompts`: held-out evaluation prompts for `bench` (thin over specpress.runtime.heldout)."""
+"""`specpress prompts`: held-out evaluation prompts for `bench` (the options parsed, then
+specpress.runtime.heldout.write_heldout_prompts)."""
 
 from __future__ import annotations
 
@@ -29,13 +30,7 @@ def prompts(target_dir: Path, out: Path, n: int, tokens: int, seed: int, force: 
     Example:
       specpress prompts --target ~/.cache/specpress/zoo/small --n 100 --tokens 64 --out prompts.jsonl
     """
-    import json
+    from specpress.runtime.heldout import write_heldout_prompts
 
-    from specpress.artifacts import claim_output, write_file
-    from specpress.models.tokenizer import load_tokenizer
-    from specpress.runtime.heldout import heldout_code_prompts
-
-    with claim_output(out, force=force, kind="file", inputs={"--target": target_dir}) as claim:
-        made = heldout_code_prompts(load_tokenizer(target_dir), n, tokens, seed)
-        write_file(claim.out, "".join(json.dumps({"input_ids": list(p.ids)}) + "\n" for p in made))
+    made = write_heldout_prompts(target_dir, out, n, tokens, seed, force=force)
     click.echo(f"wrote {len(made)} prompts of {tokens} tokens to {out}")

@@ -1,4 +1,5 @@
-"""`specpress zoo build`: the built-in tiny target, trained here on this machine's Python stdlib."""
+"""`specpress zoo build`: the built-in tiny target, trained here on this machine's Python stdlib (the options
+parsed, then specpress.zoo.build_zoo and its report's lines)."""
 
 from __future__ import annotations
 
@@ -53,11 +54,9 @@ def build(out: Path | None, size: str, minutes: float | None, seed: int, no_resu
       specpress zoo build --size medium --out ./zoo-medium
       specpress zoo build --size tiny --out ./zoo-tiny   # ~2 min: README's smoke path
     """
-    from specpress.zoo import build_zoo, default_zoo_dir
+    from specpress.zoo import build_zoo
 
-    target = out or default_zoo_dir(size)
-    report = build_zoo(target, size=size, minutes=minutes, seed=seed, progress=True, resume=not no_resume,
+    report = build_zoo(out, size=size, minutes=minutes, seed=seed, progress=True, resume=not no_resume,
                        force=force, dtype=dtype)
-    click.echo(f"zoo target written to {report.out}")
-    click.echo(f"  params {report.params:,}  steps {report.steps}  val loss {report.val_loss:.3f}  "
-               f"perplexity {report.val_perplexity:.2f}")
+    for line in report.lines():
+        click.echo(line)

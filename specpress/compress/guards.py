@@ -1,7 +1,7 @@
 """What the commands and their pipelines check on the options before any work starts, and what they say when
 stopped.
 
-`check_seq_len` (specpress.machine) refuses a window past the target's context or beyond memory.
+`check_seq_len` refuses a window past the target's context or beyond memory (specpress.machine's figures).
 """
 
 from __future__ import annotations
@@ -9,9 +9,29 @@ from __future__ import annotations
 from pathlib import Path
 
 from specpress.errors import Interrupted, RequestError
-from specpress.machine import check_seq_len
 
 __all__ = ["check_seq_len", "interrupted", "distill_saved", "regen_saved", "check_not_quantized"]
+
+
+def check_seq_len(target_dir: Path | str, seq_len: int, batch: int, *, training: bool = True,
+                  what: str | None = None) -> None:
+    """A window of `seq_len` tokens (`what` names the flags that set it) within the target's context, and one
+    [batch, seq_len] step's estimated memory within what is free."""
+    from specpress import machine
+    from specpress.models.io import read_config
+    from specpress.models.target import TargetConfig
+
+    what = what or f"--seq-len {seq_len}"
+    cfg = TargetConfig.from_hf(read_config(target_dir), source=str(Path(target_dir) / "config.json"))
+    if seq_len > cfg.max_context:
+        raise RequestError(f"{what} is longer than the target's context ({cfg.max_context} positions, "
+                           f"{target_dir}/config.json): positions past it are ones the target never computes; "
+                           f"use at most {cfg.max_context}")
+    need, free = machine.step_bytes(cfg, batch, seq_len, training), machine.available_bytes()
+    if free is not None and need > free:
+        raise RequestError(f"one step of --batch {batch} x {what} needs at least {machine.fmt_bytes(need)} of "
+                           f"memory on this target; {machine.fmt_bytes(free)} is available: use a smaller window or "
+                           f"--batch")
 
 
 def interrupted(partial: Path, saved: str | None) -> Interrupted:

@@ -34,13 +34,13 @@ from torch import Tensor, nn
 
 from specpress.compress.data import WindowSampler
 from specpress.compress.losses import TeacherBatch
-from specpress.compress.progress import count_bar
 from specpress.compress.teacher import draft_vocab, head_signals, target_signals
 from specpress.errors import RequestError, UsageError
 from specpress.models.drafter import Drafter, families_phrase, get_family
 from specpress.models.forced import input_features, spaced_anchors
 from specpress.models.layers import MLP
 from specpress.models.target import TargetAttention, TargetModel
+from specpress.ticker import count_bar
 
 METHODS = ("magnitude", "activation", "kl")
 MAX_ELEMENTS = 1 << 25  # logits elements per batched KL forward (copies x batch x positions x vocab): 128 MB fp32

@@ -1,11 +1,12 @@
-"""Progress bars of the compress stages (rich, on stderr): distill's training bar (step, loss and acc@k over
-the last batches) and a plain counting bar for long loops such as prune's vocabulary counting."""
+"""Distill's training progress bar (rich, on stderr): step, loss and acc@k over the last batches. The plain
+counting bar for long loops (prune's vocabulary counting, GPTQ's groups, an export's validation) is
+specpress/ticker.py's `count_bar`."""
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from collections.abc import Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from torch import Tensor
 
@@ -64,35 +65,3 @@ class TrainProgress:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if self._bar is not None:
             self._bar.__exit__(kind, exc, tb)
-
-
-@contextmanager
-def count_bar(enabled: bool, label: str, total: int, every_s: float = 60.0) -> Iterator[Callable[[], None]]:
-    """Yield `advance()` for a transient progress bar over `total` items, with the time left (a no-op when
-    disabled). When stderr is not a terminal (a log file), a plain line every `every_s` seconds says the
-    same, with the estimated time left."""
-    if not enabled:
-        yield lambda: None
-        return
-    import time
-
-    from rich.console import Console
-    from rich.progress import Progress
-
-    from specpress.ticker import LogTicker, bar_columns
-
-    console = Console(stderr=True)
-    ticker = LogTicker(console, label, total, every_s)
-    done = [0]
-    t0 = time.monotonic()
-
-    with Progress(*bar_columns(eta=True), console=console, transient=True) as bar:
-        task = bar.add_task(label, total=total)
-
-        def advance() -> None:
-            bar.advance(task)
-            done[0] += 1
-            left = (time.monotonic() - t0) / done[0] * (total - done[0])
-            ticker.tick(done[0], f"(about {int(left) // 60}:{int(left) % 60:02d} left)")
-
-        yield advance

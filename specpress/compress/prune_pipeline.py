@@ -47,9 +47,9 @@ def prune_from_dirs(drafter_dir: str | Path, out: str | Path, config: PruneConfi
     from specpress.artifacts import claim_output
     from specpress.compress.calibration import target_stream
     from specpress.compress.data import check_data
+    from specpress.compress.guards import check_seq_len
     from specpress.compress.traffic import CONTINUATION_TOKENS, is_prompts_file, traffic_stream
     from specpress.errors import RequestError, UsageError
-    from specpress.machine import check_seq_len
     from specpress.models.drafter import build_drafter
     from specpress.models.drafter_io import load_drafter, read_drafter_config, save_drafter
     from specpress.models.target import load_target

@@ -27,7 +27,6 @@ from onnx import TensorProto
 
 from specpress import __version__
 from specpress.artifacts import atomic_dir
-from specpress.compress.progress import count_bar
 from specpress.errors import RequestError, UsageError
 from specpress.export import ops
 from specpress.export.context import Ctx
@@ -43,6 +42,7 @@ from specpress.manifest import (
     file_records,
 )
 from specpress.models.drafter import get_family
+from specpress.ticker import count_bar
 
 SHARED_FILE = "target_shared.bin"
 DTYPES = ("fp32", "fp16")

@@ -12,7 +12,7 @@ from specpress.models.tokenizer import load_tokenizer
 from specpress.runtime.backends.base import AnyDrafter, TargetRunner
 from specpress.runtime.coverage import eval_coverage
 from specpress.runtime.metrics import compare_metrics, plain_metrics, spec_metrics
-from specpress.runtime.plain import check_fits, decode_plain
+from specpress.runtime.plain import check_decode, check_fits, decode_plain
 from specpress.runtime.prompts import Prompt, load_prompts
 from specpress.runtime.sampling import SamplingParams
 
@@ -21,8 +21,7 @@ def load_bench_inputs(target_dir: str | Path, prompts_file: str | Path, dtype: s
                       max_new_tokens: int | None = None) -> tuple[TargetModel, list[Prompt]]:
     """The target and the prompts, read in that order of cost: the prompts first (checked against the
     target's config), then, with `max_new_tokens`, the decoding's context and KV memory checked
-    (machine.check_decode), then the target's weights."""
-    from specpress.machine import check_decode
+    (plain.check_decode), then the target's weights."""
     from specpress.models.io import read_config
     from specpress.models.target import TargetConfig
 
@@ -90,7 +89,7 @@ def bench_speculative(target: TargetRunner, drafter: AnyDrafter, prompts: list[P
     every prompt too, in the same interleave (plain, drafter, compare; reversed on odd prompts), and the
     JSON gains "compare": its metrics against the same plain runs, labelled by `compare_label`, and the
     two drafters' forward and round times (medians over prompts) with their ratio compare / drafter, and
-    "paired": the mean per-prompt τ(compare) - τ(drafter) with its 95 % bootstrap CI (sweep/stats.py).
+    "paired": the mean per-prompt τ(compare) - τ(drafter) with its 95 % bootstrap CI (specpress/stats.py).
     keep_plain: the plain decodings' outputs as "plain_outputs" (the compressed-target comparison reads them).
     "eval_coverage" (and compare's): the share of the emitted tokens in a reduced draft vocabulary
     (runtime/coverage.py), None when the drafter drafts the target's whole vocabulary.
@@ -135,7 +134,7 @@ def bench_speculative(target: TargetRunner, drafter: AnyDrafter, prompts: list[P
     if keep_plain:
         result["plain_outputs"] = [g.tokens for g in plain]
     if compare is not None:
-        from specpress.sweep.stats import paired_comparison
+        from specpress.stats import paired_comparison
 
         result["compare"] = {**(compare_label or {}),
                              **compare_metrics(specs[0], specs[1], plain, compare_bytes, greedy=params.greedy),

@@ -9,7 +9,7 @@ The lossless reference of a speculative run on a compressed target is that targe
 target, on the same prompts:
 
   τ change      the same drafter on the float target: paired Δτ = mean over prompts of τ(compressed) -
-                τ(float), its 95 % bootstrap CI (sweep/stats.py), and retention = τ(compressed) / τ(float)
+                τ(float), its 95 % bootstrap CI (specpress/stats.py), and retention = τ(compressed) / τ(float)
                 (pooled τ).
   greedy drift  the two targets' greedy continuations of each prompt, compared token by token from the
                 start (`greedy_agreement`):
@@ -110,7 +110,7 @@ def greedy_agreement(reference: Sequence[Sequence[int]], outputs: Sequence[Seque
 def float_comparison(result: dict[str, Any], float_result: dict[str, Any], seed: int = 0) -> dict[str, Any]:
     """The compressed target's bench result against the float target's on the same prompts: τ and the
     paired Δτ (None without a drafter), and the greedy drift of the two targets' plain continuations."""
-    from specpress.sweep.stats import paired_comparison
+    from specpress.stats import paired_comparison
 
     out: dict[str, Any] = {"float_target": {k: float_result.get(k) for k in
                                             ("tau", "ar", "speedup", "tokens_per_s", "baseline_tokens_per_s",

@@ -1,7 +1,8 @@
 """Held-out evaluation prompts: Python code that is not in the standard library.
 
 The zoo target and its drafters train on the stdlib; acceptance is measured on the source of
-installed third-party packages (click, rich, yaml, …), which neither has seen.
+installed third-party packages (click, rich, yaml, …), which neither has seen. `write_heldout_prompts` is
+`specpress prompts`: them written as the JSON-lines file `bench --prompts` reads.
 """
 
 from __future__ import annotations
@@ -37,6 +38,21 @@ def heldout_code_prompts(tokenizer: Any, n: int = 100, prompt_tokens: int = 64, 
     if not files:
         raise DataError(f"none of the packages {', '.join(packages)} is installed; cannot build held-out prompts")
     return document_prompts([f.read_text(errors="replace") for f in files], tokenizer, n, prompt_tokens, seed)
+
+
+def write_heldout_prompts(target_dir: str | Path, out: str | Path, n: int = 100, prompt_tokens: int = 64,
+                          seed: int = 0, *, force: bool = False) -> list[Prompt]:
+    """heldout_code_prompts encoded by `target_dir`'s tokenizer, written to `out` as JSON lines of
+    {"input_ids": [...]} (claimed first; force: replace it). Returns the prompts written."""
+    import json
+
+    from specpress.artifacts import claim_output, write_file
+    from specpress.models.tokenizer import load_tokenizer
+
+    with claim_output(out, force=force, kind="file", inputs={"--target": target_dir}) as claim:
+        made = heldout_code_prompts(load_tokenizer(target_dir), n, prompt_tokens, seed)
+        write_file(claim.out, "".join(json.dumps({"input_ids": list(p.ids)}) + "\n" for p in made))
+    return made
 
 
 def document_prompts(texts: Sequence[str], tokenizer: Any, n: int, prompt_tokens: int = 64,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -37,6 +38,27 @@ def check_fits(target: TargetRunner, prompt_len: int, max_new_tokens: int, label
         raise RequestError(f"{label} has {prompt_len} tokens; with --max-new-tokens {max_new_tokens}{extra} it needs "
                            f"{need} positions but the model's context is {ctx}; shorten it or lower --max-new-tokens")
     return need
+
+
+def check_decode(target_dir: Path | str, prompt_tokens: int, max_new_tokens: int, dtype: str = "fp32",
+                 label: str = "prompt") -> None:
+    """Before the target is loaded: the longest prompt (`prompt_tokens`) plus --max-new-tokens within the
+    target's context, and the KV cache decoding allocates for them within the memory free now (the
+    target's alone: a lower bound, so a refusal is certain to be right)."""
+    from types import SimpleNamespace
+
+    from specpress import machine
+    from specpress.models.io import read_config
+    from specpress.models.target import TargetConfig
+
+    cfg = TargetConfig.from_hf(read_config(target_dir), source=str(Path(target_dir) / "config.json"))
+    capacity = check_fits(SimpleNamespace(config=cfg), prompt_tokens, max_new_tokens, label)
+    need, free = machine.kv_bytes(cfg, capacity, machine.DTYPE_BYTES.get(dtype, 4)), machine.available_bytes()
+    if free is not None and need > free:
+        raise RequestError(f"--max-new-tokens {max_new_tokens} after {label} ({prompt_tokens} tokens) needs a KV "
+                           f"cache of {capacity:,} positions: {machine.fmt_bytes(need)} for this target "
+                           f"({cfg.num_hidden_layers} layers x {cfg.num_key_value_heads} KV heads x {cfg.head_dim} "
+                           f"x {dtype}); {machine.fmt_bytes(free)} is available: lower --max-new-tokens")
 
 
 @torch.inference_mode()

@@ -89,13 +89,12 @@ def run_decode(req: RunRequest, *, echo: Callable[[str], None] | None = None) ->
     import torch
 
     from specpress.limits import prompt_line_limit
-    from specpress.machine import check_decode
     from specpress.models.target import load_target
     from specpress.models.tokenizer import load_tokenizer
     from specpress.runtime.bench import default_policy
     from specpress.runtime.compile import compile_errors
     from specpress.runtime.loop import speculative_generate
-    from specpress.runtime.plain import decode_plain
+    from specpress.runtime.plain import check_decode, decode_plain
     from specpress.runtime.policy import parse_policy
     from specpress.runtime.prompts import encode, max_context
     from specpress.runtime.sampling import SamplingParams

@@ -134,7 +134,7 @@ def resolve_drafter(recipe: Recipe, target_dir: Path, log: Callable[[str], None]
         return spec.path
     from specpress.compress.calibration import Calibration, split_stream
     from specpress.compress.distill import distill
-    from specpress.machine import check_seq_len
+    from specpress.compress.guards import check_seq_len
     from specpress.models.drafter import target_fingerprint
     from specpress.models.target import load_target
 

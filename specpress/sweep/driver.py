@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from specpress.errors import RequestError, UsageError
+from specpress.stats import paired_comparison, pareto_flags
 from specpress.sweep import results as R
 from specpress.sweep.executors import ExecutorSpec
 from specpress.sweep.grid import Point
 from specpress.sweep.recipe import Recipe
-from specpress.sweep.stats import paired_comparison, pareto_flags
 
 
 def cores() -> int:

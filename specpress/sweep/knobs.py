@@ -121,7 +121,7 @@ class KnobSearch:
     speeds: dict[str, float | None]  # measured speedup of each benched candidate (objective speed only)
 
     def to_dict(self, candidates: list[Candidate], margin: float) -> dict[str, Any]:
-        from specpress.sweep.stats import spearman
+        from specpress.stats import spearman
 
         trials = {t.id: t for t in self.result.trials}
         rows = []

@@ -131,6 +131,12 @@ class ZooReport:
     val_perplexity: float
     val_bits_per_byte: float
 
+    def lines(self) -> list[str]:
+        """What `specpress zoo build` prints of it: where, and params, steps, validation loss and perplexity."""
+        numbers = (f"  params {self.params:,}  steps {self.steps}  val loss {self.val_loss:.3f}  "
+                   f"perplexity {self.val_perplexity:.2f}")
+        return [f"zoo target written to {self.out}", numbers]
+
 
 def default_zoo_dir(size: str = "small") -> Path:
     """`$SPECPRESS_CACHE/zoo/<size>`, default `~/.cache/specpress/zoo/<size>`."""
@@ -189,14 +195,15 @@ def _clear_partial(partial: Path) -> None:
     shutil.rmtree(partial)
 
 
-def build_zoo(out: Path, *, size: str = "small", minutes: float | None = None, seed: int = 0,
+def build_zoo(out: Path | None = None, *, size: str = "small", minutes: float | None = None, seed: int = 0,
               progress: bool = True, resume: bool = True, force: bool = False, preset: ZooPreset | None = None,
               steps: int | None = None, max_files: int | None = None,
               stdlib: Path | None = None, dtype: str = "auto") -> ZooReport:
-    """Build the zoo target into `out` and return its report.
+    """Build the zoo target into `out` (None: default_zoo_dir(size)) and return its report (its `lines()`:
+    what `specpress zoo build` prints).
 
-    size: a name in PRESETS (ignored when `preset` is given). minutes: optional wall-clock cap on
-    training on top of the preset's fixed step budget (`steps` overrides that budget). max_files /
+    size: a name in PRESETS (when `preset` is given, only the default `out`'s). minutes: optional wall-clock cap
+    on training on top of the preset's fixed step budget (`steps` overrides that budget). max_files /
     stdlib: a smaller or different corpus (tests). resume: continue from `<out>.partial/` when it
     was left by a build with the same settings. force: replace a zoo target already in `out` (else refused).
     dtype: the training forwards' dtype; auto trains a preset that asks for bf16 in bf16 only where this CPU
@@ -210,7 +217,7 @@ def build_zoo(out: Path, *, size: str = "small", minutes: float | None = None, s
     preset = replace(preset, bf16=_bf16(preset, dtype))
     if minutes is not None and minutes <= 0:
         raise UsageError(f"--minutes must be positive, got {minutes}")
-    out = Path(out).expanduser().absolute()
+    out = Path(default_zoo_dir(size) if out is None else out).expanduser().absolute()
     _check_out(out, force)
     with claim_output(out, force=True, partial=True, resume=True):  # locked; its partial is _prepare_partial's
         return _build(out, preset, minutes, seed, progress, resume, steps, max_files, stdlib)

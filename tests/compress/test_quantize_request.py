@@ -77,10 +77,14 @@ def test_readme_python_api_names_import():
     names |= {("specpress.sweep.pipeline", "run_sweep"),  # named bare, after the dotted name of their module
               ("specpress.runtime.run_pipeline", "run_decode"), ("specpress.runtime.run_pipeline", "stats_line"),
               ("specpress.compress.regen_pipeline", "report_lines"), ("specpress.export.pipeline", "target_export"),
-              ("specpress.export.pipeline", "onnx_lines"), ("specpress.export.pipeline", "target_lines")}
+              ("specpress.export.pipeline", "onnx_lines"), ("specpress.export.pipeline", "target_lines"),
+              ("specpress.models.inspect_report", "inspect_lines"), ("specpress.plan.report", "recipe_plans_to"),
+              ("specpress.plan.report", "plan_lines"), ("specpress.plan.report", "recipe_lines")}
     assert {("specpress.sweep.pipeline", "sweep_request"), ("specpress.runtime.run_pipeline", "run_request"),
             ("specpress.compress.regen_pipeline", "regenerate_from_dirs"),
             ("specpress.export.pipeline", "onnx_export"), ("specpress.export.trt.pipeline", "engines_from_onnx"),
-            ("specpress.export.hf.pipeline", "hf_export")} <= names
+            ("specpress.export.hf.pipeline", "hf_export"), ("specpress.models.inspect_report", "inspect_to"),
+            ("specpress.plan.report", "plan_to"), ("specpress.runtime.heldout", "write_heldout_prompts"),
+            ("specpress.zoo", "build_zoo")} <= names
     for module, name in sorted(names):
         assert callable(getattr(importlib.import_module(module), name)), f"{module}.{name}"

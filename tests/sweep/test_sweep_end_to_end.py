@@ -14,10 +14,10 @@ from drafters_common import V, lm_sweep_inputs
 
 from specpress.cli import cli
 from specpress.errors import ConfigError, DataError, RequestError
+from specpress.stats import pareto_flags
 from specpress.sweep.driver import cores
 from specpress.sweep.recipe import load_recipe
 from specpress.sweep.results import guard_out, read_results
-from specpress.sweep.stats import pareto_flags
 
 RECIPE = {
     "target": "target",

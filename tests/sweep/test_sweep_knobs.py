@@ -13,11 +13,11 @@ from drafters_common import lm_sweep_inputs
 
 from specpress.cli import cli
 from specpress.errors import ConfigError
+from specpress.stats import spearman
 from specpress.sweep.knobs import MAX_CANDIDATES, search_knobs, tau_proxy
 from specpress.sweep.recipe import parse_recipe
 from specpress.sweep.results import read_results
 from specpress.sweep.search import Candidate, Trial
-from specpress.sweep.stats import spearman
 
 MINIMAL = {"target": "target", "drafter": "drafter", "prompts": "p.jsonl", "grid": [{"quantize": {"scheme": "int8"}}]}
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from specpress.errors import RequestError
+from specpress.stats import bootstrap_mean_ci, paired_comparison, pareto_flags
 from specpress.sweep.driver import parse_loss
 from specpress.sweep.search import Candidate, Trial, find_smallest
-from specpress.sweep.stats import bootstrap_mean_ci, paired_comparison, pareto_flags
 
 
 def test_constant_shift_is_resolved_and_pure_noise_is_not():

@@ -14,10 +14,10 @@ from test_sweep_end_to_end import RECIPE, write_setup
 
 from specpress.cli import cli
 from specpress.errors import ConfigError
+from specpress.stats import paired_comparison
 from specpress.sweep.plots import _tau_vs_target
 from specpress.sweep.recipe import load_recipe, parse_recipe
 from specpress.sweep.results import read_results, record_key
-from specpress.sweep.stats import paired_comparison
 
 TARGETS = ["fp8:kv=fp8", "int4:method=gptq,group=8"]  # W8A8 + fp8 KV cache; GPTQ calibrated on `calibration`
 LABELS = ["float", "fp8-dyn-kv8", "int4-g8-gptq"]

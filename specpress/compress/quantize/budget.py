@@ -253,7 +253,7 @@ def quantize_to_budget(model: nn.Module, select: QuantizeConfig, candidates: tup
                        progress: bool = False) -> nn.Module:
     """Measure, allocate and quantize `model` in place (Linears chosen by `select`'s include / exclude);
     the allocation goes into the quantize step's `allocation`."""
-    from specpress.compress.progress import count_bar
+    from specpress.ticker import count_bar
 
     t0 = time.monotonic()
     names, _ = select_modules(model, select)

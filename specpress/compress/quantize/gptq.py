@@ -22,7 +22,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from specpress.compress.progress import count_bar
 from specpress.compress.quantize.handlers import ForwardLoop, register_handler
 from specpress.errors import RequestError
 from specpress.models.quantized import lowbit as LB
@@ -30,6 +29,7 @@ from specpress.models.quantized import primitives as P
 from specpress.models.quantized.integer import GPTQConfig, IntLinear, quantize_rtn
 from specpress.models.quantized.lowbit import LowBitGPTQConfig
 from specpress.models.quantized.restore import replace_module
+from specpress.ticker import count_bar
 
 
 GroupParams = Callable[[Tensor], tuple[Tensor, Tensor]]  # one group's weights [N, G] -> (scales, zeros) [N, 1]

@@ -4,21 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from specpress.models.inspect_report import allocation_line
+
 
 def fmt_bytes(n: int) -> str:
     return f"{n:,} B" if n < 1024 else f"{n:,} B ({n / 1024 ** (2 if n >= 1024 ** 2 else 1):.2f} " \
                                         f"{'MiB' if n >= 1024 ** 2 else 'KiB'})"
-
-
-def allocation_line(a: dict) -> str:
-    """One line about a --budget allocation (quantize's output and inspect)."""
-    counts: dict[str, int] = {}
-    for lab in a["choice"].values():
-        counts[lab] = counts.get(lab, 0) + 1
-    return (f"{a['budget']} = {int(a['budget_bytes']):,} B; stores {int(a['measured_bytes']):,} B (predicted "
-            f"{int(a['predicted_bytes']):,}; candidates span {int(a['min_bytes']):,}..{int(a['max_bytes']):,}); "
-            + ", ".join(f"{n} x {lab}" for lab, n in counts.items())
-            + f"; {a['sensitivity']} sensitivity, {a['seconds']:.1f} s")
 
 
 def report_lines(rep: Any) -> list[str]:

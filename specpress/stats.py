@@ -1,4 +1,5 @@
-"""Paired comparisons against the base drafter, and the Pareto front over (bytes, tau).
+"""Paired comparisons against a base drafter (a sweep's base, bench --compare's), the Pareto front over
+(bytes, tau) and Spearman's rank correlation: plain numpy, under both runtime/ and sweep/, which use them.
 
 Every point is decoded on the SAME prompts as the base, so its cost is measured per prompt:
 delta_i = tau_i(point) - tau_i(base), and the mean delta gets a percentile bootstrap CI over prompts
@@ -9,7 +10,8 @@ delta_i = tau_i(point) - tau_i(base), and the mean delta gets a percentile boots
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
