@@ -7,9 +7,10 @@ only when invoked (or when their own --help is asked for).
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 import warnings
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import click
 
@@ -96,7 +97,7 @@ def fail(message: str, exit_code: int, command: str) -> NoReturn:
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: errors become `error: ...` on stderr and an exit code: 2 when the command line is
     wrong (specpress's UsageError and Click's own parse errors alike), 1 for any other error, 130 when
-    interrupted (README, "Exit codes")."""
+    interrupted by Ctrl-C or SIGTERM (README, "Exit codes")."""
     from specpress.errors import Deprecated, SpecpressError
     from specpress.machine import map_large_blocks
 
@@ -107,6 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     warnings.showwarning = lambda message, category, *rest: (  # type: ignore[assignment]
         click.echo(f"warning: {message}", err=True) if issubclass(category, Deprecated)
         else show(message, category, *rest))
+    previous = _term_as_interrupt()
     try:
         cli.main(args=args, prog_name="specpress", standalone_mode=False)
     except SpecpressError as exc:
@@ -125,6 +127,26 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     finally:
         warnings.showwarning = show
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _term_as_interrupt() -> Any:
+    """Handle SIGTERM (what `kill`, Slurm and container runtimes send) as Ctrl-C, so a terminated distill, sweep
+    or recovery saves its checkpoint and says how to resume instead of dying mid-write. Only where SIGTERM still
+    has its default action, and only in the main thread (signal handlers can be set nowhere else). Returns the
+    handler to restore, or None when nothing was changed."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return None
+    return signal.signal(signal.SIGTERM, _raise_interrupt)
 
 
 if __name__ == "__main__":

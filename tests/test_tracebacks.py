@@ -328,3 +328,29 @@ def test_a_damaged_cache_manifest_never_mentions_an_out_never_given(setup, tmp_p
     with pytest.raises(CheckpointError) as err:  # what a refusal of the entry says: delete it, never --out
         open_export(entry, cache_fix(entry))
     assert "--out" not in str(err.value) and f"delete {entry}" in str(err.value)
+
+
+def test_sigterm_saves_the_checkpoint_as_ctrl_c_does(setup, tmp_path):
+    """`kill PID` (a scheduler's SIGTERM) during distill: the run stops within seconds, saves its checkpoint and
+    says how to resume, exit 130 - as Ctrl-C does; by default SIGTERM would kill it with nothing saved."""
+    _, tdir, data, _, _, _ = setup
+    out = tmp_path / "d"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "specpress.cli", "distill", "--target", str(tdir), "--family",
+                             "eagle3", "--data", str(data), "--out", str(out), "--steps", "100000", "--batch", "2",
+                             "--seq-len", "16", "--checkpoint-minutes", "60"],
+                            stderr=subprocess.PIPE, env=env, text=True)
+    try:
+        assert proc.stderr is not None
+        seen = ""
+        while "distill eagle3" not in seen:  # the progress bar: training has started
+            line = proc.stderr.readline()
+            assert line, seen
+            seen += line
+        proc.send_signal(signal.SIGTERM)
+        err = seen + proc.stderr.read()
+        assert proc.wait(60) == 130, err
+    finally:
+        proc.kill()
+    assert "interrupted" in err and "--resume" in err and "Traceback" not in err, err
+    assert (tmp_path / "d.partial").is_dir() and not out.exists()
