@@ -37,8 +37,9 @@ def build(out: Path | None, size: str, minutes: float | None, seed: int, no_resu
     split into train / validation by a stable hash of each file's path. Tokenizer: byte-level BPE,
     4096 tokens. small: 8 layers, hidden 256 (7.9M parameters), 1200 steps with Muon on the blocks'
     weight matrices and AdamW on the embedding and norms: validation perplexity about 18 in about
-    17 minutes on 2 idle cores with native bf16 (AMX), about 40 minutes in fp32 on a CPU without it. medium: hidden 512 (27M parameters), AdamW, about 37 minutes: a
-    target whose forward costs real compute, for speed studies (BENCHMARKS.md, "Zoo targets").
+    17 minutes on 2 idle cores with native bf16 (AMX); in fp32 on a CPU without it 35 minutes idle, 61
+    shared (perplexity 18.13). medium: hidden 512 (27M parameters), AdamW, about 37 minutes: a target
+    whose forward costs real compute, for speed studies (BENCHMARKS.md, "Zoo targets").
 
     The step budget is fixed per size, so a build is deterministic for its --seed on one machine and
     thread count (training runs with deterministic algorithms on); --minutes caps the wall clock.
