@@ -10,11 +10,12 @@ import importlib
 import signal
 import sys
 import warnings
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import click
 
 from specpress import __version__
+from specpress.interrupts import term_as_interrupt
 
 # name -> (module, attribute, one-line help). Only commands that exist are listed.
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     warnings.showwarning = lambda message, category, *rest: (  # type: ignore[assignment]
         click.echo(f"warning: {message}", err=True) if issubclass(category, Deprecated)
         else show(message, category, *rest))
-    previous = _term_as_interrupt()
+    previous = term_as_interrupt()
     try:
         cli.main(args=args, prog_name="specpress", standalone_mode=False)
     except SpecpressError as exc:
@@ -129,24 +130,6 @@ def main(argv: list[str] | None = None) -> None:
         warnings.showwarning = show
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-
-
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
-def _term_as_interrupt() -> Any:
-    """Handle SIGTERM (what `kill`, Slurm and container runtimes send) as Ctrl-C, so a terminated distill, sweep
-    or recovery saves its checkpoint and says how to resume instead of dying mid-write. Only where SIGTERM still
-    has its default action, and only in the main thread (signal handlers can be set nowhere else). Returns the
-    handler to restore, or None when nothing was changed."""
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        return None
-    return signal.signal(signal.SIGTERM, _raise_interrupt)
 
 
 if __name__ == "__main__":

@@ -91,7 +91,7 @@ def unit_of(module: str) -> str:
 # those; plan/ over sweep (it plans recipes); commands/ on top (Click over the library verbs: nothing below
 # imports it), and cli.py, which loads the commands by name (cli.COMMANDS), not by import.
 BOTTOM = {"__init__", "errors", "readback", "artifacts", "manifest", "checkpoint", "config", "device", "machine",
-          "limits", "optim", "ticker", "stats"}
+          "limits", "optim", "ticker", "stats", "interrupts"}
 FLOORS: dict[str, set[str]] = {
     "__init__": set(),  # specpress/__init__.py: __version__
     "errors": set(),
@@ -106,6 +106,7 @@ FLOORS: dict[str, set[str]] = {
     "optim": set(),
     "ticker": set(),
     "stats": set(),
+    "interrupts": set(),
     "models": BOTTOM,
     "zoo": BOTTOM | {"models"},  # never compress/ (it used to, for two helpers)
     "runtime": BOTTOM | {"models"},

@@ -53,6 +53,7 @@ from specpress.compress.training import (START_OVER, STATE_FILE, all_reduce_mean
 from specpress.artifacts import check_new
 from specpress.checkpoint import Periodic, save_state
 from specpress.errors import CheckpointError, RequestError
+from specpress.interrupts import held_interrupts
 from specpress.models.drafter import Drafter, target_fingerprint
 from specpress.models.drafter_io import save_drafter
 from specpress.models.target import TargetModel
@@ -240,7 +241,7 @@ class _Trainer:
         config, world, dev = self.config, self.world, self.dev
         self.student.train()
         stopped_by = "steps"
-        consistent = True  # False while an optimizer step is half-booked (weights updated, step not yet)
+        consistent = True  # False only when a second Ctrl-C cut a step in half (weights updated, step not yet)
         budget_s = config.minutes * 60 if config.minutes is not None else None
         timed = config.steps is None  # --minutes alone: the lr follows the share of the budget used
         try:
@@ -262,9 +263,10 @@ class _Trainer:
                         lr = lr_at_progress(from_rank0(int(1e6 * self.seconds / budget_s), world, dev) / 1e6, config)
                     else:
                         lr = lr_at(self.steps, self.planned, config)
-                    consistent = False
-                    self.step(lr)
-                    consistent = True
+                    with held_interrupts():  # Ctrl-C mid-step waits for the step to be booked
+                        consistent = False
+                        self.step(lr)
+                        consistent = True
                     dt = time.monotonic() - t0
                     self.seconds += dt
                     durations.append(dt)
