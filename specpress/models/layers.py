@@ -18,7 +18,7 @@ from specpress.errors import ConfigError
 
 
 class RMSNorm(nn.Module):
-    """y = x / rms(x) * weight, computed in fp32 like Llama."""
+    """y = x / rms(x) * weight, computed in fp32 like Llama (float64 stays float64)."""
 
     def __init__(self, dim: int, eps: float = 1e-6) -> None:
         super().__init__()
@@ -27,7 +27,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         dtype = x.dtype
-        x = x.float()
+        x = x.to(torch.promote_types(dtype, torch.float32))
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
 

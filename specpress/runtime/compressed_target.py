@@ -38,6 +38,7 @@ from specpress.compress.quantize.target import (
     CALIB_SEQ_LEN,
     TargetCalibration,
     TargetQuant,
+    exact_emulation,
     quantize_target,
 )
 
@@ -49,9 +50,15 @@ AGREEMENT_DEFINITION = ("prefix: mean over prompts of (leading tokens shared by 
 def compressed_copy(target: Any, tq: TargetQuant, stream: np.ndarray | None = None, *, seed: int = 0,
                     batches: int = CALIB_BATCHES) -> tuple[Any, dict[str, Any]]:
     """(a compressed copy of `target`, what was done); the float target is left as it is. `stream`: the
-    calibration token stream a spec that needs data is calibrated on ([batches, 4, 128] windows)."""
+    calibration token stream a spec that needs data is calibrated on ([batches, 4, 128] windows). A spec that
+    rounds activations or the KV cache is computed in float64 around its quantizers (`exact_emulation`), so
+    that speculative decoding against it is checked exactly against its own plain decoding."""
     q = copy.deepcopy(target)
-    return q.eval(), compress_in_place(q, tq, stream, seed=seed, batches=batches)
+    summary = compress_in_place(q, tq, stream, seed=seed, batches=batches)
+    if tq.rounds_activations:
+        exact_emulation(q)
+        summary["compute_dtype"] = "float64"
+    return q.eval(), summary
 
 
 def compress_in_place(target: Any, tq: TargetQuant, stream: np.ndarray | None = None, *, seed: int = 0,

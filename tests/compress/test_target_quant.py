@@ -128,6 +128,45 @@ def test_kv_cache_fp8_rounds_the_cache_only(target):
     assert isinstance(q2.new_cache(8), Fp8KVCache)
 
 
+@torch.no_grad()
+def shape_gap(model: TargetModel, ids: torch.Tensor) -> float:
+    """The largest logit difference between one many-token forward (a verify pass's shape) and a prefill plus
+    one-token cached steps (plain decoding's) over the same tokens."""
+    whole = model(ids, cache=model.new_cache(ids.shape[1])).logits
+    return float((whole - decode_logits(model, ids)).abs().max())
+
+
+@pytest.mark.parametrize("spec", ["fp8", "int8:activations=dynamic", "nvfp4:activations=static", "none:kv=fp8"])
+def test_exact_emulation_makes_both_kernel_shapes_agree(target, calibration, spec):
+    """A spec that rounds activations (or the KV cache), computed in float64 around its fp32-input quantizers:
+    the verify shape and the decode shape agree to float64 rounding, where in fp32 they differ by rounding the
+    quantizers can amplify (the lossless check's mismatches, issue 38); and it stays the same network (its
+    float64 logits equal its fp32 ones to fp32 rounding)."""
+    from specpress.compress.quantize.target import exact_emulation
+
+    q, _ = compressed(target, spec, calibration if "static" in spec else None)
+    ids = torch.randint(1, V, (1, 40), generator=torch.Generator().manual_seed(3))
+    wide = copy.deepcopy(q)
+    exact_emulation(wide)
+    assert wide.lm_head.weight.dtype == torch.float64
+    assert all(b.dtype != torch.float64 for m in wide.modules() if isinstance(m, ReferenceLinear)
+               for b in m.quantized.buffers())  # codes and scales as quantized
+    assert shape_gap(q, ids) > 1e-9  # fp32: the two shapes round differently
+    assert shape_gap(wide, ids) < 1e-12
+    torch.testing.assert_close(decode_logits(wide, ids).float(), decode_logits(q, ids), rtol=1e-4, atol=1e-4)
+
+
+def test_compressed_copy_is_exact_only_where_values_are_rounded(target, calibration):
+    """runtime's compressed_copy widens what the lossless check needs widened, and nothing else."""
+    from specpress.runtime.compressed_target import compressed_copy
+
+    fp8, summary = compressed_copy(target, parse_target_quant("fp8"))
+    assert fp8.lm_head.weight.dtype == torch.float64 and summary["compute_dtype"] == "float64"
+    int4, summary = compressed_copy(target, parse_target_quant("int4:group=16"))
+    assert int4.lm_head.weight.dtype == torch.float32 and "compute_dtype" not in summary
+    assert target.lm_head.weight.dtype == torch.float32
+
+
 def test_calibrated_spec_needs_data_and_a_target_is_compressed_once(target, calibration):
     with pytest.raises(UsageError, match="--target-quant-data"):
         compressed(target, "nvfp4:activations=static")

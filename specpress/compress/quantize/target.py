@@ -85,6 +85,13 @@ class TargetQuant:
     def needs_data(self) -> bool:
         return self.config is not None and self.config.needs_data()
 
+    @property
+    def rounds_activations(self) -> bool:
+        """Whether values computed at run time are rounded to a coarse grid (activation quantizers, the fp8
+        KV cache): then a rounding-sized difference between two kernel shapes can move a value a whole grid
+        step, and the lossless check needs `exact_emulation`."""
+        return self.kv_cache == "fp8" or (self.config is not None and self.config.act_mode != "none")
+
     def to_dict(self) -> dict[str, Any]:
         return {"spec": self.text, "label": self.label, "kv_cache": self.kv_cache,
                 "config": None if self.config is None else self.config.to_dict()}
@@ -252,10 +259,31 @@ class ReferenceLinear(nn.Module):
             self.register_buffer("weight", quantized.dequantize(quantized.compute_dtype), persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        """x [..., K] -> [..., N] in x's dtype."""
-        x = self.quantized.prepare_input(x)
+        """x [..., K] -> [..., N] in x's dtype. A float64 x (`exact_emulation`) is rounded to fp32 first: the
+        input quantizer sees the fp32 activations a deployment computes, and two kernel shapes whose float64
+        results differ in the last bits give it the same fp32 input."""
+        wide = x.dtype == torch.float64
+        x = self.quantized.prepare_input(x.float() if wide else x)
+        if wide:
+            x = x.double()
         bias = self.quantized.bias
         return F.linear(x, self.weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
+
+
+def exact_emulation(target: nn.Module) -> None:
+    """Compute a compressed target in float64 (in place), its quantized Linears as fp32-input `ReferenceLinear`s.
+
+    Why: in fp32, one-token cached steps (plain decoding) and a many-token forward (a verify pass) round
+    differently in the last bits (1.6e-5 in the zoo target's logits), and an activation quantizer can turn that
+    into a whole grid step (up to 0.36 in the logits for fp8 W8A8, 1.02 for NVFP4 W4A4: bench/target_invariance.py),
+    so a correct speculative loop would differ from plain decoding on a few tokens. In float64 the two shapes
+    agree to ~1e-16, and every value a quantizer or the fp8 KV cache rounds is first rounded to fp32, where they
+    are equal. The codes and scales stay as quantized (in fp32); only the float arithmetic around them widens.
+    Costs about 2x the fp32 forward on CPU."""
+    quantized = [m.quantized for m in target.modules() if isinstance(m, ReferenceLinear)]
+    target.to(torch.float64)
+    for q in quantized:  # the codes' scales and the input quantizer as the scheme defines them
+        q.to(torch.float32)
 
 
 def quantize_target(target: nn.Module, tq: TargetQuant, calibration: Callable[[nn.Module], None] | None = None
