@@ -3,7 +3,6 @@ bench / run report what the compression changed against the float target."""
 
 from __future__ import annotations
 
-import copy
 import json
 
 import pytest
@@ -12,12 +11,12 @@ from click.testing import CliRunner
 from drafters_common import CONFIGS, SHAPE, V, make, randomize
 
 from specpress.cli import cli
-from specpress.compress.quantize.target import parse_target_quant, quantize_target
+from specpress.compress.quantize.target import parse_target_quant
 from specpress.models.drafter_io import save_drafter
 from specpress.models.lm import LMDrafter
 from specpress.models.target import TargetConfig, TargetModel, save_target
 from specpress.runtime.backends.torch.runner import TorchTarget, drafter_runner
-from specpress.runtime.compressed_target import greedy_agreement
+from specpress.runtime.compressed_target import compressed_copy, greedy_agreement
 from specpress.runtime.loop import speculative_generate
 from specpress.runtime.plain import decode_plain
 from specpress.runtime.policy import parse_policy
@@ -46,9 +45,8 @@ def float_target(easy: bool = False) -> TargetModel:
 
 
 def compressed(t: TargetModel, spec: str) -> TargetModel:
-    q = copy.deepcopy(t)
-    quantize_target(q, parse_target_quant(spec))
-    return q
+    """As run / bench compress it: float64 around the quantizers where the spec rounds activations."""
+    return compressed_copy(t, parse_target_quant(spec))[0]
 
 
 @pytest.fixture(scope="module")
