@@ -22,7 +22,7 @@ import torch
 
 from specpress.compress.quantize.target import parse_target_quant
 from specpress.models.target import load_target
-from specpress.runtime.compressed_target import calibration_stream, compressed_copy
+from specpress.compress.quantize.target import calibration_stream, compressed_copy
 
 
 def main() -> None:

@@ -8,7 +8,8 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from specpress.cli import COMMANDS, cli
+from specpress.cli import cli
+from specpress.commands import COMMANDS
 
 
 @pytest.mark.parametrize("args", [["--help"], ["export", "hf", "--help"]])

@@ -20,7 +20,8 @@ from click.testing import CliRunner
 from drafters_common import saved_target_and_drafter
 
 from specpress import artifacts
-from specpress.cli import COMMANDS, cli
+from specpress.cli import cli
+from specpress.commands import COMMANDS
 
 _RECORD: list[tuple[str, str, list[Path]]] | None = None  # (event, path, roots claimed then) while a case runs
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND

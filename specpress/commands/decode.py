@@ -1,5 +1,5 @@
-"""`specpress run` and `specpress bench`: the options parsed, then runtime/run_pipeline.py and
-runtime/bench_pipeline.py."""
+"""`specpress run` and `specpress bench`: the options parsed, then decode/run_pipeline.py and
+decode/bench_pipeline.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import click
 
 from specpress.commands.target_quant import target_quant_options
 from specpress.runtime.backends import READS, backends, names
-from specpress.runtime.bench_pipeline import COMPILE_WARMUP_PROMPTS  # noqa: F401 - re-exported
+from specpress.decode.bench_pipeline import COMPILE_WARMUP_PROMPTS  # noqa: F401 - re-exported
 
 TEMPERATURE = click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
                            help="0 = greedy; >0 samples from the target's (processed) distribution.")
@@ -93,7 +93,7 @@ def run(target_dir: Path, drafter_dir: Path | None, prompt: str, max_new_tokens:
       specpress run --target ~/.cache/specpress/zoo/small --drafter ./eagle3 --policy chain:4 --prompt "import os"
       specpress run --target ~/.cache/specpress/zoo/small --drafter ./eagle3 --target-quant fp8 --prompt "import os"
     """
-    from specpress.runtime.run_pipeline import run_decode, run_request, stats_line
+    from specpress.decode.run_pipeline import run_decode, run_request, stats_line
 
     req = run_request(target_dir, prompt, max_new_tokens, drafter_dir=drafter_dir, policy=policy,
                       temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, dtype=dtype, backend=backend,
@@ -180,7 +180,7 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
     from rich.console import Console
 
     from specpress.artifacts import claim_output, write_json
-    from specpress.runtime.bench_pipeline import bench_request, run_bench
+    from specpress.decode.bench_pipeline import bench_request, run_bench
 
     req = bench_request(target_dir, prompts_file, max_new_tokens, drafter_dir=drafter_dir, policy=policy,
                         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, dtype=dtype, backend=backend,
@@ -208,7 +208,7 @@ def bench(target_dir: Path, drafter_dir: Path | None, prompts_file: Path, max_ne
 def report(console, result: dict, n_prompts: int | None = None, pol=None) -> None:
     """bench's summary lines (bench_pipeline.summary_lines) on stderr, as text (no rich markup). With
     n_prompts and pol: only the measurement's lines (bench_pipeline.bench_lines), for a result without config."""
-    from specpress.runtime.bench_pipeline import bench_lines, summary_lines
+    from specpress.decode.bench_pipeline import bench_lines, summary_lines
 
     for line in summary_lines(result) if n_prompts is None else bench_lines(result, n_prompts, pol):
         console.print(line, markup=False)

@@ -38,7 +38,7 @@ def plan(json_out: Path | None, force: bool, command: tuple[str, ...]) -> None:
       specpress plan export onnx --drafter drafters/eagle3 --target ~/models/Llama-3.1-8B-Instruct --out onnx/e3
       specpress plan recipes/llama31-8b-eagle3.yaml
     """
-    from specpress.cli import COMMANDS
+    from specpress.commands import COMMANDS
     from specpress.errors import UsageError
     from specpress.plan import report
 

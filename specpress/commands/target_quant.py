@@ -1,7 +1,7 @@
 """--target-quant / --target-quant-data: the options `run`, `bench`, `distill` and `quantize` share. The steps
 taken with them live in the library and are imported here for the commands: parsing and checking the two options
 before anything loads (`parse_spec`, compress/quantize/target.py), and compressing a copy of the loaded target,
-benching the float one beside it and saying what changed (runtime/target_quant_steps.py).
+benching the float one beside it and saying what changed (decode/target_quant_steps.py).
 Torch-free at import, like every command module."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from specpress.models.quantized.names import SCHEME_WORDS
-from specpress.runtime.target_quant_steps import (  # noqa: F401  (the steps the commands take, kept beside them)
+from specpress.decode.target_quant_steps import (  # noqa: F401  (the steps the commands take, kept beside them)
     check_target_backend,
     comparison_lines,
     compress_target,

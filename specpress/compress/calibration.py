@@ -74,7 +74,7 @@ class Calibration:
                         ) -> dict[str, Any]:
         """Compress `target` in place per the TargetQuant `tq`, calibrated (when it needs data) on `tq_data`, else
         on the training tokens; returns the step's record of it (spec, label, calibration)."""
-        from specpress.runtime.compressed_target import calibration_stream, compress_in_place
+        from specpress.compress.quantize.target import calibration_stream, compress_in_place
 
         calib = calibration_stream(tq_data, target_dir, target) if tq_data else self.train
         summary = compress_in_place(target, tq, calib if tq.needs_data() else None, seed=self.seed)

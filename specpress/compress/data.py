@@ -6,6 +6,9 @@ by a seeded generator, so a run is deterministic for its seed and can resume at 
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -142,3 +145,73 @@ def data_stream(data: str | Path, tokenizer: Any | None, eos_ids: Iterable[int],
     release_memory()  # the tokenizer's freed Encodings: ~110 bytes per byte of one long text, kept otherwise
     check_ids(stream, vocab_size, data)
     return stream
+
+
+ZOO_WORDS = {"zoo-train": "train", "zoo-val": "val", "zoo:train": "train", "zoo:val": "val"}  # recipe and CLI words
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """A zoo corpus split (`zoo-train` / `zoo-val`) or a file / directory path."""
+
+    zoo_split: str | None = None
+    path: Path | None = None
+
+    def to_json(self) -> str:
+        return f"zoo-{self.zoo_split}" if self.zoo_split else str(self.path)
+
+    @classmethod
+    def parse(cls, text: str) -> "DataSource":
+        """`zoo:train`, `zoo-val`, ... or a path (a user's `~` expanded)."""
+        return cls(zoo_split=ZOO_WORDS[text]) if text in ZOO_WORDS else cls(path=Path(text).expanduser())
+
+
+def token_stream(source: DataSource, tokenizer: Any | None, eos_id: int | None, vocab_size: int,
+                 cache_dir: Path | None = None, tokenizer_tag: str = "", target: str | Path = "the target"
+                 ) -> np.ndarray:
+    """The int32 token stream of a data source (documents joined by EOS), cached under cache_dir; every id
+    is checked against the target's vocabulary here, when the sweep opens, not inside each point."""
+    key = hashlib.sha256(json.dumps({"source": source.to_json(), "tokenizer": tokenizer_tag, "eos": eos_id},
+                                    sort_keys=True, default=str).encode()).hexdigest()[:16]  # as sweeps keyed it
+    cached = cache_dir / f"tokens-{key}.npy" if cache_dir is not None else None
+    if cached is not None and cached.is_file():
+        stream = np.load(cached, mmap_mode="r")
+        check_ids(stream, vocab_size, source.to_json())
+        return stream
+    stream = _read_stream(source, tokenizer, eos_id, vocab_size, target)
+    check_ids(stream, vocab_size, source.to_json())
+    if cached is not None:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp.npy")
+        np.save(tmp, stream)
+        tmp.replace(cached)
+    return stream
+
+
+def _read_stream(source: DataSource, tokenizer: Any | None, eos_id: int | None, vocab_size: int,
+                 target: str | Path) -> np.ndarray:
+    if source.path is not None and not source.path.exists():
+        raise DataError(f"data {source.path} does not exist; fix the recipe's path (relative paths start at the "
+                        f"recipe's directory)")
+    if source.path is not None and source.path.suffix == ".jsonl" and source.path.is_file():
+        check_data_size(regular_file(source.path, DataError), f"data {source.path}")
+        try:
+            lines = source.path.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError:
+            raise DataError(f"{source.path} is not UTF-8 text; save it as UTF-8 JSON lines") from None
+        first = next((ln for ln in lines if ln.strip()), "")
+        if '"input_ids"' in first:
+            ids: list[int] = []
+            for n, line in enumerate(lines, start=1):
+                if line.strip():
+                    obj = parse_json(line, f"{source.path}:{n}", error=DataError)
+                    row = obj.get("input_ids") if isinstance(obj, dict) else None
+                    if not isinstance(row, list) or not all(isinstance(i, int) for i in row):
+                        raise DataError(f"{source.path}:{n}: \"input_ids\" must be a list of integers")
+                    ids += row + ([eos_id] if eos_id is not None else [])
+            return np.asarray(ids, dtype=np.int32)
+    if tokenizer is None:
+        raise DataError(f"data {source.to_json()} is text but the target has no tokenizer.json; give a .jsonl of "
+                        f"{{\"input_ids\": [...]}} lines instead")
+    data = f"zoo:{source.zoo_split}" if source.zoo_split is not None else source.path
+    return data_stream(data, tokenizer, () if eos_id is None else (eos_id,), vocab_size, target)  # type: ignore

@@ -1,6 +1,6 @@
-"""Decoding against a compressed target: the compressed copy, and what it changed against the float target.
+"""Decoding against a compressed target: what it changed against the float target. The compressed copy itself
+is compress/quantize/target.py's `compressed_copy`.
 
-    target_q, summary = compressed_copy(target, parse_target_quant("fp8"), stream=None)
     drift = greedy_agreement(float_outputs, compressed_outputs)
     comparison = float_comparison(compressed_result, float_result, seed)
 
@@ -24,71 +24,16 @@ target, on the same prompts:
 
 from __future__ import annotations
 
-import copy
 import statistics
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from specpress.compress.quantize.target import (
-    CALIB_BATCH,
-    CALIB_BATCHES,
-    CALIB_SEQ_LEN,
-    TargetCalibration,
-    TargetQuant,
-    exact_emulation,
-    quantize_target,
-)
 
 AGREEMENT_DEFINITION = ("prefix: mean over prompts of (leading tokens shared by the two targets' greedy "
                         "continuations) / (the longer continuation's length); exact: share of prompts with identical "
                         "continuations")
-
-
-def compressed_copy(target: Any, tq: TargetQuant, stream: np.ndarray | None = None, *, seed: int = 0,
-                    batches: int = CALIB_BATCHES) -> tuple[Any, dict[str, Any]]:
-    """(a compressed copy of `target`, what was done); the float target is left as it is. `stream`: the
-    calibration token stream a spec that needs data is calibrated on ([batches, 4, 128] windows). A spec that
-    rounds activations or the KV cache is computed in float64 around its quantizers (`exact_emulation`), so
-    that speculative decoding against it is checked exactly against its own plain decoding."""
-    q = copy.deepcopy(target)
-    summary = compress_in_place(q, tq, stream, seed=seed, batches=batches)
-    if tq.rounds_activations:
-        exact_emulation(q)
-        summary["compute_dtype"] = "float64"
-    return q.eval(), summary
-
-
-def compress_in_place(target: Any, tq: TargetQuant, stream: np.ndarray | None = None, *, seed: int = 0,
-                      batches: int = CALIB_BATCHES) -> dict[str, Any]:
-    """compressed_copy without the copy (a command that needs no float target: distill, quantize)."""
-    from specpress.compress.data import WindowSampler
-    from specpress.compress.quantize.target import needs_data_message
-    from specpress.errors import UsageError
-
-    calibration = None
-    if tq.needs_data():
-        if stream is None:
-            raise UsageError(needs_data_message(tq))
-        seq = min(CALIB_SEQ_LEN, target.config.max_position_embeddings - 1, len(stream) - 1)
-        calibration = TargetCalibration(WindowSampler(stream, seq, CALIB_BATCH, seed), batches)
-    return quantize_target(target, tq, calibration)
-
-
-def calibration_stream(data: str | Path, target_dir: str | Path, target: Any) -> np.ndarray:
-    """--target-quant-data (zoo:train, zoo:val, a text file or directory, a .jsonl of text or of input_ids)
-    -> the target's token stream, read the way sweeps read their calibration data."""
-    from specpress.models.tokenizer import load_tokenizer
-    from specpress.sweep.context import token_stream
-    from specpress.sweep.recipe import ZOO_SPLITS, DataSource
-
-    s, target_dir = str(data), Path(target_dir).expanduser()
-    source = DataSource(zoo_split=ZOO_SPLITS[s]) if s in ZOO_SPLITS else DataSource(path=Path(s).expanduser())
-    tok = load_tokenizer(target_dir) if (target_dir / "tokenizer.json").is_file() else None
-    eos = target.config.eos_ids[0] if target.config.eos_ids else None
-    return token_stream(source, tok, eos, target.config.vocab_size, target=target_dir)
 
 
 def greedy_agreement(reference: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]]) -> dict[str, Any]:

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from specpress.errors import DataError, RequestError
-from specpress.sweep.recipe import DataSource, Recipe
+from specpress.compress.data import DataSource, token_stream
+from specpress.errors import RequestError
+from specpress.sweep.recipe import Recipe
 
 if TYPE_CHECKING:
     from specpress.compress.calibration import Calibration
@@ -65,63 +66,6 @@ def resolve_target(recipe: Recipe, log: Callable[[str], None] = print) -> Path:
     if not (spec.path / "config.json").is_file():
         raise RequestError(f"target {spec.path} is not a model directory (no config.json); fix `target:` in the recipe")
     return spec.path
-
-
-def token_stream(source: DataSource, tokenizer: Any | None, eos_id: int | None, vocab_size: int,
-                 cache_dir: Path | None = None, tokenizer_tag: str = "", target: str | Path = "the target"
-                 ) -> np.ndarray:
-    """The int32 token stream of a data source (documents joined by EOS), cached under cache_dir; every id
-    is checked against the target's vocabulary here, when the sweep opens, not inside each point."""
-    from specpress.compress.data import check_ids
-
-    key = _sha({"source": source.to_json(), "tokenizer": tokenizer_tag, "eos": eos_id})
-    cached = cache_dir / f"tokens-{key}.npy" if cache_dir is not None else None
-    if cached is not None and cached.is_file():
-        stream = np.load(cached, mmap_mode="r")
-        check_ids(stream, vocab_size, source.to_json())
-        return stream
-    stream = _read_stream(source, tokenizer, eos_id, vocab_size, target)
-    check_ids(stream, vocab_size, source.to_json())
-    if cached is not None:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp.npy")
-        np.save(tmp, stream)
-        tmp.replace(cached)
-    return stream
-
-
-def _read_stream(source: DataSource, tokenizer: Any | None, eos_id: int | None, vocab_size: int,
-                 target: str | Path) -> np.ndarray:
-    from specpress.compress.data import data_stream
-
-    if source.path is not None and not source.path.exists():
-        raise DataError(f"data {source.path} does not exist; fix the recipe's path (relative paths start at the "
-                        f"recipe's directory)")
-    if source.path is not None and source.path.suffix == ".jsonl" and source.path.is_file():
-        from specpress.limits import check_data_size
-        from specpress.readback import parse_json, regular_file
-
-        check_data_size(regular_file(source.path, DataError), f"data {source.path}")
-        try:
-            lines = source.path.read_text(encoding="utf-8").splitlines()
-        except UnicodeDecodeError:
-            raise DataError(f"{source.path} is not UTF-8 text; save it as UTF-8 JSON lines") from None
-        first = next((ln for ln in lines if ln.strip()), "")
-        if '"input_ids"' in first:
-            ids: list[int] = []
-            for n, line in enumerate(lines, start=1):
-                if line.strip():
-                    obj = parse_json(line, f"{source.path}:{n}", error=DataError)
-                    row = obj.get("input_ids") if isinstance(obj, dict) else None
-                    if not isinstance(row, list) or not all(isinstance(i, int) for i in row):
-                        raise DataError(f"{source.path}:{n}: \"input_ids\" must be a list of integers")
-                    ids += row + ([eos_id] if eos_id is not None else [])
-            return np.asarray(ids, dtype=np.int32)
-    if tokenizer is None:
-        raise DataError(f"data {source.to_json()} is text but the target has no tokenizer.json; give a .jsonl of "
-                        f"{{\"input_ids\": [...]}} lines instead")
-    data = f"zoo:{source.zoo_split}" if source.zoo_split is not None else source.path
-    return data_stream(data, tokenizer, () if eos_id is None else (eos_id,), vocab_size, target)  # type: ignore
 
 
 def resolve_drafter(recipe: Recipe, target_dir: Path, log: Callable[[str], None] = print) -> Path:
@@ -233,14 +177,14 @@ class SweepContext:
     def target_for(self, label: str) -> tuple[Any, dict[str, Any] | None]:
         """(the target a run with this target label verifies with, what compressing it did; None for the
         float target): compressed copies are built once per process, calibrated on the recipe's
-        `calibration` data when their spec needs data (runtime/compressed_target.py)."""
+        `calibration` data when their spec needs data (compress/quantize/target.py `compressed_copy`)."""
         tq = self.recipe.target_spec(label)
         return (self.target, None) if tq.is_float else self.compressed(tq)
 
     def compressed(self, tq: Any) -> tuple[Any, dict[str, Any]]:
         """(the target compressed per `tq`, the summary), built once per process (by label)."""
         if tq.label not in self._targets:
-            from specpress.runtime.compressed_target import compressed_copy
+            from specpress.compress.quantize.target import compressed_copy
 
             stream = self.stream(self.recipe.calibration) if tq.needs_data() else None
             self._targets[tq.label] = compressed_copy(self.target, tq, stream, seed=self.recipe.seed)

@@ -48,6 +48,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from specpress.compress.data import ZOO_WORDS, DataSource
 from specpress.errors import ConfigError, UsageError
 from specpress.runtime import backends
 from specpress.sweep.executors import parse_executor
@@ -59,19 +60,7 @@ TOP_KEYS = ("version", "name", "description", "target", "drafter", "grid", "poli
             "agreement_data", "tolerate_failures", "executor", "target_quant", "search")
 REQUIRED = ("target", "drafter", "grid", "prompts")
 DTYPES = ("fp32", "bf16", "fp16")
-ZOO_SPLITS = {"zoo-train": "train", "zoo-val": "val", "zoo:train": "train", "zoo:val": "val"}  # CLI spelling too
 BUNDLED = Path(__file__).resolve().parent.parent / "recipes"  # package data: `specpress sweep quickstart`
-
-
-@dataclass(frozen=True)
-class DataSource:
-    """A zoo corpus split (`zoo-train` / `zoo-val`) or a file / directory path."""
-
-    zoo_split: str | None = None
-    path: Path | None = None
-
-    def to_json(self) -> str:
-        return f"zoo-{self.zoo_split}" if self.zoo_split else str(self.path)
 
 
 @dataclass(frozen=True)
@@ -235,8 +224,8 @@ def _path(v: Any, where: str, base: Path) -> Path:
 
 def _data(v: Any, where: str, base: Path) -> DataSource:
     s = _str(v, where)
-    if s in ZOO_SPLITS:
-        return DataSource(zoo_split=ZOO_SPLITS[s])
+    if s in ZOO_WORDS:
+        return DataSource(zoo_split=ZOO_WORDS[s])
     if s.startswith("zoo"):
         raise ConfigError(f"{where}: {s!r} is not a zoo split; use zoo-train, zoo-val (or zoo:train, zoo:val) "
                           "or a path")

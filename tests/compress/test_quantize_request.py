@@ -75,12 +75,12 @@ def test_readme_python_api_names_import():
     section = README.read_text().split("### Python API", 1)[1].split("\n## ", 1)[0]
     names = set(re.findall(r"`(specpress(?:\.\w+)+)\.(\w+)[(`]", section))
     names |= {("specpress.sweep.pipeline", "run_sweep"),  # named bare, after the dotted name of their module
-              ("specpress.runtime.run_pipeline", "run_decode"), ("specpress.runtime.run_pipeline", "stats_line"),
+              ("specpress.decode.run_pipeline", "run_decode"), ("specpress.decode.run_pipeline", "stats_line"),
               ("specpress.compress.regen_pipeline", "report_lines"), ("specpress.export.pipeline", "target_export"),
               ("specpress.export.pipeline", "onnx_lines"), ("specpress.export.pipeline", "target_lines"),
               ("specpress.models.inspect_report", "inspect_lines"), ("specpress.plan.report", "recipe_plans_to"),
               ("specpress.plan.report", "plan_lines"), ("specpress.plan.report", "recipe_lines")}
-    assert {("specpress.sweep.pipeline", "sweep_request"), ("specpress.runtime.run_pipeline", "run_request"),
+    assert {("specpress.sweep.pipeline", "sweep_request"), ("specpress.decode.run_pipeline", "run_request"),
             ("specpress.compress.regen_pipeline", "regenerate_from_dirs"),
             ("specpress.export.pipeline", "onnx_export"), ("specpress.export.trt.pipeline", "engines_from_onnx"),
             ("specpress.export.hf.pipeline", "hf_export"), ("specpress.models.inspect_report", "inspect_to"),

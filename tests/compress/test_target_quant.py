@@ -158,7 +158,7 @@ def test_exact_emulation_makes_both_kernel_shapes_agree(target, calibration, spe
 
 def test_compressed_copy_is_exact_only_where_values_are_rounded(target, calibration):
     """runtime's compressed_copy widens what the lossless check needs widened, and nothing else."""
-    from specpress.runtime.compressed_target import compressed_copy
+    from specpress.compress.quantize.target import compressed_copy
 
     fp8, summary = compressed_copy(target, parse_target_quant("fp8"))
     assert fp8.lm_head.weight.dtype == torch.float64 and summary["compute_dtype"] == "float64"

@@ -15,7 +15,7 @@ from rich.console import Console
 from specpress.errors import UsageError
 from specpress.models.drafter_io import save_drafter
 from specpress.models.target import save_target
-from specpress.runtime.bench_pipeline import (
+from specpress.decode.bench_pipeline import (
     bench_from_dirs,
     bench_request,
     summary_lines,

@@ -11,12 +11,12 @@ from click.testing import CliRunner
 from drafters_common import CONFIGS, SHAPE, V, make, randomize
 
 from specpress.cli import cli
-from specpress.compress.quantize.target import parse_target_quant
+from specpress.compress.quantize.target import compressed_copy, parse_target_quant
 from specpress.models.drafter_io import save_drafter
 from specpress.models.lm import LMDrafter
 from specpress.models.target import TargetConfig, TargetModel, save_target
 from specpress.runtime.backends.torch.runner import TorchTarget, drafter_runner
-from specpress.runtime.compressed_target import compressed_copy, greedy_agreement
+from specpress.runtime.compressed_target import greedy_agreement
 from specpress.runtime.loop import speculative_generate
 from specpress.runtime.plain import decode_plain
 from specpress.runtime.policy import parse_policy

@@ -85,10 +85,10 @@ def test_every_point_runs_on_every_target_losslessly(done):
     assert recs["base", "fp8-dyn-kv8"]["target_agreement"] == recs["int8", "fp8-dyn-kv8"]["target_agreement"]
     assert recs["base", "int4-g8-gptq"]["target_quant_summary"]["calibration"]["windows"] == 32
     # the drift compares the plain greedy decodes the benches made (kept under cache/), the targets' own
-    from specpress.compress.quantize.target import parse_target_quant
+    from specpress.compress.quantize.target import compressed_copy, parse_target_quant
     from specpress.models.target import load_target
     from specpress.runtime.backends.torch.runner import TorchTarget
-    from specpress.runtime.compressed_target import compressed_copy, greedy_agreement
+    from specpress.runtime.compressed_target import greedy_agreement
     from specpress.runtime.plain import decode_plain
     from specpress.runtime.prompts import load_prompts
 

@@ -38,10 +38,13 @@ target's (fp32 accumulation: lossless at temperature 0).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -335,3 +338,44 @@ def target_label(target: nn.Module) -> str:
     """The label of the compression a loaded target carries (`float` when none)."""
     tq = getattr(target, "target_quant", None)
     return FLOAT_LABEL if tq is None else tq.label
+
+
+def compressed_copy(target: Any, tq: TargetQuant, stream: np.ndarray | None = None, *, seed: int = 0,
+                    batches: int = CALIB_BATCHES) -> tuple[Any, dict[str, Any]]:
+    """(a compressed copy of `target`, what was done); the float target is left as it is. `stream`: the
+    calibration token stream a spec that needs data is calibrated on ([batches, 4, 128] windows). A spec that
+    rounds activations or the KV cache is computed in float64 around its quantizers (`exact_emulation`), so
+    that speculative decoding against it is checked exactly against its own plain decoding."""
+    q = copy.deepcopy(target)
+    summary = compress_in_place(q, tq, stream, seed=seed, batches=batches)
+    if tq.rounds_activations:
+        exact_emulation(q)
+        summary["compute_dtype"] = "float64"
+    return q.eval(), summary
+
+
+def compress_in_place(target: Any, tq: TargetQuant, stream: np.ndarray | None = None, *, seed: int = 0,
+                      batches: int = CALIB_BATCHES) -> dict[str, Any]:
+    """compressed_copy without the copy (a command that needs no float target: distill, quantize)."""
+    from specpress.compress.data import WindowSampler
+
+    calibration = None
+    if tq.needs_data():
+        if stream is None:
+            raise UsageError(needs_data_message(tq))
+        seq = min(CALIB_SEQ_LEN, target.config.max_position_embeddings - 1, len(stream) - 1)
+        calibration = TargetCalibration(WindowSampler(stream, seq, CALIB_BATCH, seed), batches)
+    return quantize_target(target, tq, calibration)
+
+
+def calibration_stream(data: str | Path, target_dir: str | Path, target: Any) -> np.ndarray:
+    """--target-quant-data (zoo:train, zoo:val, a text file or directory, a .jsonl of text or of input_ids)
+    -> the target's token stream, read the way sweeps read their calibration data."""
+    from specpress.compress.data import DataSource, token_stream
+    from specpress.models.tokenizer import load_tokenizer
+
+    target_dir = Path(target_dir).expanduser()
+    source = DataSource.parse(str(data))
+    tok = load_tokenizer(target_dir) if (target_dir / "tokenizer.json").is_file() else None
+    eos = target.config.eos_ids[0] if target.config.eos_ids else None
+    return token_stream(source, tok, eos, target.config.vocab_size, target=target_dir)

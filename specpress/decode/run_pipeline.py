@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specpress.runtime.bench_pipeline import (
+from specpress.decode.bench_pipeline import (
     DecodeOptions,
     check_compile,
     check_drafter_dir,
@@ -69,7 +69,7 @@ def run_request(target_dir: str | Path, prompt: str, max_new_tokens: int = 64, *
     options to change.
     """
     from specpress.compress.quantize.target import parse_spec
-    from specpress.runtime.target_quant_steps import check_target_backend
+    from specpress.decode.target_quant_steps import check_target_backend
 
     drafter_dir = None if drafter_dir is None else Path(drafter_dir)
     check_compile(compile_drafter, drafter_dir, backend)
@@ -98,7 +98,7 @@ def run_decode(req: RunRequest, *, echo: Callable[[str], None] | None = None) ->
     from specpress.runtime.policy import parse_policy
     from specpress.runtime.prompts import encode, max_context
     from specpress.runtime.sampling import SamplingParams
-    from specpress.runtime.target_quant_steps import compress_target, greedy_drift
+    from specpress.decode.target_quant_steps import compress_target, greedy_drift
 
     echo = echo if echo is not None else (lambda m: print(m, file=sys.stderr))
     r, tq = req, req.target_quant

@@ -121,7 +121,7 @@ def bench_request(target_dir: str | Path, prompts_file: str | Path, max_new_toke
     options to change.
     """
     from specpress.compress.quantize.target import parse_spec
-    from specpress.runtime.target_quant_steps import check_target_backend
+    from specpress.decode.target_quant_steps import check_target_backend
 
     drafter_dir = None if drafter_dir is None else Path(drafter_dir)
     compare_dir = None if compare_dir is None else Path(compare_dir)
@@ -155,7 +155,7 @@ def run_bench(req: BenchRequest, *, console: Any = None) -> dict[str, Any]:
     from rich.console import Console
     from rich.progress import Progress
 
-    from specpress.runtime.target_quant_steps import compress_target, float_reference
+    from specpress.decode.target_quant_steps import compress_target, float_reference
     from specpress.machine import LoadMeter, load_warning
     from specpress.runtime.backends import drafter_bytes
     from specpress.runtime.bench import (
@@ -286,7 +286,7 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     cfg = result["config"]
     lines = bench_lines(result, cfg["prompts"], cfg["policy"])
     if "target_quant" in cfg:
-        from specpress.runtime.target_quant_steps import comparison_lines
+        from specpress.decode.target_quant_steps import comparison_lines
 
         lines += comparison_lines(result)
     return lines

@@ -12,7 +12,7 @@ from typing import Any
 def compress_target(target: Any, target_dir: Path, tq: Any, data: str | None, seed: int,
                     echo: Callable[[str], None]) -> tuple[Any, dict[str, Any]]:
     """(a compressed copy of the loaded target, what was done), with one summary line on `echo`."""
-    from specpress.runtime.compressed_target import calibration_stream, compressed_copy
+    from specpress.compress.quantize.target import calibration_stream, compressed_copy
 
     stream = calibration_stream(data, target_dir, target) if tq.needs_data() and data is not None else None
     q, summary = compressed_copy(target, tq, stream, seed=seed)
