@@ -75,7 +75,9 @@ def dense_weight(head: nn.Module, dtype: torch.dtype = torch.float32) -> Tensor:
 
 
 def factorise(weight: Tensor, rank: int, cov: Tensor | None = None, damp: float = 1e-4) -> tuple[Tensor, Tensor]:
-    """Rank-`rank` factors (down [R, in], up [out, R]) of weight [out, in], in float32.
+    """Rank-`rank` factors (down [R, in], up [out, R]) of weight [out, in], in float32, contiguous (the layout a
+    saved head loads in, so a factorised drafter computes the same before and after a save: a transposed view
+    takes another matmul kernel, which rounds differently).
 
     cov: the inputs' second moment E[x xᵀ] [in, in] (activation-aware), damped by `damp` x its mean diagonal;
     None: plain truncated SVD (the best rank-R approximation in Frobenius norm)."""
@@ -83,14 +85,14 @@ def factorise(weight: Tensor, rank: int, cov: Tensor | None = None, damp: float 
     if cov is None:
         u, s, vh = torch.linalg.svd(w, full_matrices=False)
         root = s[:rank].sqrt()
-        return (root[:, None] * vh[:rank]).float(), (u[:, :rank] * root).float()
+        return (root[:, None] * vh[:rank]).float().contiguous(), (u[:, :rank] * root).float().contiguous()
     c = cov.detach().double().cpu()
     c = c + damp * c.diagonal().mean().clamp_min(1e-12) * torch.eye(c.shape[0], dtype=c.dtype)
     chol = torch.linalg.cholesky(c)  # C = L Lᵀ
     u, s, vh = torch.linalg.svd(w @ chol, full_matrices=False)
     root = s[:rank].sqrt()
     down = torch.linalg.solve_triangular(chol, root[:, None] * vh[:rank], upper=False, left=False)  # √S·Vh·L⁻¹
-    return down.float(), (u[:, :rank] * root).float()
+    return down.float().contiguous(), (u[:, :rank] * root).float().contiguous()
 
 
 def shared_head_logits(x: Tensor, target_head: Tensor, target_ids: Tensor) -> Tensor:
