@@ -18,6 +18,7 @@ from specpress import __version__
 from specpress.commands import COMMANDS
 from specpress.interrupts import term_as_interrupt
 
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)
