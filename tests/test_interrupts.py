@@ -16,10 +16,13 @@ from specpress.interrupts import held_interrupts, raise_interrupt
 
 @pytest.fixture
 def term_raises():
-    """SIGTERM handled as cli.main handles it (as Ctrl-C) for the test, then put back."""
-    old = signal.signal(signal.SIGTERM, raise_interrupt)
+    """SIGTERM handled as cli.main handles it (as Ctrl-C) and SIGINT as Python's default (a job started in the
+    background inherits SIGINT ignored) for the test, then both put back."""
+    old = {signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
+           signal.SIGTERM: signal.signal(signal.SIGTERM, raise_interrupt)}
     yield
-    signal.signal(signal.SIGTERM, old)
+    for sig, handler in old.items():
+        signal.signal(sig, handler)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -52,8 +55,14 @@ def test_no_interrupt_no_exception_and_handlers_are_kept(term_raises):
 
 
 def test_a_signal_that_would_not_interrupt_is_left_alone():
-    """SIGTERM with its default action (a library caller, not the CLI) is not turned into an interrupt here."""
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    with held_interrupts():
-        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-        assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    """SIGTERM with its default action (a library caller, not the CLI) and an ignored SIGINT (a background job)
+    are not turned into interrupts here."""
+    old = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),
+           signal.SIGTERM: signal.signal(signal.SIGTERM, signal.SIG_DFL)}
+    try:
+        with held_interrupts():
+            assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
