@@ -19,13 +19,27 @@ from specpress.models.drafter import Drafter
 from specpress.models.target import TargetModel
 
 
+# Windows scored at once by `agreement`: the teacher signals and the loss's draft logits of a slice of the batch
+# are what it holds (about 135 MB a window at a 32k draft vocabulary and 128 tokens), whatever the batch.
+AGREEMENT_ROW_BYTES = 128 * 2 ** 20
+
+
 def batch_loss(target: TargetModel, drafter: Drafter, ids: Tensor, config: DistillConfig, *, step: int = 0,
-               teacher: Drafter | None = None, train: bool = False) -> LossOut:
-    """The family loss on windows ids [B, T] (random draws from (config.seed, step)); grads not cleared."""
+               teacher: Drafter | None = None, train: bool = False,
+               shard: tuple[int, int] | None = None) -> LossOut:
+    """The family loss on windows ids [B, T] (random draws from (config.seed, step)); grads not cleared.
+    shard: (first row, global batch) when `ids` are rows of a larger batch (its draws are sliced, not redrawn)."""
     batch = target_signals(target, ids.to(target.lm_head.weight.device), needed_taps(drafter, teacher),
                            draft_vocab(drafter))
-    ctx = LossContext(drafter, batch, config, step_generator(config.seed, step), teacher, train)
+    ctx = LossContext(drafter, batch, config, step_generator(config.seed, step), teacher, train, shard)
     return get_loss(drafter.family)(ctx)
+
+
+def agreement_rows(drafter: Drafter, seq_len: int) -> int:
+    """Windows `agreement` scores at once: as many as keep what one window costs it (about 32 bytes per
+    draft-vocabulary entry and position, measured at the Llama-3.2-1B shape) under AGREEMENT_ROW_BYTES."""
+    vocab = getattr(drafter.config, "draft_vocab_size", None) or drafter.config.vocab_size
+    return max(1, AGREEMENT_ROW_BYTES // (32 * vocab * seq_len))
 
 
 def eval_config(drafter: Drafter, sampler: WindowSampler, ttt_steps: int | None = None) -> DistillConfig:
@@ -49,9 +63,13 @@ def agreement(target: TargetModel, drafter: Drafter, sampler: WindowSampler, bat
     hits = counts = None
     try:
         for i in range(batches):
-            out = batch_loss(target, drafter, sampler.batch_at(first_step + i), cfg, step=first_step + i)
-            hits = out.hits if hits is None else hits + out.hits
-            counts = out.counts if counts is None else counts + out.counts
+            ids = sampler.batch_at(first_step + i)
+            rows = agreement_rows(drafter, ids.shape[1])
+            for lo in range(0, ids.shape[0], rows):  # slices of one batch: the same draws, sums of the same counts
+                out = batch_loss(target, drafter, ids[lo:lo + rows], cfg, step=first_step + i,
+                                 shard=(lo, ids.shape[0]))
+                hits = out.hits if hits is None else hits + out.hits
+                counts = out.counts if counts is None else counts + out.counts
     finally:
         drafter.train(was)
     assert hits is not None and counts is not None

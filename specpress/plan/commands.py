@@ -107,6 +107,7 @@ def _gptq_groups(names: list[str]) -> list[list[str]]:
 
 @planner("quantize")
 def plan_quantize(p: dict[str, Any]) -> Plan:
+    from specpress.compress.agreement import agreement_rows
     from specpress.compress.quantize.api import select_modules
     from specpress.compress.quantize.calibrate import default_calib_batches
     from specpress.models.quantized.configs import GPTQSettings
@@ -120,7 +121,7 @@ def plan_quantize(p: dict[str, Any]) -> Plan:
     phases: dict[str, dict[str, int]] = {}
     holds = {"drafter": d.held}
     work: dict[str, Any] = {"target_forwards": 0, "target_tokens": 0}
-    common = {"drafter": d.held, "originals (for SQNR)": 4 * q_params, "codes": 2 * q_params}
+    common = {"drafter": d.held, "codes": 2 * q_params}  # the SQNR reads the replaced Linears, not copies
     t = None
     if p.get("target_dir") is not None:
         t = target_facts(p["target_dir"], p.get("target_dtype", "bf16"))
@@ -128,9 +129,10 @@ def plan_quantize(p: dict[str, Any]) -> Plan:
         holds["target"] = t.bytes
         evals = p.get("eval_batches", 4)
         if evals:
+            rows = min(b, agreement_rows(d.model, n))  # the windows agreement scores at once
             phases["agreement"] = {"target": t.bytes, "drafter": d.held, "data": data_bytes(p.get("data_path")),
-                                   "target forward": forward_bytes(t, b, n, False, d.taps) + HEAD_BLOCK,
-                                   "signals + loss": b * n * (vd * 12 + d.model.config.hidden_size * 20)}
+                                   "target forward": forward_bytes(t, rows, n, False, d.taps) + HEAD_BLOCK,
+                                   "signals + loss": rows * n * (vd * 32 + d.model.config.hidden_size * 20)}
         work["target_forwards"] += 2 * evals
         work["target_tokens"] += 2 * evals * b * n
     phase = {**({"target": t.bytes} if t else {}), **common}

@@ -48,6 +48,35 @@ INT_FLOORS = [(8, None, True, 41.0), (8, None, False, 41.0), (4, 32, True, 20.5)
               (4, 128, True, 19.0), (4, 32, False, 21.3), (4, 64, False, 20.3), (4, 128, False, 19.4)]
 
 
+def test_round_floats_rounds_every_float_in_place_in_blocks_or_whole():
+    """round_floats rounds a block at a time where it can (past one block of 2**20 here) and a non-contiguous
+    tensor whole: every float ends as its bfloat16 value, in its own dtype and storage."""
+    from specpress.compress.quantize.api import round_floats
+
+    m = nn.Module()
+    m.big = nn.Parameter(weight((1100, 1000)))
+    m.strided = nn.Parameter(weight((64, 48), seed=2).t())  # not contiguous
+    want = {k: v.detach().to(torch.bfloat16).float() for k, v in m.state_dict().items()}
+    ptrs = {k: v.data_ptr() for k, v in m.state_dict().items()}
+    assert not torch.equal(want["big"], m.big.detach())
+    round_floats(m, torch.bfloat16)
+    for k, v in m.state_dict().items():
+        assert v.dtype == torch.float32 and v.data_ptr() == ptrs[k] and torch.equal(v, want[k]), k
+
+
+def test_sqnr_in_blocks_is_the_whole_tensor_formula():
+    """sqnr sums float64 a block at a time (a large Linear never gets whole float64 copies): same value as the
+    formula over the whole tensor, across a block edge, and inf when nothing changed."""
+    import math
+
+    ref = weight((1030, 1100))  # 1,133,000 elements: past one block of 2**20
+    approx = ref + 1e-3 * weight((1030, 1100), seed=1)
+    r, a = ref.double(), approx.double()
+    whole = 10 * math.log10(r.pow(2).sum().item() / (r - a).pow(2).sum().item())
+    assert P.sqnr(ref, approx) == pytest.approx(whole, rel=1e-12)
+    assert P.sqnr(ref, ref.clone()) == math.inf
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("bits,group_size,symmetric,floor", INT_FLOORS)
 def test_int_sqnr_floor(shape, bits, group_size, symmetric, floor):
