@@ -109,6 +109,9 @@ def apply_step(ctx: SweepContext, drafter: Any, step: Step, work: Path | None = 
         rec = replace(rec, seed=ctx.recipe.seed)
         sources = source_weights(drafter, select_modules(drafter, cfg)[0])
     quantize(drafter, cfg, calibration, float_dtype=ctx.stored_dtype())
+    # as `specpress quantize` records it: inspect reads the artifact's float dtype (and prices a shared head's
+    # rows in it) from here, not from its quantizer scales' dtype
+    update_step(drafter, float_dtype=str(ctx.stored_dtype()).removeprefix("torch."))
     if calibration is not None:
         update_step(drafter, calibration=cal.record(calibration, step.calib_inputs()),
                     **({"target_quant": {"spec": tq.text, "label": tq.label}} if tq is not None else {}))

@@ -32,12 +32,14 @@ def test_sweep_measures_low_rank_and_shared_heads(tmp_path):
               "policies": ["dynamic:depth=3,topk=2,budget=6"], "calibration": "ids.jsonl", "float_dtype": "bf16",
               "agreement_data": "ids.jsonl", "agreement_batches": 1,
               "grid": [{"prune": {"head_rank": [3, 8]}}, {"prune": {"share_head": True}},
-                       {"chain": [{"prune": {"head_rank": 8}}, int4]}]}
+                       {"chain": [{"prune": {"head_rank": 8}}, int4]},
+                       {"chain": [{"prune": {"share_head": True}}, {"quantize": {"scheme": "int4", "group_size": 4}}]}]}
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
     res = CliRunner().invoke(cli, ["sweep", str(tmp_path / "recipe.yaml"), "--out", str(tmp_path / "out")])
     assert res.exit_code == 0, (res.output, res.exception)
     recs = {r["point"]: r for r in read_results(tmp_path / "out")}
-    assert set(recs) == {"base", "headrank3", "headrank8", "sharedhead", "headrank8+int4-g4-inc_lm_head"}
+    assert set(recs) == {"base", "headrank3", "headrank8", "sharedhead", "headrank8+int4-g4-inc_lm_head",
+                         "sharedhead+int4-g4"}
     assert all(r["status"] == "ok" and r["lossless_mismatches"] == 0 for r in recs.values())
     assert all(r["paired"] is not None for p, r in recs.items() if p != "base")
     h, vd = 32, 24
@@ -47,6 +49,9 @@ def test_sweep_measures_low_rank_and_shared_heads(tmp_path):
     assert recs["headrank8"]["bytes"] - recs["headrank3"]["bytes"] == 2 * 5 * (h + vd)
     assert recs["headrank8"]["params"] == recs["base"]["params"] - h * vd + 8 * (h + vd)
     assert recs["sharedhead"]["shared_bytes"] == head16 and recs["headrank8"]["shared_bytes"] == 0
+    # a quantized point records the float dtype it stores (bf16 here; its int4 scales are fp32): the shared head's
+    # rows are priced in it, as for the float point
+    assert recs["sharedhead+int4-g4"]["dtype"] == "bfloat16" and recs["sharedhead+int4-g4"]["shared_bytes"] == head16
     assert recs["headrank8+int4-g4-inc_lm_head"]["bytes"] < recs["headrank8"]["bytes"]
     md = (tmp_path / "out" / "table.md").read_text()
     header = next(line for line in md.splitlines() if line.startswith("| point"))
