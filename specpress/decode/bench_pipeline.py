@@ -29,9 +29,9 @@ def loop_target(target_backend: str, target, target_dir: Path, dtype: str, compi
     """The target the loop calls: the torch target, or the --target-backend's runner over what it reads
     (an ONNX export made on demand)."""
     from specpress.export.ondemand import target_input
-    from specpress.runtime.backends import load_target_runner
+    from specpress.runtime.backends import get_backend, load_target_runner
 
-    if compile_target and target_backend != "torch":
+    if compile_target and not get_backend(target_backend).modules:
         raise UsageError(f"--compile-target compiles the torch target; drop it with --target-backend {target_backend}")
     return load_target_runner(target_backend, target_input(target_backend, target_dir, dtype, progress=warn,
                                                           target=target), target)
@@ -56,9 +56,11 @@ def check_drafter_dir(backend: str, drafter_dir: Path | None, flag: str = "--dra
 
 
 def check_compile(compile_drafter: bool, drafter_dir: Path | None, backend: str = "torch") -> None:
+    from specpress.runtime.backends import get_backend
+
     if compile_drafter and drafter_dir is None:
         raise UsageError("--compile compiles the drafter; pass --drafter too (plain decoding stays eager)")
-    if compile_drafter and backend != "torch":
+    if compile_drafter and not get_backend(backend).modules:
         raise UsageError(f"--compile compiles a torch drafter's forward; the {backend} backend runs its own "
                                "graph: drop --compile or use --backend torch")
 
@@ -166,6 +168,7 @@ def run_bench(req: BenchRequest, *, console: Any = None) -> dict[str, Any]:
     )
     from specpress.runtime.compile import compile_errors
     from specpress.runtime.compile import compile_target as compile_target_fn
+    from specpress.runtime.backends import get_backend
     from specpress.runtime.policy import parse_policy
     from specpress.runtime.sampling import SamplingParams
     from specpress.ticker import LogTicker, bar_columns
@@ -191,7 +194,7 @@ def run_bench(req: BenchRequest, *, console: Any = None) -> dict[str, Any]:
         config["provider"] = drafter.provider  # what actually executed the drafter
     if r.compare_dir is not None:
         compare = load_drafter_runner(r.compare_backend, r.compare_dir, target, strict=r.strict, warn=warn,
-                                      compile_drafter=r.compile_drafter and r.compare_backend == "torch",
+                                      compile_drafter=r.compile_drafter and get_backend(r.compare_backend).modules,
                                       target_dir=r.target_dir)
         config["compare"] = {"drafter": str(r.compare_dir), "backend": r.compare_backend,
                              "provider": compare.provider}

@@ -65,10 +65,11 @@ def greedy_drift(float_target: Any, ids: Any, max_new_tokens: int, tokens: list[
 def check_target_backend(tq: Any, target_backend: str, compile_target: bool) -> None:
     """A compressed target runs on torch, eager."""
     from specpress.errors import UsageError
+    from specpress.runtime.backends import get_backend
 
     if tq is None:
         return
-    if target_backend != "torch":
+    if not get_backend(target_backend).modules:
         raise UsageError(f"--target-quant compresses the torch target; --target-backend {target_backend} runs the "
                          f"float target's export: drop one of them")
     if compile_target:

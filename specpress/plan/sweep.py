@@ -12,6 +12,7 @@ import torch
 from specpress.errors import RequestError
 from specpress.plan import ORT_SESSIONS, DrafterFacts, Plan, base_bytes, drafter_facts, kv_bytes, target_facts
 from specpress.plan.commands import plan_distill, plan_prune, plan_quantize
+from specpress.runtime.backends import get_backend
 
 
 def _target_dir(recipe: Any) -> Path:
@@ -68,7 +69,7 @@ def plan_sweep(arg: str | Path) -> list[Plan]:
         d = drafter_facts(ddir)
     prompts = recipe.prompts.heldout_n or _lines(recipe.prompts.path)
     runs = len(recipe.policies or (None,)) * len(recipe.temperatures) * len(recipe.backends)
-    onnx = any(b != "torch" for b in recipe.backends)
+    onnx = any(get_backend(b).reads != "drafter" for b in recipe.backends)
     bench_tokens = prompts * recipe.max_new_tokens * runs * 2  # each prompt decoded plainly and speculatively
     calib = _data(recipe.calibration)
     for point in recipe.points:

@@ -159,3 +159,23 @@ def test_the_loop_imports_no_backend():
     torch_runner = ast.parse((PACKAGE / "torch" / "runner.py").read_text())
     assert not [n for n in ast.walk(torch_runner)
                 if isinstance(n, ast.ImportFrom) and n.module == "specpress.runtime.bench"]
+
+
+def test_compile_and_target_quant_follow_the_modules_trait_not_a_name(monkeypatch, tmp_path):
+    """--compile, --compile-target and --target-quant need a backend that runs specpress's torch modules: the
+    checks read the registry's `modules` trait, so a new module-running backend passes them without an edit
+    and a graph backend is refused by its own name."""
+    from specpress.decode.bench_pipeline import check_compile
+    from specpress.decode.target_quant_steps import check_target_backend
+    from specpress.errors import UsageError
+
+    assert [b.name for b in registry().values() if b.modules] == ["torch"]
+    monkeypatch.setitem(registry(), "eager2", Backend("eager2", "specpress_never_imported", "drafter", "n/a",
+                                                      modules=True))
+    check_compile(True, tmp_path, "eager2")
+    check_target_backend(object(), "eager2", compile_target=False)
+    for name in ("onnxruntime", "tensorrt"):
+        with pytest.raises(UsageError, match=f"the {name} backend runs its own graph"):
+            check_compile(True, tmp_path, name)
+        with pytest.raises(UsageError, match=f"--target-backend {name} runs the float target's export"):
+            check_target_backend(object(), name, compile_target=False)

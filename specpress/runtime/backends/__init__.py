@@ -5,7 +5,8 @@ Every subpackage of this package is one backend and registers one `Backend` in i
 imports neither torch nor the backend's library: `--help` lists the choices without loading any of them.
 The descriptor names what `--drafter` must point at (`reads`), the module that loads runners (imported
 when a runner is loaded; an ImportError then comes back with the backend's install hint), whether it
-runs the target too, and how the drafter's bytes are counted (`size`). The runner module defines
+runs the target too, whether it runs the torch modules themselves (`modules`: what --compile and
+--target-quant need), and how the drafter's bytes are counted (`size`). The runner module defines
 
     load_runner(path: Path, target: TargetModel, device: torch.device, **opts) -> a drafter runner
     target_runner(path: Path, model: TargetModel) -> TargetRunner      (runs_target; path: what it reads)
@@ -51,6 +52,8 @@ class Backend:
     install_hint: str  # shown (with the ImportError) when the module or its library cannot be imported
     size: Callable[[Path], int] = files_bytes  # bytes of the drafter at `path` as this backend reads it
     runs_target: bool = False  # the module's target_runner runs the target (--target-backend)
+    modules: bool = False  # runs specpress's torch modules themselves: --compile / --compile-target and an
+    # emulated compressed target (--target-quant) apply to it; other backends run a graph of their own
 
 
 _REGISTRY: dict[str, Backend] = {}

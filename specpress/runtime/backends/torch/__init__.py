@@ -13,5 +13,5 @@ def _bytes(path: Path) -> int:
 
 
 BACKEND = register(Backend(
-    "torch", f"{__name__}.runner", reads="drafter", size=_bytes, runs_target=True,
+    "torch", f"{__name__}.runner", reads="drafter", size=_bytes, runs_target=True, modules=True,
     install_hint="torch is a core dependency of specpress: reinstall it with `pip install specpress`"))
