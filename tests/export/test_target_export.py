@@ -49,6 +49,32 @@ def test_export_is_validated_and_described(target_export, target):
     assert 0.97 * 4 * params <= data <= 4 * params and rep.bytes == data + (out / m.file).stat().st_size
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_a_tied_head_reads_the_embedding_where_it_lies(tmp_path, target, dtype):
+    """Tied embeddings (Llama-3.2-1B, Qwen3-0.6B...): the head is a Gemm with transB over the stored embedding,
+    written once. A Transpose of a weight would have onnxruntime fold a transposed copy at load (V x H; in fp32
+    at the 1B shape 0.98 GiB held, and more while folding); the export still validates against torch."""
+    import dataclasses
+
+    import onnx
+
+    from drafters_common import randomize
+    from specpress.models.target import TargetModel
+
+    torch.manual_seed(0)
+    tied = randomize(TargetModel(dataclasses.replace(target.config, tie_word_embeddings=True)), 1)
+    assert tied.lm_head.weight.data_ptr() == tied.model.embed_tokens.weight.data_ptr()
+    rep = export_target(tied, tmp_path / "tied", TargetExportOptions(dtype=dtype))
+    assert rep.decode["differ"] == 0
+    m = load_target_manifest(tmp_path / "tied")
+    params = sum(p.numel() for p in tied.parameters())  # counts the shared embedding once
+    assert (tmp_path / "tied" / m.data_file).stat().st_size <= {"fp32": 4, "fp16": 2}[dtype] * params
+    graph = onnx.load(str(tmp_path / "tied" / m.file), load_external_data=False).graph
+    weights = {t.name for t in graph.initializer}
+    assert not [n for n in graph.node if n.op_type == "Transpose" and set(n.input) & weights]
+    assert any(n.op_type == "Gemm" and n.input[1] in weights for n in graph.node)
+
+
 def test_runner_returns_what_the_torch_target_returns(target_export, target):
     """A prefill then a tree step with taps, through OnnxTarget and through torch, from empty caches."""
     ot = load_target_runner(target_export[0])
