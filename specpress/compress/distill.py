@@ -28,6 +28,7 @@ checkpoints and the artifact. A sharded run equals the single-process run up to 
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import statistics
 import time
@@ -319,10 +320,7 @@ class _Trainer:
 
 def _eval_cfg(config: DistillConfig, sampler: WindowSampler) -> DistillConfig:
     """The training config, on the evaluation sampler's windows (no teacher term: teacher=None there)."""
-    d = config.to_dict()
-    d.pop("version")
-    d.update(batch=sampler.batch, seq_len=sampler.seq_len, seed=sampler.seed)
-    return DistillConfig(**d)
+    return dataclasses.replace(config, batch=sampler.batch, seq_len=sampler.seq_len, seed=sampler.seed)
 
 
 def distill_from_dirs(target_dir: str | Path, config: DistillConfig, data_path: str | Path, out: str | Path, *,

@@ -299,10 +299,12 @@ def dflash_loss(ctx: LossContext) -> LossOut:
         per = F.cross_entropy(q.float().flatten(0, 2), lab.flatten(), reduction="none").view_as(src)
     else:
         per = soft_ce_logits(q, z)
-    if cfg.tv_weight:  # DSpark's loss: CE mixed with the L1 distance of the distributions (2 x total variation)
+    # the family's options (dflash's DFlashOptions); a family without them trains with CE only and DFlash's gamma
+    tv_weight, gamma = getattr(cfg.options, "tv_weight", 0.0), getattr(cfg.options, "gamma", None)
+    if tv_weight:  # DSpark's loss: CE mixed with the L1 distance of the distributions (2 x total variation)
         tv = (F.softmax(q.float(), dim=-1) - F.softmax(z.float(), dim=-1)).abs().sum(-1)
-        per = (1 - cfg.tv_weight) * per + cfg.tv_weight * tv
-    gamma = cfg.gamma if cfg.gamma is not None else dflash_gamma(bk)
+        per = (1 - tv_weight) * per + tv_weight * tv
+    gamma = gamma if gamma is not None else dflash_gamma(bk)
     w = torch.exp(-torch.arange(bk - 1, dtype=torch.float32, device=q.device) / gamma)  # k = 1.. -> e^{-(k-1)/g}
     loss = (per * w).sum(-1).mean() / w.sum()
     if ctx.teacher is not None:

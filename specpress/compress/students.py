@@ -47,9 +47,9 @@ def student_config(config: "DistillConfig", t: TargetConfig, teacher: Drafter | 
     shape = dict(vocab_size=t.vocab_size, hidden_size=hidden, intermediate_size=config.ffn or t.intermediate_size,
                  num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim, rms_norm_eps=t.rms_norm_eps,
                  max_position_embeddings=t.max_position_embeddings, rope=t.rope)
-    spec = StudentSpec(layers=config.layers, draft_vocab=config.draft_vocab, taps=config.taps,
-                       block_size=config.block_size, mask_token_id=config.mask_token_id,
-                       markov_rank=config.markov_rank)
+    assert config.options is not None  # resolved on construction
+    spec = StudentSpec(layers=config.layers, draft_vocab=config.draft_vocab, block_size=config.block_size,
+                       mask_token_id=config.mask_token_id, **config.options.student_spec())  # taps, markov_rank
     return fam.student(shape, spec, t, teacher.config if teacher is not None else None)
 
 

@@ -27,7 +27,8 @@ from torch import Tensor, nn
 from specpress.errors import ConfigError, RequestError
 from specpress.models import forced
 from specpress.models.drafter import Drafter, LlamaDrafterConfig, as_int_tuple, register_family
-from specpress.models.family import Detection, DistillDefaults, StudentSpec
+from specpress.models.family import (Detection, DistillDefaults, DistillOptions, StudentSpec, positive_option,
+                                     taps_option)
 from specpress.models.kv import KVCache
 from specpress.models.layers import MLP, RMSNorm, Rotary, apply_rotary, attention, resolve_mask, resolve_positions
 from specpress.models.target import TargetAttention, TargetConfig
@@ -301,6 +302,27 @@ def student_config(shape: Mapping[str, Any], spec: StudentSpec, target: TargetCo
                         markov_rank=spec.markov_rank or 0)
 
 
+@dataclass(frozen=True)
+class DFlashOptions(DistillOptions):
+    """dflash's distill options. taps: the target taps fused (None = the published spread over the layers);
+    gamma: the block loss's decay, position k weighs e^{-(k-1)/gamma} (None = DFlash's published value for the
+    block size); markov_rank: DSpark's sequential Markov head of this rank (None = none); tv_weight: per
+    position (1 - w)·CE + w·||p_draft - p_target||_1 (DSpark's loss at w = 0.9; 0 = CE only)."""
+
+    taps: tuple[int, ...] | None = None
+    gamma: float | None = None
+    markov_rank: int | None = None
+    tv_weight: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "taps", taps_option(self.taps))
+        tv = self.tv_weight
+        if not isinstance(tv, (int, float)) or isinstance(tv, bool) or not 0 <= tv <= 1:
+            raise ConfigError(f"distill config field 'tv_weight' must be a number in [0, 1], found {tv!r}")
+        positive_option("gamma", self.gamma)
+        positive_option("markov_rank", self.markov_rank, integer=True)
+
+
 # measured on the zoo (BENCHMARKS.md, DFlash recipe): tau 3.27 at block:8 in 10 minutes on target-regenerated
 # data (6,144 + 12,288 sequences), against about 2.0 with the defaults on the corpus
 MEASURED = {"markov_rank": 128, "lr": 3e-3, "optimizer": "muon", "gamma": 1.0, "minutes": 10.0}
@@ -310,7 +332,7 @@ register_family(
     "dflash", DFlashConfig, DFlashDrafter, read_config, write_config,
     session="block", policies=("block",), default_policy="block:8",
     teacher_forced=forced.block, loss="block",
-    distill=DistillDefaults(options=("taps", "tv_weight", "gamma", "markov_rank"), measured=MEASURED,
+    distill=DistillDefaults(options=DFlashOptions, measured=MEASURED,
                             regenerate=REGENERATE,
                             published="DFlash: random anchors, the block mask, CE weighted by exp(-(k-1)/gamma) "
                                       "with gamma 7/5/4 for blocks of 16/10/8, AdamW, clip 1.0"),

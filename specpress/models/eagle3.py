@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from specpress.errors import CheckpointError, ConfigError, RequestError
 from specpress.models import forced
 from specpress.models.drafter import Drafter, LlamaDrafterConfig, as_int_tuple, register_family
-from specpress.models.family import Detection, DistillDefaults, StudentSpec
+from specpress.models.family import Detection, DistillDefaults, DistillOptions, StudentSpec, taps_option
 from specpress.models.heads import check_rank, make_head, shared_head_logits
 from specpress.models.io import load_into
 from specpress.models.kv import KVCache
@@ -309,12 +309,23 @@ def student_config(shape: Mapping[str, Any], spec: StudentSpec, target: TargetCo
     return Eagle3Config(**shape, draft_vocab_size=n, target_layer_ids=spec.taps)
 
 
+@dataclass(frozen=True)
+class Eagle3Options(DistillOptions):
+    """eagle3's distill options. taps: the target taps the student fuses (HF hidden_states indices, L = the
+    final normed hidden; None = the published 2, L//2, L-3)."""
+
+    taps: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "taps", taps_option(self.taps))
+
+
 register_family(
     "eagle3", Eagle3Config, Eagle3Drafter, read_config, write_config,
     session="feature", policies=("chain", "tree", "dynamic"), default_policy="chain:4",
     teacher_forced=forced.chain, loss="chain",
     # lr 2e-3 with Muon were measured here (chain:4 tau 3.32 / 3.34 against 3.05 with AdamW 1e-3, BENCHMARKS.md)
-    distill=DistillDefaults(lr=2e-3, optimizer="muon", grad_clip=0.5, ttt_steps=3, options=("taps",),
+    distill=DistillDefaults(lr=2e-3, optimizer="muon", grad_clip=0.5, ttt_steps=3, options=Eagle3Options,
                             published="EAGLE-3: training-time test, step weights 0.8^i, clip 0.5 (paper: 7 steps, "
                                       "AdamW lr 5e-5); the lr 2e-3 / Muon defaults were measured better here"),
     prunable=("heads", "ffn", "vocab", "head_rank", "share_head"), draft_vocab="reduced", student=student_config,

@@ -10,7 +10,9 @@ Everything outside models/ that depends on the family reads it from here, never 
                   scoring and quantization calibration run it through
   loss            the name of its distillation loss ("chain", "block", "lm"; compress/losses.py maps names
                   to functions)
-  distill         its distillation defaults (DistillDefaults) and the family-only options it takes
+  distill         its distillation defaults (DistillDefaults) and the class of the family-only options it takes
+                  (a DistillOptions subclass defined in its own module: eagle3's taps, dflash's taps, gamma,
+                  markov_rank and tv_weight)
   prunable        the structured pruning stages it supports ("ffn", "heads", "layers", "vocab", and for a
                   family that owns its head "head_rank": a low-rank draft head, and with a reduced draft
                   vocabulary "share_head": the target's head rows instead), its layer stack's module path and
@@ -38,6 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping
 
+from specpress.errors import ConfigError
 from specpress.models.forced import TeacherForced
 from specpress.models.target import ARCHITECTURES as DECODERS
 
@@ -49,9 +52,50 @@ POLICY_KINDS = ("chain", "tree", "dynamic", "mtp", "block")
 LOSSES = ("chain", "block", "lm")
 PRUNE_STAGES = ("layers", "heads", "ffn", "vocab", "head_rank", "share_head")
 DRAFT_VOCABS = ("target", "reduced", "own")
-DISTILL_OPTIONS = ("taps", "tv_weight", "gamma", "markov_rank")  # DistillConfig fields only some families take
 STEP_WEIGHTS = ("decay", "mean")
 OPTIMIZERS = ("adamw", "muon")
+
+
+@dataclass(frozen=True)
+class DistillOptions:
+    """The distill options only some families take, held by DistillConfig as `options`; this base takes none.
+
+    A family that takes some subclasses it in its own module (a frozen dataclass, every field defaulted to
+    "not set", values checked in __post_init__ with a ConfigError naming the field) and names the class in its
+    DistillDefaults(options=...). DistillConfig's record (to_dict) writes the fields flat beside its own, and
+    an option given to a family whose class lacks it is refused naming the families that take it.
+    """
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    def student_spec(self) -> dict[str, Any]:
+        """What these options ask of distill's fresh student: their fields that are StudentSpec fields."""
+        spec = {f.name for f in fields(StudentSpec)}
+        return {n: getattr(self, n) for n in self.names() if n in spec}
+
+
+def taps_option(taps: Any) -> tuple[int, ...] | None:
+    """A `taps` option checked: None, or a non-empty list of layer indices >= 0 (a JSON list becomes a tuple)."""
+    if taps is None:
+        return None
+    if isinstance(taps, (str, bytes)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in taps):
+        raise ConfigError(f"config field 'taps' must be a list of integers, found {taps!r}")
+    if not taps or min(taps) < 0:
+        raise ConfigError(f"distill config field 'taps' must be a non-empty list of layer indices >= 0, "
+                          f"found {taps!r}")
+    return tuple(taps)
+
+
+def positive_option(name: str, v: Any, *, integer: bool = False) -> None:
+    """Refuse an option that is set (not None) and not a positive number (with `integer`, a positive int)."""
+    if v is None:
+        return
+    kind = int if integer else (int, float)
+    if not isinstance(v, kind) or isinstance(v, bool) or not v > 0:
+        raise ConfigError(f"distill config field {name!r} must be a positive {'integer' if integer else 'number'}, "
+                          f"found {v!r}")
 
 
 @dataclass(frozen=True)
@@ -61,8 +105,8 @@ class DistillDefaults:
     lr / optimizer / grad_clip: the defaults; ttt_steps: unrolled draft steps of the chain loss (None = one
     per draft module, read from the drafter or --layers); step_weights: weight of unrolled step i, "decay"
     (step_decay^i, EAGLE-3) or "mean" (1/K, DeepSeek's MTP); feature_regression: each step also regresses the
-    target's next feature (feature_weight SmoothL1 + ce_weight CE, feature noise on the inputs: EAGLE-1); options: the family-only DistillConfig fields
-    it accepts. published: what the defaults follow (paper or reference code); measured: flags measured
+    target's next feature (feature_weight SmoothL1 + ce_weight CE, feature noise on the inputs: EAGLE-1); options: the class of the
+    family-only options it takes (DistillOptions: none). published: what the defaults follow (paper or reference code); measured: flags measured
     better than the defaults on the zoo (BENCHMARKS.md), and `regenerate`: the target-regenerated data
     they were measured on (RegenConfig fields), {} when the defaults are the best known.
     """
@@ -73,7 +117,7 @@ class DistillDefaults:
     ttt_steps: int | None = 1
     step_weights: str = "decay"
     feature_regression: bool = False
-    options: tuple[str, ...] = ()
+    options: type[DistillOptions] = DistillOptions
     published: str = ""
     measured: Mapping[str, Any] = field(default_factory=dict)
     regenerate: Mapping[str, Any] = field(default_factory=dict)
@@ -83,9 +127,10 @@ class DistillDefaults:
             raise ValueError(f"distill optimizer {self.optimizer!r}: must be one of {', '.join(OPTIMIZERS)}")
         if self.step_weights not in STEP_WEIGHTS:
             raise ValueError(f"step_weights {self.step_weights!r}: must be one of {', '.join(STEP_WEIGHTS)}")
-        bad = sorted(set(self.options) - set(DISTILL_OPTIONS))
-        if bad:
-            raise ValueError(f"distill options {bad}: known ones are {', '.join(DISTILL_OPTIONS)}")
+        opts = self.options
+        if not (isinstance(opts, type) and issubclass(opts, DistillOptions)
+                and getattr(opts, "__dataclass_params__", None) is not None and opts.__dataclass_params__.frozen):
+            raise ValueError(f"distill options {opts!r}: must be a frozen dataclass subclassing DistillOptions")
 
 
 @dataclass(frozen=True)
@@ -206,8 +251,8 @@ class Family:
                 raise ValueError(f"family {self.name!r}: {what} must be a function")
 
     def takes(self, option: str) -> bool:
-        """Whether distill's family-only `option` (DISTILL_OPTIONS) applies to this family."""
-        return option in self.distill.options
+        """Whether distill's family-only `option` (a field of its DistillOptions class) applies to this family."""
+        return option in self.distill.options.names()
 
 
 STORAGE = ("name", "config_cls", "model_cls", "reader", "writer")

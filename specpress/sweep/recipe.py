@@ -249,11 +249,11 @@ def _drafter(v: Any, base: Path) -> DrafterSpec:
         return DrafterSpec(path=_path(v, "drafter", base))
     from dataclasses import fields
 
-    from specpress.compress.config import DistillConfig
+    from specpress.compress.config import DistillConfig, record_keys
     from specpress.compress.regen import RegenConfig
 
     body = _keys(v, "drafter", ("distill",), ("distill",))["distill"]
-    allowed = ("data", "regenerate", *(f.name for f in fields(DistillConfig)), "version")
+    allowed = ("data", "regenerate", *record_keys(), "version")  # the family options flat, as in a record
     d = _keys(body, "drafter.distill", allowed, ("family",))
     data = _data(d.pop("data", "zoo-train"), "drafter.distill.data", base)
     regen = d.pop("regenerate", None)

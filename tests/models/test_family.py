@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ast
 import json
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from drafters_common import CONFIGS, IDS, make, tiny_target
-from specpress.compress.config import DistillConfig
+from specpress.compress.config import DistillConfig, record_keys
 from specpress.compress.importance import calibration_signals, fit, layer_stack, make_probes
 from specpress.compress.losses import LOSSES, LossContext, chain_loss, get_loss
 from specpress.compress.quantize.api import quantize
@@ -28,7 +28,8 @@ from specpress.models.drafter import (BUILTIN_FAMILIES, build_drafter, families_
                                       register_family, unregister_family)
 from specpress.models.drafter_io import detect_family, read_drafter_config, save_drafter
 from specpress.models.eagle import EagleConfig, EagleDrafter
-from specpress.models.family import REQUIRED_TRAITS, TRAITS, Detection, DistillDefaults, StudentSpec
+from specpress.models.family import (REQUIRED_TRAITS, TRAITS, Detection, DistillDefaults, DistillOptions,
+                                    StudentSpec, positive_option)
 from specpress.models.forced import input_features
 from specpress.models.target import TargetConfig, TargetModel
 from specpress.runtime.backends.torch.runner import drafter_runner
@@ -113,8 +114,9 @@ def test_every_builtin_family_supplies_every_trait(name, target):
     assert fam.distill.published  # where its distill defaults come from
     check_policy(name, parse_policy(fam.default_policy))  # the runtime runs its default policy
     assert fam.loss in LOSSES and get_loss(name) is LOSSES[fam.loss]
-    distill_fields = {f.name for f in fields(DistillConfig)}
-    assert set(fam.distill.options) <= distill_fields
+    assert issubclass(fam.distill.options, DistillOptions)
+    assert set(fam.distill.options.names()) <= set(record_keys())  # a recipe or a record may spell each one
+    assert type(DistillConfig(family=name, steps=1).options) is fam.distill.options
     c = DistillConfig(family=name, steps=1)
     assert (c.lr, c.optimizer, c.resolved_grad_clip()) == (fam.distill.lr, fam.distill.optimizer, fam.distill.grad_clip)
     d = make(name, target)
@@ -160,6 +162,42 @@ def test_a_toy_family_runs_through_every_consumer(toy, target):
     drafter_forward(d, ids, batch.hidden, batch.taps)
     with pytest.raises(RequestError, match=r"toy drafters have a single layer \(a toy\)"):
         layer_stack(d)
+
+
+@dataclass(frozen=True)
+class ToyOptions(DistillOptions):
+    """A toy family's own distill option, unknown to every built-in family."""
+
+    sharpness: float | None = None
+
+    def __post_init__(self) -> None:
+        positive_option("sharpness", self.sharpness)
+
+
+def test_a_family_brings_its_own_distill_options():
+    """The options class is the family's: held as config.options, recorded flat after the shared fields, read
+    back by from_dict and a recipe, refused by name on a family that does not take it, and gone with the family."""
+    _register_toy(distill=DistillDefaults(lr=5e-4, options=ToyOptions))
+    try:
+        c = DistillConfig(family="toy", steps=1, options=ToyOptions(sharpness=2.0))
+        assert c.options.sharpness == 2.0 and get_family("toy").takes("sharpness")
+        d = c.to_dict()
+        assert list(d)[-1] == "sharpness" and d["sharpness"] == 2.0 and d["taps"] is None
+        assert DistillConfig.from_dict(json.loads(json.dumps(d))) == c
+        assert "sharpness" in record_keys()
+        with pytest.raises(ConfigError, match="'sharpness' must be a positive number, found -1"):
+            DistillConfig.from_dict({**d, "sharpness": -1})
+        with pytest.raises(ConfigError, match="'sharpness' applies to toy drafters, not eagle3"):
+            DistillConfig.from_dict({"family": "eagle3", "steps": 1, "sharpness": 2.0})
+        with pytest.raises(ConfigError, match="toy's options are ToyOptions, found Eagle3Options"):
+            DistillConfig(family="toy", steps=1, options=DistillConfig(family="eagle3", steps=1).options)
+        with pytest.raises(ValueError, match="must be a frozen dataclass subclassing DistillOptions"):
+            DistillDefaults(options=dict)  # type: ignore[arg-type]
+    finally:
+        unregister_family("toy")
+    assert "sharpness" not in record_keys()
+    with pytest.raises(ConfigError, match="unknown key"):
+        DistillConfig.from_dict({"family": "eagle3", "steps": 1, "sharpness": 2.0})
 
 
 def test_a_toy_family_goes_through_export_hf(toy, target, tmp_path):
