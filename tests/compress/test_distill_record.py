@@ -1,8 +1,8 @@
 """DistillConfig's record is pinned: to_dict() is the provenance of every distilled drafter, the resume key
 of its checkpoints and (hashed) the sweep's distilled-drafter cache key (~/.cache/specpress/drafters/), so a
 change to how the config is held inside must not move one byte of it. The expected records are literals
-written from the flat config of 2026-12-07, before the family options move into classes of their own (issue 36
-§2, not yet done)."""
+written from the flat config of 2026-12-07, before the family options moved into classes of their own
+(Eagle3Options, DFlashOptions: issue 36 §2); they held unchanged across that move."""
 
 from __future__ import annotations
 
