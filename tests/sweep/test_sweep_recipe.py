@@ -13,6 +13,7 @@ from specpress.sweep.recipe import BUNDLED, TOP_KEYS, load_recipe, parse_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
+BENCH_RECIPES = sorted((REPO / "bench").glob("*.yaml"))  # the studies BENCHMARKS.md quotes
 MINIMAL = {"target": "target", "drafter": "drafter", "prompts": "p.jsonl", "grid": [{"quantize": {"scheme": "int8"}}]}
 
 
@@ -21,7 +22,7 @@ def parse(tmp_path: Path, **changes) -> object:
     return parse_recipe({k: v for k, v in obj.items() if v is not None}, tmp_path, tmp_path / "r.yaml")
 
 
-@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", RECIPES + BENCH_RECIPES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_shipped_recipe_loads(path):
     import warnings
 
