@@ -139,3 +139,28 @@ def test_zoo_build_refuses_an_existing_target_without_force(tmp_path):
     res = run_main("zoo", "build", "--out", out)
     assert res.exit_code == 1 and "already holds a zoo target; pass --force" in res.stderr
     assert "--force" in run_main("zoo", "build", "--help").stdout
+
+
+def _commands(group, path=()):
+    import click
+
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        cmd = group.get_command(ctx, name)
+        yield (*path, name), cmd
+        if isinstance(cmd, click.Group):
+            yield from _commands(cmd, (*path, name))
+
+
+def test_every_help_text_is_indented_as_one_block():
+    """A docstring line that starts at column 0 (a continuation written flush left) makes the common
+    indent 0, and --help then prints the rest with the source's indent inside its sentences."""
+    from specpress.cli import cli
+
+    flush, n = [], 0
+    for path, cmd in _commands(cli):
+        n += 1
+        doc = (cmd.callback.__doc__ if cmd.callback is not None else None) or ""
+        lines = doc.splitlines()[1:]
+        flush += [f"{' '.join(path)}: {line[:40]!r}" for line in lines if line.strip() and not line[0].isspace()]
+    assert n > 10 and not flush, flush
