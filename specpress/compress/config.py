@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import inspect
-from dataclasses import InitVar, dataclass, fields
+from dataclasses import InitVar, dataclass
 from typing import Any, ClassVar, Mapping
 
 from specpress.errors import ConfigError
 from specpress.config import config_kwargs
-from specpress.models.drafter import families_phrase, families_where, family_names, get_family
+from specpress.models.drafter import families_phrase, family_names, get_family
 from specpress.models.family import DistillOptions, Family
 
 # the family options every version-1 record writes for every family, with the value it reads when the family
@@ -209,14 +209,11 @@ def record_keys() -> tuple[str, ...]:
 
 
 def _unset(name: str, v: Any) -> bool:
-    """Whether option `name` given as `v` means "not set": None, or the value a family taking it defaults to."""
+    """Whether option `name` given as `v` means "not set": None, or for a name every version-1 record writes,
+    the value it writes for a family that does not take it."""
     if v is None:
         return True
-    if name in RECORD_OPTIONS:
-        return v == RECORD_OPTIONS[name] and not isinstance(v, bool)
-    defaults = [next(x.default for x in fields(get_family(f).distill.options) if x.name == name)
-                for f in families_where(lambda f: f.takes(name))]
-    return any(v == d and type(v) is type(d) for d in defaults)
+    return name in RECORD_OPTIONS and v == RECORD_OPTIONS[name] and not isinstance(v, bool)
 
 
 def _resolve_options(fam: Family, options: DistillOptions | None, flat: Mapping[str, Any]) -> DistillOptions:

@@ -26,9 +26,8 @@ from torch import Tensor, nn
 
 from specpress.errors import ConfigError, RequestError
 from specpress.models import forced
-from specpress.models.drafter import Drafter, LlamaDrafterConfig, as_int_tuple, register_family
-from specpress.models.family import (Detection, DistillDefaults, DistillOptions, StudentSpec, positive_option,
-                                     taps_option)
+from specpress.models.drafter import Drafter, LlamaDrafterConfig, as_int_tuple, register_family, taps_option
+from specpress.models.family import Detection, DistillDefaults, DistillOptions, StudentSpec, positive_option
 from specpress.models.kv import KVCache
 from specpress.models.layers import MLP, RMSNorm, Rotary, apply_rotary, attention, resolve_mask, resolve_positions
 from specpress.models.target import TargetAttention, TargetConfig

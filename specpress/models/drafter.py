@@ -176,6 +176,16 @@ def as_int_tuple(v: Any, name: str) -> tuple[int, ...] | None:
     return tuple(v)
 
 
+def taps_option(taps: Any) -> tuple[int, ...] | None:
+    """A distill `taps` option checked: None, or a non-empty list of layer indices >= 0 (a JSON list becomes a
+    tuple)."""
+    checked = as_int_tuple(taps, "taps")
+    if checked is not None and (not checked or min(checked) < 0):
+        raise ConfigError(f"distill config field 'taps' must be a non-empty list of layer indices >= 0, "
+                          f"found {taps!r}")
+    return checked
+
+
 def target_fingerprint(cfg: TargetConfig, model: "TargetModel | None" = None) -> dict[str, Any]:
     """What a drafter records about the target it was built for: dims, a hash of its config and, with
     the model, a hash of its final norm and head weights (tells apart two trainings of one config)."""

@@ -31,8 +31,8 @@ from torch import Tensor, nn
 
 from specpress.errors import CheckpointError, ConfigError, RequestError
 from specpress.models import forced
-from specpress.models.drafter import Drafter, LlamaDrafterConfig, as_int_tuple, register_family
-from specpress.models.family import Detection, DistillDefaults, DistillOptions, StudentSpec, taps_option
+from specpress.models.drafter import Drafter, LlamaDrafterConfig, as_int_tuple, register_family, taps_option
+from specpress.models.family import Detection, DistillDefaults, DistillOptions, StudentSpec
 from specpress.models.heads import check_rank, make_head, shared_head_logits
 from specpress.models.io import load_into
 from specpress.models.kv import KVCache

@@ -76,18 +76,6 @@ class DistillOptions:
         return {n: getattr(self, n) for n in self.names() if n in spec}
 
 
-def taps_option(taps: Any) -> tuple[int, ...] | None:
-    """A `taps` option checked: None, or a non-empty list of layer indices >= 0 (a JSON list becomes a tuple)."""
-    if taps is None:
-        return None
-    if isinstance(taps, (str, bytes)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in taps):
-        raise ConfigError(f"config field 'taps' must be a list of integers, found {taps!r}")
-    if not taps or min(taps) < 0:
-        raise ConfigError(f"distill config field 'taps' must be a non-empty list of layer indices >= 0, "
-                          f"found {taps!r}")
-    return tuple(taps)
-
-
 def positive_option(name: str, v: Any, *, integer: bool = False) -> None:
     """Refuse an option that is set (not None) and not a positive number (with `integer`, a positive int)."""
     if v is None:
