@@ -14,6 +14,8 @@ without prepacking then holds a graph's weights once, as file pages touched when
 
 from __future__ import annotations
 
+import collections
+import copy
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -124,6 +126,7 @@ class Graph:
         self.shared: set[str] = set()  # initializers borrowed from the target (written once, beside the graphs)
         self._n = 0
         self._consts: dict[tuple, str] = {}
+        self._exposed: list[tuple[str, str]] = []  # (value, graph output name), in output order
 
     def fresh(self, hint: str) -> str:
         self._n += 1
@@ -136,9 +139,10 @@ class Graph:
         return name
 
     def output(self, name: str, value: str, elem: int, shape: Sequence[Dim]) -> None:
-        """Expose `value` as graph output `name` (an Identity when the names differ)."""
-        if value != name:
-            self.nodes.append(helper.make_node("Identity", [value], [name]))
+        """Expose `value` as graph output `name`. model() renames the node output `value` to `name`; an input,
+        an initializer or a value exposed twice goes through an Identity instead (which copies it on every
+        call in onnxruntime: the presents of a 17-layer graph were 17 copies of the whole cache)."""
+        self._exposed.append((value, name))
         self.outputs.append(helper.make_tensor_value_info(name, elem, list(shape)))
 
     # -- values ------------------------------------------------------------------------------------
@@ -228,8 +232,24 @@ class Graph:
 
     # -- assembly ----------------------------------------------------------------------------------
 
+    def _named_outputs(self) -> list[onnx.NodeProto]:
+        """The nodes with each exposed value renamed to its output name where that is safe (see output())."""
+        produced = {v for n in self.nodes for v in n.output}
+        times = collections.Counter(v for v, _ in self._exposed)
+        rename = {v: name for v, name in self._exposed if v != name and v in produced and times[v] == 1}
+        nodes = []
+        for n in self.nodes:
+            if rename and any(v in rename for v in (*n.input, *n.output)):
+                n = copy.deepcopy(n)
+                n.input[:] = [rename.get(v, v) for v in n.input]
+                n.output[:] = [rename.get(v, v) for v in n.output]
+            nodes.append(n)
+        return nodes + [helper.make_node("Identity", [v], [name]) for v, name in self._exposed
+                        if v != name and v not in rename]
+
     def model(self, producer: str = "specpress") -> onnx.ModelProto:
-        graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, initializer=self.inits)
+        graph = helper.make_graph(self._named_outputs(), self.name, self.inputs, self.outputs,
+                                  initializer=self.inits)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in self.domains.items()],
                                   functions=list(self.functions.values()), producer_name=producer)
         model.ir_version = min(model.ir_version, 11)  # onnxruntime 1.2x reads IR <= 11
