@@ -23,6 +23,15 @@ cache layers, recorded in manifest.json, which is all the backends read) and the
 `fuse` graph (for validation). Exporting a new family means one builder and one register_export call (from
 any module: nothing here lists the families); the other facts export needs come from the family's traits
 (models/family.py: draft vocabulary, session kind).
+
+Why these graphs are written here rather than traced from the torch modules by torch.onnx.export(dynamo=True)
+(bench/onnx_dynamo.py; BENCHMARKS.md, "Hand-built graphs against torch.onnx"): on the float graphs both give the
+same numbers and, since the norms are written in the form onnxruntime fuses, the same onnxruntime speed (dynamo
+÷ hand-built 0.96-1.02), and TensorRT for RTX builds both. The tracer cannot do four things these graphs need:
+write a tied head without a Transpose of the embedding (onnxruntime folds a second copy at load), write the
+target's embedding and head once for every graph of an export, lower a quantized Linear's stored codes
+(export/quant/) or emit the TreeAttention plugin node, without a custom translation for each. The parity tests
+(onnxruntime against torch, per family and scheme) are what keeps the two copies of each network one network.
 """
 
 from __future__ import annotations
