@@ -1,7 +1,7 @@
-"""The hand-built ONNX graphs of export/families.py against torch.onnx.export(dynamo=True) of the same torch
+"""The hand-built ONNX graphs of export/families/ against torch.onnx.export(dynamo=True) of the same torch
 module, in one run (issue 36: should each network be generated from torch instead of written twice?).
 
-Cases: `lm` - the target's forward (the lm family's graph and `export target`'s, export/families.py
+Cases: `lm` - the target's forward (the lm family's graph and `export target`'s, export/families/lm.py
 causal_lm) on --target; `eagle3` - an EAGLE-3 drafter's `step` graph (fed-back g) on --drafter, when given.
 Both graphs are built in the standard attention form (ONNX Attention, opset 23) at --dtype, with the same
 input and output names, so one feed runs both. The dynamo export runs the torch module itself through a

@@ -34,7 +34,7 @@ from specpress import __version__
 from specpress.artifacts import atomic_dir
 from specpress.errors import UsageError
 from specpress.export.context import Ctx
-from specpress.export.families import causal_lm
+from specpress.export.families.lm import causal_lm
 from specpress.export.graph import ExternalData, Graph
 from specpress.export.onnx import DTYPES, require_onnxruntime, session_options, tensor_specs
 from specpress.export.rounds import NEAR_TIE_REL, round_prompts

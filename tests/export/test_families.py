@@ -1,5 +1,5 @@
-"""The export descriptors (export/families.py EXPORTS, each family's registered by register_export) and the
-graph roles they write to manifest.json."""
+"""The export descriptors (EXPORTS of export/families/, each family's module registering its own with
+register_export) and the graph roles they write to manifest.json."""
 
 from __future__ import annotations
 
