@@ -107,6 +107,25 @@ def test_export_builds(family, attention, quant, tmp_path):
     assert json.loads((tmp_path / "engines" / "manifest.json").read_text()) == manifest
 
 
+
+@pytest.mark.parametrize("family", ["eagle3", "lm"])
+def test_an_fp32_export_in_the_standard_form_builds(family, tmp_path):
+    """TensorRT for RTX 1.7.1 has no fused fp32 Attention kernel: the default export (fp32, standard form) failed
+    in Myelin until the builder let each IAttention decompose where no fused kernel exists (2026-12-07)."""
+    try:
+        load_tensorrt("tensorrt_rtx")
+    except TensorRTUnavailable as exc:
+        pytest.skip(f"TensorRT for RTX is not installed ({exc})")
+    main = _export_cli()
+    tdir, ddir = _saved_pair(family, tmp_path)
+    _ok(main, ["export", "onnx", "--drafter", str(ddir), "--target", str(tdir), "--out", str(tmp_path / "onnx"),
+               "--attention", "standard", "--dtype", "fp32"])
+    manifest = build_engines(tmp_path / "onnx", tmp_path / "engines",
+                             BuildOptions(budget=Budget(max_tree=32, max_context=128), targets=("sm89",)),
+                             echo=lambda _m: None)
+    assert sum(e["attention_layers"] for e in manifest["engines"].values()) > 0
+    assert all((tmp_path / "engines" / f"{name}.engine").stat().st_size > 0 for name in manifest["engines"])
+
 # Activations quantized (W8A8): the TensorRT form (inputs.py) must build. What TensorRT for RTX 1.7.1.116 refused
 # before that form existed (2026-12-02): a Cast to FP8 ("has datatype FP8 but is not produced by ...
 # IQuantizeLayer"), and a MatMul whose activation Q/DQ scale was float32 beside fp16 weight scales (Myelin

@@ -146,6 +146,19 @@ def _check_zero_points(path: Path) -> None:
             f"--symmetric for TensorRT (onnxruntime runs the asymmetric export as it is)")
 
 
+def _decomposable_attention(trt: Any, outputs: list[Any]) -> int:
+    """Let every parsed IAttention fall back to several kernels where TensorRT has no fused one; return how many.
+
+    The parser leaves them not decomposable, so a shape or dtype without a fused kernel fails the whole build in
+    Myelin ("Attention operation was not supported by a dedicated kernel"): every fp32 export in the standard
+    form did, on TensorRT for RTX 1.7.1 (measured 2026-12-07). Where a fused kernel exists TensorRT still takes
+    it (IAttention::setDecomposable: "if no fused kernel support found")."""
+    for layer in outputs:
+        layer.__class__ = trt.IAttentionOutputLayer  # the parser returns ILayer; the attention hangs off its output
+        layer.attention.decomposable = True
+    return len(outputs)
+
+
 def build_graph(lib: TensorRT, path: Path, options: BuildOptions, echo: Echo, verbose: bool = False
                 ) -> tuple[bytes, dict[str, Any]]:
     """Parse and build one ONNX file -> (serialized engine, its manifest entry)."""
@@ -167,7 +180,8 @@ def build_graph(lib: TensorRT, path: Path, options: BuildOptions, echo: Echo, ve
     plugins = sum(1 for layer in layers if layer.type == trt.LayerType.PLUGIN_V3)
     dequantize = sum(1 for layer in layers if layer.type == trt.LayerType.DEQUANTIZE)
     attention_kind = getattr(trt.LayerType, "ATTENTION_OUTPUT", None)  # IAttention (TensorRT >= 10.14 / RTX)
-    attention = sum(1 for layer in layers if attention_kind is not None and layer.type == attention_kind)
+    attention = _decomposable_attention(trt, [layer for layer in layers
+                                              if attention_kind is not None and layer.type == attention_kind])
     expected = _tree_attention_nodes(path)
     if plugins < expected:
         raise TensorRTBuildError(
