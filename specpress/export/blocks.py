@@ -32,8 +32,8 @@ def rms_norm(c: Ctx, x: str, mod: nn.Module, hint: str) -> str:
     """(x / sqrt(mean(x^2) + eps)) * weight computed in fp32, cast back before the weight (as torch).
 
     Written as Pow -> ReduceMean -> Add -> Sqrt -> Div -> (Cast) -> Mul, the pattern onnxruntime fuses into one
-    SimplifiedLayerNormalization kernel (with Mul(x, x) and a Reciprocal it ran as seven nodes per norm, and the
-    graph torch.onnx's dynamo exporter writes for the same network decoded in 0.86x its time; BENCHMARKS.md,
+    SimplifiedLayerNormalization kernel (with Mul(x, x) and a Reciprocal it ran as seven nodes per norm; with that and
+    graph.py's Identity copies, torch.onnx's dynamo graph of the same network ran in 0.86-0.98x its time; BENCHMARKS.md,
     "Hand-built graphs against torch.onnx"). Only primitive ops, so every opset and TensorRT parser reads it."""
     g = c.g
     xf = g.op("Cast", x, to=TensorProto.FLOAT) if g.ft != TensorProto.FLOAT else x

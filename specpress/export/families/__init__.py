@@ -29,7 +29,7 @@ draft vocabulary, session kind).
 Why these graphs are written here rather than traced from the torch modules by torch.onnx.export(dynamo=True)
 (bench/onnx_dynamo.py; BENCHMARKS.md, "Hand-built graphs against torch.onnx"): on the float graphs both give the
 same numbers and, since the norms are written in the form onnxruntime fuses, the same onnxruntime speed (dynamo
-÷ hand-built 0.96-1.02), and TensorRT for RTX builds both. The tracer cannot do four things these graphs need:
+÷ hand-built 0.96-1.03), and TensorRT for RTX builds both. The tracer cannot do four things these graphs need:
 write a tied head without a Transpose of the embedding (onnxruntime folds a second copy at load), write the
 target's embedding and head once for every graph of an export, lower a quantized Linear's stored codes
 (export/quant/) or emit the TreeAttention plugin node, without a custom translation for each. The parity tests
