@@ -68,6 +68,14 @@ def _saved_pair(family: str, tmp_path):
     return save_target(target, tmp_path / "target"), save_drafter(drafter, tmp_path / "drafter")
 
 
+def _ready(family: str, tmp_path):
+    """(the CLI, target dir, drafter dir) for a build test; skipped with the reason without TensorRT for RTX."""
+    try:
+        load_tensorrt("tensorrt_rtx")
+    except TensorRTUnavailable as exc:
+        pytest.skip(f"TensorRT for RTX is not installed ({exc})")
+    return (_export_cli(), *_saved_pair(family, tmp_path))
+
 FAMILIES = ["eagle", "eagle3", "mtp", "dflash", "lm"]
 # the standard form's int8 builds repeat what the plugin form's prove for Q/DQ: marked slow
 CASES = ([("plugin", q) for q in (None, "int8")] + [("standard", None)]
@@ -77,12 +85,7 @@ CASES = ([("plugin", q) for q in (None, "int8")] + [("standard", None)]
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("attention,quant", CASES)
 def test_export_builds(family, attention, quant, tmp_path):
-    try:
-        load_tensorrt("tensorrt_rtx")
-    except TensorRTUnavailable as exc:
-        pytest.skip(f"TensorRT for RTX is not installed ({exc})")
-    main = _export_cli()
-    tdir, ddir = _saved_pair(family, tmp_path)
+    main, tdir, ddir = _ready(family, tmp_path)
     if quant:
         _ok(main, ["quantize", "--drafter", str(ddir), "--out", str(tmp_path / "q"), "--scheme", quant])
         ddir = tmp_path / "q"
@@ -107,17 +110,11 @@ def test_export_builds(family, attention, quant, tmp_path):
     assert json.loads((tmp_path / "engines" / "manifest.json").read_text()) == manifest
 
 
-
 @pytest.mark.parametrize("family", ["eagle3", "lm"])
 def test_an_fp32_export_in_the_standard_form_builds(family, tmp_path):
     """TensorRT for RTX 1.7.1 has no fused fp32 Attention kernel: the default export (fp32, standard form) failed
     in Myelin until the builder let each IAttention decompose where no fused kernel exists (2026-12-07)."""
-    try:
-        load_tensorrt("tensorrt_rtx")
-    except TensorRTUnavailable as exc:
-        pytest.skip(f"TensorRT for RTX is not installed ({exc})")
-    main = _export_cli()
-    tdir, ddir = _saved_pair(family, tmp_path)
+    main, tdir, ddir = _ready(family, tmp_path)
     _ok(main, ["export", "onnx", "--drafter", str(ddir), "--target", str(tdir), "--out", str(tmp_path / "onnx"),
                "--attention", "standard", "--dtype", "fp32"])
     manifest = build_engines(tmp_path / "onnx", tmp_path / "engines",
