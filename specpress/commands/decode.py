@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from specpress.commands.options import TARGET_FORMS, TARGET_PATH
+
 from specpress.commands.target_quant import target_quant_options
 from specpress.runtime.backends import READS, backends, names
 from specpress.decode.bench_pipeline import COMPILE_WARMUP_PROMPTS  # noqa: F401 - re-exported
@@ -24,8 +26,8 @@ DTYPE = click.option("--dtype", "--target-dtype", "dtype", type=click.Choice(["f
                           "halves the target's memory (an 8B target: 16 GB instead of 32) and may differ from plain "
                           "decoding at ties of the bf16 logits. --target-dtype is the same option (its name in the "
                           "commands that also have an output dtype).")
-TARGET = click.option("--target", "target_dir", required=True, type=click.Path(path_type=Path),
-                      help="Target model directory (HF format: config.json + model.safetensors).")
+TARGET = click.option("--target", "target_dir", required=True, type=TARGET_PATH,
+                      help="Target model directory (HF format: config.json + model.safetensors)." + TARGET_FORMS)
 DRAFTER = click.option("--drafter", "drafter_dir", type=click.Path(path_type=Path), default=None,
                        help="Drafter artifact directory (for a backend that runs an exported drafter, the export "
                             "directory: see --backend); without it the target decodes alone.")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from specpress.commands.options import target_dtype as target_dtype_option
+from specpress.commands.options import target_dtype as target_dtype_option, TARGET_FORMS, TARGET_PATH
 from specpress.commands.target_quant import target_quant_options
 
 
@@ -27,8 +27,8 @@ FAMILIES_HELP = "eagle, eagle3, mtp, dflash, lm"
 
 
 @click.command()
-@click.option("--target", "target_dir", required=True, type=click.Path(path_type=Path),
-              help="Target model directory (HF format with tokenizer.json).")
+@click.option("--target", "target_dir", required=True, type=TARGET_PATH,
+              help="Target model directory (HF format with tokenizer.json)." + TARGET_FORMS)
 @click.option("--family", required=True, help=f"Drafter family: {FAMILIES_HELP}.")
 @click.option("--data", "data_path", required=True, type=click.Path(path_type=Path),
               help="Text file, .jsonl (\"text\" or chat \"messages\"), a directory of text/code files, "

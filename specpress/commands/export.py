@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from specpress.commands import export_hf, export_trt
-from specpress.commands.options import target_dtype
+from specpress.commands.options import target_dtype, TARGET_FORMS, TARGET_PATH
 
 
 @click.group()
@@ -20,8 +20,8 @@ def export() -> None:
 @export.command("onnx")
 @click.option("--drafter", "drafter_dir", required=True, type=click.Path(path_type=Path),
               help="Drafter artifact directory (float or quantized).")
-@click.option("--target", "target_dir", required=True, type=click.Path(path_type=Path),
-              help="Its target model dir: the shared embeddings/head are exported from it, beside the graphs.")
+@click.option("--target", "target_dir", required=True, type=TARGET_PATH,
+              help="Its target model dir: the shared embeddings/head are exported from it, beside the graphs." + TARGET_FORMS)
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Directory to write.")
 @click.option("--attention", type=click.Choice(["standard", "plugin"]), default="standard", show_default=True,
               help="standard: ONNX Attention (opset 23); plugin: a specpress::TreeAttention node (TensorRT) "
@@ -70,8 +70,8 @@ def onnx(drafter_dir: Path, target_dir: Path, out: Path, attention: str, opset: 
 
 
 @export.command("target")
-@click.option("--target", "target_dir", required=True, type=click.Path(path_type=Path),
-              help="Target model directory (HF format: config.json + model.safetensors).")
+@click.option("--target", "target_dir", required=True, type=TARGET_PATH,
+              help="Target model directory (HF format: config.json + model.safetensors)." + TARGET_FORMS)
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Directory to write.")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32", show_default=True,
               help="Float type of the graph (bf16 is refused: onnxruntime's CPU kernels lack it).")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from specpress.commands.options import target_dtype as target_dtype_option
+from specpress.commands.options import target_dtype as target_dtype_option, TARGET_FORMS, TARGET_PATH
 
 
 class KeepCount(click.ParamType):
@@ -60,8 +60,8 @@ class KeepCount(click.ParamType):
               show_default=True, help="magnitude = weights only; activation / kl = measured on --data.")
 @click.option("--vocab-source", type=click.Choice(["target", "data"]), default="target", show_default=True,
               help="--vocab counts the target's greedy next-token predictions, or the data's own tokens.")
-@click.option("--target", "target_dir", type=click.Path(path_type=Path),
-              help="Target model directory (HF format with tokenizer.json): calibration and recovery.")
+@click.option("--target", "target_dir", type=TARGET_PATH,
+              help="Target model directory (HF format with tokenizer.json): calibration and recovery." + TARGET_FORMS)
 @click.option("--data", "data_path", type=click.Path(path_type=Path),
               help="Calibration data: a text file, a .jsonl of {\"text\": ...} lines, a directory of text/code "
                    "files, zoo:train / zoo:val, or a prompts file in bench's format (JSON lines of "

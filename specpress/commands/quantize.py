@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from specpress.commands.options import target_dtype as target_dtype_option
+from specpress.commands.options import target_dtype as target_dtype_option, TARGET_FORMS, TARGET_PATH
 from specpress.commands.target_quant import target_quant_options
 from specpress.models.quantized.names import METHOD_WORDS, SCHEME_WORDS, schemes_help
 
@@ -57,8 +57,8 @@ from specpress.models.quantized.names import METHOD_WORDS, SCHEME_WORDS, schemes
                    "seconds on a one-layer EAGLE-3, minutes for a many-layer drafter. weight: the weight's squared "
                    "quantization error, no data, instant, blind to how much the output depends on each Linear  "
                    "[default: kl with --target/--data, else weight]")
-@click.option("--target", "target_dir", type=click.Path(path_type=Path),
-              help="Target model dir: the drafter runs on its hidden states (calibration, agreement).")
+@click.option("--target", "target_dir", type=TARGET_PATH,
+              help="Target model dir: the drafter runs on its hidden states (calibration, agreement)." + TARGET_FORMS)
 @click.option("--data", "data_path", type=click.Path(path_type=Path),
               help="Text, .jsonl or a directory: calibration windows and held-out agreement windows.")
 @click.option("--dequantize", "dequantize_out", is_flag=True,

