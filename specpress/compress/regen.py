@@ -240,3 +240,41 @@ def regenerated_stream(target: TargetModel, tokenizer: Any, stream: np.ndarray, 
         regenerate(target, tokenizer, stream, cfg, out, resume=_partial(out)[0].exists(), source=source)
     return encode_stream(read_texts(out), tokenizer, target.config.eos_ids[0])
 
+
+
+@torch.inference_mode()
+def continue_padded(target: TargetModel, rows: Sequence[Sequence[int]], new_tokens: int, params: SamplingParams,
+                    generator: torch.Generator | None, eos_ids: Sequence[int]) -> list[list[int]]:
+    """Prompts of different lengths continued in one batch: each row left-padded to the longest, the pad slots
+    masked out of every attention and each row's positions counted from its own first token, so a row decodes
+    what it would alone. Returns each row's continuation cut before its first EOS (as continue_batch)."""
+    b, width = len(rows), max(len(r) for r in rows)
+    dev = target.lm_head.weight.device
+    ids = torch.zeros(b, width, dtype=torch.long)
+    valid = torch.zeros(b, width + new_tokens, dtype=torch.bool)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.tensor(list(r))
+        valid[i, width - len(r):] = True
+    lengths = torch.tensor([len(r) for r in rows])
+    positions = (valid[:, :width].long().cumsum(1) - 1).clamp(min=0)
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    mask = (causal[None] & valid[:, None, :width]) | torch.eye(width, dtype=torch.bool)[None]  # a pad row sees itself
+    valid[:, width:] = True
+    cache = target.new_cache(width + new_tokens, batch=b)
+    logits = target(ids.to(dev), cache=cache, positions=positions.to(dev), mask=mask.to(dev), logits="last").logits[:, -1]
+    eos = torch.tensor(list(eos_ids), device=dev, dtype=torch.long)
+    done = torch.zeros(b, dtype=torch.bool, device=dev)
+    steps: list[Tensor] = []
+    while True:
+        tok = sample(logits.float(), params, generator).to(dev)
+        steps.append(tok)
+        done |= torch.isin(tok, eos)
+        if len(steps) == new_tokens or bool(done.all()):
+            break
+        k = width + len(steps)  # slots after this step's token is appended
+        step_mask = valid[:, None, :k].to(dev)
+        pos = (lengths + len(steps) - 1)[:, None].to(dev)
+        logits = target(tok[:, None], cache=cache, positions=pos, mask=step_mask, logits="last").logits[:, -1]
+    stop = set(eos_ids)
+    return [row[:next((i for i, t in enumerate(row) if t in stop), len(row))]
+            for row in torch.stack(steps, 1).tolist()]

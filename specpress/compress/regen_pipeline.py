@@ -65,6 +65,45 @@ def regenerate_from_dirs(target_dir: str | Path, data_path: str | Path, out: str
     return RegenReport(out, card)
 
 
+def self_instruct_from_dirs(target_dir: str | Path, out: str | Path, config: Any, *,
+                            user_prompts: str | Path | None = None, resume: bool = False, force: bool = False,
+                            target_dtype: str = "bf16", progress: bool = False) -> RegenReport:
+    """Claim `out`, load the target, write `config.conversations` chat conversations (compress/self_instruct.py):
+    queries sampled from the chat template's empty user turn, or read from `user_prompts`; answered by the target."""
+    from specpress.artifacts import claim_output
+    from specpress.compress.guards import check_seq_len, interrupted, regen_saved
+    from specpress.compress.regen import card_path, verify_partial
+    from specpress.compress.self_instruct import self_instruct
+    from specpress.models.target import load_target
+    from specpress.models.tokenizer import load_tokenizer
+    from specpress.runtime.chat import load_chat_template, read_user_prompts, template_specials
+
+    out = Path(out)
+    cfg = config
+    inputs = {"--target": target_dir, "--user-prompts": user_prompts}
+    with claim_output(out, force=force, inputs=inputs, kind="file", partial=True, resume=resume,
+                      companions=(card_path(out),)) as claim:
+        assert claim.partial is not None
+        if resume and claim.partial.exists():
+            verify_partial(out)
+        template = load_chat_template(target_dir)  # not a chat model: refused before it loads
+        special = template_specials(target_dir)
+        prompts = read_user_prompts(user_prompts) if user_prompts is not None else None
+        check_seq_len(target_dir, cfg.query_tokens + 128 + cfg.answer_tokens, cfg.batch, training=False,
+                      what=f"--query-tokens {cfg.query_tokens} + --new-tokens {cfg.answer_tokens}")
+        target = load_target(target_dir, dtype=target_dtype)
+        tok = load_tokenizer(target_dir)
+        try:
+            with _progress_bar(progress, cfg.conversations) as on_batch:
+                card = self_instruct(target, tok, template, special, cfg, out, user_prompts=prompts,
+                                     resume=resume and claim.partial.exists(),
+                                     source=str(user_prompts) if user_prompts else "self-instruct",
+                                     on_batch=on_batch)
+        except KeyboardInterrupt:
+            raise interrupted(claim.partial, regen_saved(claim.partial)) from None
+    return RegenReport(out, card)
+
+
 @contextmanager
 def _progress_bar(on: bool, total: int) -> Iterator[Callable[[int, int], None] | None]:
     """A rich bar and a LogTicker on stderr over `total` sequences; yields regenerate's on_batch (None when off)."""
@@ -93,7 +132,11 @@ def report_lines(report: RegenReport) -> list[str]:
     card = report.card
     return [(f"wrote {report.out}: {card['sequences']} sequences, {card['generated_tokens']} generated tokens "
             f"({card['tokens_per_s']:.0f} tokens/s), {card['stopped_at_eos']} stopped at EOS, "
-            f"{card['round_trip_exact']}/{card['sequences']} re-encode exactly")]
+            f"{card['round_trip_exact']}/{card['sequences']} re-encode exactly")] if card.get("mode") != "chat" else [
+        f"wrote {report.out}: {card['sequences']} conversations ({card['requested']} asked), "
+        f"{card['query_tokens'] + card['generated_tokens']} generated tokens ({card['tokens_per_s']:.0f} tokens/s), "
+        f"{card['stopped_at_eos']} answers ended by the target, {card['duplicates']} duplicate and "
+        f"{card['truncated_queries']} cut queries dropped"]
 
 
-__all__ = ["RegenConfig", "RegenReport", "regenerate_from_dirs", "report_lines"]
+__all__ = ["RegenConfig", "RegenReport", "regenerate_from_dirs", "report_lines", "self_instruct_from_dirs"]
