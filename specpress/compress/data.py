@@ -156,8 +156,11 @@ class DataSource:
 
     zoo_split: str | None = None
     path: Path | None = None
+    drafter_data: bool = False  # a recipe's `drafter-data`: the chat data its base drafter was distilled on
 
     def to_json(self) -> str:
+        if self.drafter_data:
+            return "drafter-data"
         return f"zoo-{self.zoo_split}" if self.zoo_split else str(self.path)
 
     @classmethod

@@ -102,14 +102,18 @@ def resolve_drafter(recipe: Recipe, target_dir: Path, log: Callable[[str], None]
     tok, tag = _tokenizer(target_dir)
     eos = target.config.eos_ids[0] if target.config.eos_ids else None
     vocab = target.config.vocab_size
-    stream = token_stream(data, tok, eos, vocab, target=target_dir)
-    if regen is not None:
+    chat = regen is not None and getattr(regen, "conversations", None) is not None  # self_instruct.py's data
+    if chat:  # `data` is not read: the target writes the conversations, and a share of them is held out
+        stream = _self_instructed(target, target_dir, tok, regen, chat_data_file(regen, fingerprint), log)
+    else:
+        stream = token_stream(data, tok, eos, vocab, target=target_dir)
+    if regen is not None and not chat:
         from specpress.compress.regen import regenerated_stream
 
         name = _sha({"regenerate": asdict(regen), "data": data.to_json(), "target": fingerprint})
         stream = regenerated_stream(target, tok, stream, regen, cache_root() / "regenerated" / f"{name}.jsonl",
                                     source=data.to_json(), log=log)
-    if data.zoo_split == "train":
+    if data.zoo_split == "train" and not chat:
         train, held = stream, token_stream(DataSource(zoo_split="val"), tok, eos, vocab, target=target_dir)
     else:
         train, held = split_stream(stream, cfg.seq_len)
@@ -120,6 +124,32 @@ def resolve_drafter(recipe: Recipe, target_dir: Path, log: Callable[[str], None]
             provenance_extra={"source": data.to_json(), "target": str(target_dir), "sweep_cache_key": key,
                               **({"regenerate": asdict(regen)} if regen is not None else {})})
     return out
+
+
+def chat_data_file(regen: Any, fingerprint: Any) -> Path:
+    """Where the self-instructed chat data of `regen` (a ChatRegenConfig) for a target is cached."""
+    return cache_root() / "regenerated" / f"{_sha({'self_instruct': asdict(regen), 'target': fingerprint})}.jsonl"
+
+
+def _self_instructed(target: Any, target_dir: Path, tok: Any, cfg: Any, out: Path,
+                     log: Callable[[str], None]) -> np.ndarray:
+    """The token stream of the target's own chat conversations (written once into the cache, resumed after an
+    interruption, reused afterwards)."""
+    import time
+
+    from specpress.compress.data import encode_stream, read_texts
+    from specpress.compress.regen import _partial
+    from specpress.compress.self_instruct import self_instruct
+    from specpress.runtime.chat import load_chat_template, template_specials
+
+    if not out.is_file():
+        log(f"writing {cfg.conversations} chat conversations with the target into {out} (once; later runs reuse it)")
+        t0 = time.monotonic()
+        card = self_instruct(target, tok, load_chat_template(target_dir), template_specials(target_dir), cfg, out,
+                             resume=_partial(out)[0].exists())
+        log(f"self-instruct: {card['sequences']} conversations, {card['tokens_per_s']:.0f} tokens/s, "
+            f"{time.monotonic() - t0:.0f} s")
+    return encode_stream(read_texts(out), tok, target.config.eos_ids[0])
 
 
 def _tokenizer(target_dir: Path) -> tuple[Any | None, str]:
@@ -154,10 +184,26 @@ class SweepContext:
 
     def stream(self, source: DataSource) -> np.ndarray:
         key = source.to_json()
+        if source.drafter_data:
+            source = DataSource(path=self.drafter_data_file())
         if key not in self._streams:
             self._streams[key] = token_stream(source, self.tokenizer, self.eos_id, self.target.config.vocab_size,
                                               self.out / "cache", self.tokenizer_tag, self.target_dir)
         return self._streams[key]
+
+    def drafter_data_file(self) -> Path:
+        """The chat conversations the recipe's base drafter was distilled on (`calibration: drafter-data`)."""
+        from specpress.models.drafter import target_fingerprint
+
+        spec = self.recipe.drafter.distill
+        regen = spec.regenerate if spec is not None else None
+        if getattr(regen, "conversations", None) is None:
+            raise RequestError("`drafter-data` names the chat data of a recipe's `drafter: {distill: {regenerate: "
+                               "{self_instruct: N}}}`; this recipe has none: name a data file instead")
+        f = chat_data_file(regen, target_fingerprint(self.target.config, self.target))
+        if not f.is_file():
+            raise RequestError(f"{f} (the base drafter's chat data) is missing: run the sweep again to write it")
+        return f
 
     def calibration(self, seq_len: int, batch: int) -> Calibration:
         """The recipe's calibration data as a compression step's windows: the whole stream (nothing held out),
@@ -268,7 +314,9 @@ def open_context(recipe: Recipe, out: Path, target_dir: Path, base_dir: Path, ba
     target = load_target(target_dir, dtype=recipe.dtype)
     tok, tag = _tokenizer(target_dir)
     spec = recipe.prompts
-    if spec.path is not None:
+    if spec.questions is not None:
+        prompts = question_prompts(target_dir, spec, tok)
+    elif spec.path is not None:
         prompts = load_prompts(spec.path, tok, target.config.vocab_size, target.config.max_context)
     else:
         if tok is None:
@@ -282,6 +330,20 @@ def open_context(recipe: Recipe, out: Path, target_dir: Path, base_dir: Path, ba
     policies = recipe.policies or (default_policy(info["family"]),)
     return SweepContext(recipe, out, Path(target_dir), Path(base_dir), target, tok, tag, prompts, policies, info,
                         base_digest or dir_digest(base_dir))
+
+
+def question_prompts(target_dir: Path, spec: Any, tok: Any) -> list[Any]:
+    """The first turns of `spec.questions` in the target's chat template (as `prompts --questions` writes them)."""
+    from specpress.runtime.chat import chat_prompt_ids, conversation, load_chat_template, read_questions, \
+        template_specials
+    from specpress.runtime.prompts import Prompt
+
+    if tok is None:
+        raise RequestError(f"chat prompts need the target's tokenizer.json ({target_dir} has none)")
+    template, special = load_chat_template(target_dir), template_specials(target_dir)
+    qs = read_questions(spec.questions)[: spec.questions_n]
+    return [Prompt(tuple(chat_prompt_ids(template, tok, conversation(q, 1, (), spec.system), special,
+                                         f"{spec.questions}:{q.line}: the chat template")), q.turns[0]) for q in qs]
 
 
 def _cached_outputs(path: Path) -> list[list[int]] | None:

@@ -5,12 +5,16 @@
     drafter:                         # a drafter directory, or one distilled once and cached:
       distill: {family: eagle3, steps: 1500, data: zoo-train}     # + any DistillConfig field, and
         # regenerate: {sequences: 18432}  (RegenConfig fields): train on `data`'s prompts continued by the
-        # target itself (`specpress regenerate`), regenerated once and cached; recipes/dflash.yaml
+        # target itself (`specpress regenerate`), regenerated once and cached; recipes/dflash.yaml. Or
+        # regenerate: {self_instruct: 1024, new_tokens: 160}: chat conversations the target writes itself
+        # (`regenerate --self-instruct`); recipes/smollm2.yaml
     grid:                            # see grid.py; the base drafter is always measured too
       - quantize: {scheme: [int8, fp8]}
       - prune: {ffn: 384, recover_steps: 100}   # what stays: 384 FFN channels (PruneConfig)
     policies: [chain:4]              # default: the drafter family's default policy
-    prompts: {heldout: {n: 100, tokens: 64}}   # or a .jsonl file ({"prompt"} / {"input_ids"} per line)
+    prompts: {heldout: {n: 100, tokens: 64}}   # or a .jsonl file ({"prompt"} / {"input_ids"} per line), or
+                                               # {questions: mt_bench/question.jsonl, n: 80}: first turns in the
+                                               # target's chat template (specpress prompts --questions)
     temperatures: [0]                # default [0]
     backends: [torch]                # default [torch]; any name of runtime/backends' registry
     target_quant: [fp8, nvfp4:activations=static]   # compressed copies of the target to measure every point
@@ -101,8 +105,13 @@ class PromptSpec:
     heldout_n: int = 0
     heldout_tokens: int = 64
     heldout_seed: int = 0
+    questions: Path | None = None    # a FastChat / Spec-Bench question file: first turns in the chat template
+    questions_n: int | None = None
+    system: str | None = None
 
     def to_json(self) -> Any:
+        if self.questions is not None:
+            return {"questions": str(self.questions), "n": self.questions_n, "system": self.system}
         if self.path is not None:
             return str(self.path)
         return {"heldout": {"n": self.heldout_n, "tokens": self.heldout_tokens, "seed": self.heldout_seed}}
@@ -227,6 +236,11 @@ def _data(v: Any, where: str, base: Path) -> DataSource:
     s = _str(v, where)
     if s in ZOO_WORDS:
         return DataSource(zoo_split=ZOO_WORDS[s])
+    if s == "drafter-data":
+        if where == "drafter.distill.data":
+            raise ConfigError(f"{where}: 'drafter-data' names the data the base drafter is distilled on, so it cannot "
+                              f"be that data; give zoo-train, a path, or regenerate: {{self_instruct: N}}")
+        return DataSource(drafter_data=True)
     if s.startswith("zoo"):
         raise ConfigError(f"{where}: {s!r} is not a zoo split; use zoo-train, zoo-val (or zoo:train, zoo:val) "
                           "or a path")
@@ -264,7 +278,14 @@ def _drafter(v: Any, base: Path) -> DrafterSpec:
     regen = d.pop("regenerate", None)
     try:
         config = DistillConfig.from_dict(d)
-        if regen is not None:
+        if isinstance(regen, dict) and "self_instruct" in regen:  # chat data the target writes (self_instruct.py)
+            from specpress.compress.self_instruct import ChatRegenConfig
+
+            names = {"self_instruct": "conversations", "new_tokens": "answer_tokens"}
+            given = _keys(regen, "drafter.distill.regenerate", (*names, "query_tokens", "batch", "temperature",
+                                                                "query_temperature", "query_top_p", "seed", "system"))
+            regen = ChatRegenConfig(**{names.get(k, k): v for k, v in given.items()})
+        elif regen is not None:
             regen = RegenConfig(**_keys(regen, "drafter.distill.regenerate", tuple(f.name for f in fields(RegenConfig))))
     except ConfigError as exc:
         raise ConfigError(f"drafter.distill: {exc}") from None
@@ -274,7 +295,14 @@ def _drafter(v: Any, base: Path) -> DrafterSpec:
 def _prompts(v: Any, base: Path) -> PromptSpec:
     if isinstance(v, str):
         return PromptSpec(path=_path(v, "prompts", base))
-    h = _keys(_keys(v, "prompts", ("heldout",), ("heldout",))["heldout"], "prompts.heldout", ("n", "tokens", "seed"),
+    if isinstance(v, dict) and "questions" in v:
+        q = _keys(v, "prompts", ("questions", "n", "system"), ("questions",))
+        system = q.get("system")
+        if system is not None and not isinstance(system, str):
+            raise ConfigError(f"prompts.system must be a string, found {system!r}")
+        return PromptSpec(questions=_path(_str(q["questions"], "prompts.questions"), "prompts.questions", base),
+                          questions_n=_int(q["n"], "prompts.n", 1) if q.get("n") is not None else None, system=system)
+    h = _keys(_keys(v, "prompts", ("heldout", "questions"), ("heldout",))["heldout"], "prompts.heldout", ("n", "tokens", "seed"),
               ("n",))
     return PromptSpec(heldout_n=_int(h["n"], "prompts.heldout.n", 1),
                       heldout_tokens=_int(h.get("tokens", 64), "prompts.heldout.tokens", 1),

@@ -174,7 +174,9 @@ def preset_changes(path: Path, size: str) -> list[str]:
 def ensure_zoo(size: str = "small", *, progress: bool = True) -> Path:
     """The default zoo dir of `size`, built first (default budget, seed 0; a real target: converted) if missing."""
     if size in REAL_TARGETS:
-        return build_real(size, say=lambda m: print(m, file=sys.stderr) if progress else None)
+        from specpress.zoo.resolve import resolve_target_path
+
+        return resolve_target_path(size, say=lambda m: print(m, file=sys.stderr) if progress else None)
     out = default_zoo_dir(size)
     if not is_zoo_dir(out):
         build_zoo(out, size=size, progress=progress)

@@ -180,3 +180,26 @@ def test_zoo_splits_accept_the_cli_spelling(tmp_path):
     assert a.calibration == b.calibration and a.agreement_data.zoo_split == "val" and a.hash() == b.hash()
     with pytest.raises(ConfigError, match="zoo:trian.*zoo:train"):
         parse(tmp_path, calibration="zoo:trian")
+
+
+def test_real_target_chat_prompts_and_self_instruct_keys(tmp_path):
+    """`target: smollm2-135m`, `prompts: {questions, n}`, `regenerate: {self_instruct: N}`, `drafter-data`."""
+    from specpress.compress.self_instruct import ChatRegenConfig
+
+    (tmp_path / "q.jsonl").write_text('{"turns": ["hi"]}\n')
+    r = parse(tmp_path, target="smollm2-135m", prompts={"questions": "q.jsonl", "n": 5},
+              drafter={"distill": {"family": "eagle3", "steps": 5,
+                                   "regenerate": {"self_instruct": 7, "new_tokens": 9, "batch": 3}}},
+              calibration="drafter-data")
+    assert r.target.zoo == "smollm2-135m" and r.target.to_json() == "zoo:smollm2-135m"
+    assert r.prompts.questions == tmp_path / "q.jsonl" and r.prompts.questions_n == 5
+    assert r.drafter.distill.regenerate == ChatRegenConfig(conversations=7, answer_tokens=9, batch=3)
+    assert r.calibration.drafter_data and r.calibration.to_json() == "drafter-data"
+    assert parse(tmp_path, target="zoo:smollm2-135m").target.zoo == "smollm2-135m"
+    with pytest.raises(ConfigError, match="unknown key 'sequences'"):
+        parse(tmp_path, drafter={"distill": {"family": "eagle3", "steps": 5,
+                                             "regenerate": {"self_instruct": 7, "sequences": 1}}})
+    with pytest.raises(ConfigError, match="unknown key 'nn'"):
+        parse(tmp_path, prompts={"questions": "q.jsonl", "nn": 5})
+    with pytest.raises(ConfigError, match="drafter-data"):
+        parse(tmp_path, drafter={"distill": {"family": "eagle3", "steps": 5, "data": "drafter-data"}})
