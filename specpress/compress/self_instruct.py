@@ -144,6 +144,10 @@ def self_instruct(target: TargetModel, tokenizer: Any, template: str, special: M
                                      + [{"role": "user", "content": q}], add_generation_prompt=True, special=special)
                          for q in queries]
                 ids = [tokenizer.encode(t, add_special_tokens=False).ids for t in texts]
+                fits = [len(x) + cfg.answer_tokens <= target.config.max_context for x in ids]
+                stats["too_long"] = stats.get("too_long", 0) + fits.count(False)
+                texts, ids, queries = ([v for v, ok in zip(col, fits) if ok] for col in (texts, ids, queries))
+            if queries:
                 answers = continue_padded(target, ids, cfg.answer_tokens, aparams, gen, eos)
                 stats["generated_tokens"] += sum(len(a) for a in answers)
                 stats["stopped_at_eos"] += sum(len(a) < cfg.answer_tokens for a in answers)

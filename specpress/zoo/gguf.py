@@ -122,10 +122,27 @@ def read_gguf_info(path: Path, *, digest: bool = True) -> GGUFInfo:
     if isinstance(template, str) and len(template) > _MAX_CHAT_TEMPLATE:
         raise CheckpointError(f"{path}: its chat template is {len(template):,} characters (at most "
                               f"{_MAX_CHAT_TEMPLATE:,} are accepted)")
+    _check_shapes(path, reader, arch)
     name = _field(reader, "general.name")
     return GGUFInfo(path=path, sha256=file_sha256(path) if digest else "", architecture=arch,
                     name=name if isinstance(name, str) else "", tensor_types=dict(types),
                     n_tensors=len(reader.tensors))
+
+
+def _check_shapes(path: Path, reader: Any, arch: str) -> None:
+    """The metadata's sizes against the tensors' own shapes (a file whose header lies is refused by name)."""
+    shapes = {t.name: [int(d) for d in t.shape] for t in reader.tensors}  # GGUF order: fastest dimension first
+    hidden, layers = _field(reader, f"{arch}.embedding_length"), _field(reader, f"{arch}.block_count")
+    emb = shapes.get("token_embd.weight")
+    if emb is None:
+        raise CheckpointError(f"{path}: no token_embd.weight tensor (the token embedding)")
+    if not isinstance(hidden, int) or emb[0] != hidden:
+        raise CheckpointError(f"{path}: {arch}.embedding_length says {hidden!r} but token_embd.weight is "
+                              f"{emb[::-1]} (vocabulary x hidden): the metadata does not describe these tensors")
+    blocks = {int(n.split(".")[1]) for n in shapes if n.startswith("blk.") and n.split(".")[1].isdigit()}
+    if not isinstance(layers, int) or blocks != set(range(layers)):
+        raise CheckpointError(f"{path}: {arch}.block_count says {layers!r} but the file holds tensors of "
+                              f"{len(blocks)} blocks: the metadata does not describe these tensors")
 
 
 def gguf_cache_dir(info: GGUFInfo) -> Path:

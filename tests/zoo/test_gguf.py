@@ -96,6 +96,13 @@ def test_refusals_name_the_problem_before_any_work(tmp_path):
         _bad(tmp_path, "header.gguf", raw[:40]): "cannot be read",
         _bad(tmp_path, "empty.gguf", b""): "not a GGUF file",
     }
+    key = b"llama.embedding_length"  # its value: a u32 type tag, then the u32 64
+    at = raw.index(key) + len(key) + 4
+    cases[_bad(tmp_path, "lies.gguf", raw[:at] + (128).to_bytes(4, "little") + raw[at + 4:])] = \
+        "embedding_length says 128 but token_embd.weight is"
+    name = b"token_embd.weight"  # its first dimension: after the name and the u32 count of dimensions
+    at = raw.index(name) + len(name) + 4
+    cases[_bad(tmp_path, "huge.gguf", raw[:at] + (2 ** 62).to_bytes(8, "little") + raw[at + 8:])] = "cannot be read"
     for path, words in cases.items():
         with pytest.raises(CheckpointError, match=words):
             read_gguf_info(path)
