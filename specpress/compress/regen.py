@@ -82,8 +82,17 @@ def continue_batch(target: TargetModel, prompts: Tensor, new_tokens: int, params
     dev = target.lm_head.weight.device
     cache = target.new_cache(p + new_tokens, batch=b)
     logits = target(prompts.to(dev), cache=cache, logits="last").logits[:, -1]
+    return _sample_rows(logits, lambda tok, n: target(tok[:, None], cache=cache, logits="last").logits[:, -1],
+                        new_tokens, params, generator, eos_ids)
+
+
+def _sample_rows(logits: Tensor, step: Callable[[Tensor, int], Tensor], new_tokens: int, params: SamplingParams,
+                 generator: torch.Generator | None, eos_ids: Sequence[int]) -> list[list[int]]:
+    """Sample [B] tokens from `logits` [B, V], then `step(tokens, n)` -> the next logits after n tokens, until
+    every row has emitted an EOS or `new_tokens` are out; each row cut before its first EOS."""
+    dev = logits.device
     eos = torch.tensor(list(eos_ids), device=dev, dtype=torch.long)
-    done = torch.zeros(b, dtype=torch.bool, device=dev)
+    done = torch.zeros(logits.shape[0], dtype=torch.bool, device=dev)
     steps: list[Tensor] = []
     while True:
         tok = sample(logits.float(), params, generator).to(dev)
@@ -91,7 +100,7 @@ def continue_batch(target: TargetModel, prompts: Tensor, new_tokens: int, params
         done |= torch.isin(tok, eos)
         if len(steps) == new_tokens or bool(done.all()):
             break
-        logits = target(tok[:, None], cache=cache, logits="last").logits[:, -1]
+        logits = step(tok, len(steps))
     stop = set(eos_ids)
     return [row[:next((i for i, t in enumerate(row) if t in stop), len(row))]
             for row in torch.stack(steps, 1).tolist()]
@@ -262,19 +271,10 @@ def continue_padded(target: TargetModel, rows: Sequence[Sequence[int]], new_toke
     valid[:, width:] = True
     cache = target.new_cache(width + new_tokens, batch=b)
     logits = target(ids.to(dev), cache=cache, positions=positions.to(dev), mask=mask.to(dev), logits="last").logits[:, -1]
-    eos = torch.tensor(list(eos_ids), device=dev, dtype=torch.long)
-    done = torch.zeros(b, dtype=torch.bool, device=dev)
-    steps: list[Tensor] = []
-    while True:
-        tok = sample(logits.float(), params, generator).to(dev)
-        steps.append(tok)
-        done |= torch.isin(tok, eos)
-        if len(steps) == new_tokens or bool(done.all()):
-            break
-        k = width + len(steps)  # slots after this step's token is appended
-        step_mask = valid[:, None, :k].to(dev)
-        pos = (lengths + len(steps) - 1)[:, None].to(dev)
-        logits = target(tok[:, None], cache=cache, positions=pos, mask=step_mask, logits="last").logits[:, -1]
-    stop = set(eos_ids)
-    return [row[:next((i for i, t in enumerate(row) if t in stop), len(row))]
-            for row in torch.stack(steps, 1).tolist()]
+    valid, lengths = valid.to(dev), lengths.to(dev)
+
+    def step(tok: Tensor, n: int) -> Tensor:  # n tokens appended: each row's next position, every real slot seen
+        return target(tok[:, None], cache=cache, positions=(lengths + n - 1)[:, None], mask=valid[:, None, :width + n],
+                      logits="last").logits[:, -1]
+
+    return _sample_rows(logits, step, new_tokens, params, generator, eos_ids)

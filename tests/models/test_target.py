@@ -91,6 +91,19 @@ def path_to(parents, i):
     return path[::-1]
 
 
+def assert_tree_verify(ours, last_logits, prompt, nodes, tol=TOL):
+    """One tree verify of `nodes` (TREE_PARENTS) after `prompt` equals `last_logits(ids)` of each root-to-node path
+    decoded from scratch."""
+    cache = ours.new_cache(len(prompt) + len(nodes) + 8)
+    mask, pos = tree_inputs(TREE_PARENTS, len(prompt))
+    with torch.no_grad():
+        ours(torch.tensor([prompt]), cache=cache)
+        tree = ours(torch.tensor([nodes]), cache=cache, positions=pos, mask=mask).logits[0]
+    for leaf in range(len(nodes)):
+        path = [nodes[i] for i in path_to(TREE_PARENTS, leaf)]
+        assert (tree[leaf] - last_logits(prompt + path)).abs().max() < tol, f"node {leaf}"
+
+
 def test_tree_verify_equals_each_path_from_scratch(pair):
     hf, ours = pair
     g = torch.Generator().manual_seed(3)

@@ -13,7 +13,7 @@ from specpress.errors import CheckpointError, RequestError
 from specpress.models.target import load_target
 from specpress.zoo.gguf import convert_gguf, read_gguf_info
 from tests.cli_common import run_main
-from tests.models.test_target import TREE_PARENTS, path_to, tree_inputs
+from tests.models.test_target import TREE_PARENTS, assert_tree_verify
 from tests.zoo.gguf_common import CHATML, write_tiny_gguf
 
 gguf = pytest.importorskip("gguf")
@@ -48,15 +48,8 @@ def test_converted_forward_equals_transformers_on_the_gguf(tmp_path, qtype):
         first = ours(torch.tensor([ids[:5]]), cache=cache).logits[0]
         steps = torch.stack([ours(torch.tensor([[t]]), cache=cache).logits[0, -1] for t in ids[5:]])
         assert (torch.cat([first, steps]) - want).abs().max() < TOL
-        g = torch.Generator().manual_seed(3)  # tree verify
-        nodes = torch.randint(0, 300, (len(TREE_PARENTS),), generator=g).tolist()
-        cache = ours.new_cache(64)
-        mask, pos = tree_inputs(TREE_PARENTS, len(ids))
-        ours(torch.tensor([ids]), cache=cache)
-        tree = ours(torch.tensor([nodes]), cache=cache, positions=pos, mask=mask).logits[0]
-        for leaf in range(len(nodes)):
-            path = [nodes[i] for i in path_to(TREE_PARENTS, leaf)]
-            assert (tree[leaf] - ref(torch.tensor([ids + path])).logits[0, -1]).abs().max() < TOL
+        nodes = torch.randint(0, 300, (len(TREE_PARENTS),), generator=torch.Generator().manual_seed(3)).tolist()
+        assert_tree_verify(ours, lambda x: ref(torch.tensor([x])).logits[0, -1], ids, nodes)
         if qtype == "F32":  # llama.cpp's Q/K permutation undone: the very model the file was written from
             assert (got - source(torch.tensor([ids])).logits[0]).abs().max() < TOL
 

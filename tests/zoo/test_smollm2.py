@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.models.test_target import TREE_PARENTS, path_to, tree_inputs
+from tests.models.test_target import TREE_PARENTS, assert_tree_verify
 
 pytestmark = pytest.mark.slow
 QUESTIONS = Path(__file__).resolve().parents[3] / "shared" / "data" / "mt_bench" / "question.jsonl"
@@ -50,13 +50,7 @@ def test_forward_equals_transformers(pair):
         steps = torch.stack([ours(torch.tensor([[t]]), cache=cache).logits[0, -1] for t in ids[16:]])
         assert (torch.cat([first, steps]) - ref).abs().max() < TOL
         nodes = torch.randint(0, 49152, (len(TREE_PARENTS),), generator=torch.Generator().manual_seed(1)).tolist()
-        cache = ours.new_cache(64)
-        mask, pos = tree_inputs(TREE_PARENTS, len(ids))
-        ours(torch.tensor([ids]), cache=cache)
-        tree = ours(torch.tensor([nodes]), cache=cache, positions=pos, mask=mask).logits[0]
-        for leaf in range(len(nodes)):
-            path = [nodes[i] for i in path_to(TREE_PARENTS, leaf)]
-            assert (tree[leaf] - hf(torch.tensor([ids + path])).logits[0, -1]).abs().max() < TOL
+        assert_tree_verify(ours, lambda x: hf(torch.tensor([x])).logits[0, -1], ids, nodes)
 
 
 def test_greedy_equals_transformers_generate_on_mt_bench(pair):
