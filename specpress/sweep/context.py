@@ -117,11 +117,12 @@ def resolve_drafter(recipe: Recipe, target_dir: Path, log: Callable[[str], None]
         train, held = stream, token_stream(DataSource(zoo_split="val"), tok, eos, vocab, target=target_dir)
     else:
         train, held = split_stream(stream, cfg.seq_len)
-    cal = Calibration(train, held, cfg.seq_len, cfg.batch, cfg.seed, data.to_json())
+    source = f"self-instruct ({chat_data_file(regen, fingerprint).name})" if chat else data.to_json()
+    cal = Calibration(train, held, cfg.seq_len, cfg.batch, cfg.seed, source)
     budget = f"{cfg.steps} steps" if cfg.steps else f"{cfg.minutes} min"
     log(f"base drafter: distilling a {cfg.family} drafter ({budget}) into {out}; later sweeps reuse it")
     distill(target, cfg, cal.sampler(), out, resume=True, progress=True, heldout=cal.heldout(),
-            provenance_extra={"source": data.to_json(), "target": str(target_dir), "sweep_cache_key": key,
+            provenance_extra={"source": source, "target": str(target_dir), "sweep_cache_key": key,
                               **({"regenerate": asdict(regen)} if regen is not None else {})})
     return out
 

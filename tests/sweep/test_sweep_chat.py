@@ -40,3 +40,5 @@ def test_chat_sweep_on_a_gguf_target(tmp_path, monkeypatch):
     assert len(data) == 1 and all("<|im_start|>assistant\n" in json.loads(x)["text"]
                                   for x in data[0].read_text().splitlines())
     assert len(list((tmp_path / "cache" / "gguf").iterdir())) == 1  # converted once, into the cache
+    base = json.loads(next((tmp_path / "cache" / "drafters").glob("*/config.json")).read_text())
+    assert base["specpress"]["steps"][0]["data"]["source"] == f"self-instruct ({data[0].name})"
