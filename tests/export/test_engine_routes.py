@@ -29,11 +29,11 @@ PER_TOKEN_INT8 = "no per-token int8 activations"
 BNB = "has no encoding for a"
 LOW_S = "SGLang 0.5.23's compressed-tensors weight-only scheme takes 4- and 8-bit weights"
 INT3_V = "the two layouts disagree for 3 bits"
-# TensorRT Edge-LLM 0.11.0 (export/hf/edgellm.py)
+# TensorRT Edge-LLM 0.11.0 (export/hf/edgellm.py; its own exporter runs on the exports: test_edgellm_exports.py)
 E_NVFP4_A16 = "cannot export quant_algo W4A16_NVFP4"
 E_W8A16 = "cannot export quant_algo W8A16"
 E_PC_PT = "cannot export quant_algo FP8_PER_CHANNEL_PER_TOKEN"
-E_ALIGN = "which needs out and in features divisible by 64"  # k/v_proj [32, 128] here
+E_ALIGN = "which needs out and in features divisible by 64"  # k/v_proj [32, 128] here; 64-wide ones load
 # refused by the engine's own rule (RequestError); the others by the serving format's encoding (ConfigError)
 ENGINE_RULES = {PRE_V, PRE_S, NO_MX, SQ, LOW_S, INT3_V, "no W4A16_NVFP4 QuantAlgo", "no MXFP8 QuantAlgo",
                 E_NVFP4_A16, E_W8A16, E_PC_PT, E_ALIGN}

@@ -1,6 +1,7 @@
 """TensorRT Edge-LLM 0.11.0's rules for an EAGLE-3 drafter checkpoint, read from the PyPI wheel's exporter
 (tensorrt_edgellm-0.11.0; files under tensorrt_edgellm/). `tensorrt-edgellm-export CKPT OUT` turns the checkpoint
-into OUT/llm/model.onnx with trt_edgellm::AttentionPlugin; it runs without CUDA.
+into OUT/llm/model.onnx with trt_edgellm::AttentionPlugin; it runs without CUDA, and
+tests/export/test_edgellm_exports.py runs it on the exports written here (.ci/edgellm-venv builds its venv).
 
 - Recognition (config.py ModelConfig): an EAGLE-3 draft by an architecture containing "Eagle3" or a `ttt_length`
   key; `midlayer.*` is remapped to `layers.0.*` (model.py), `d2t` kept (int32), `t2d` skipped.

@@ -22,7 +22,8 @@ Versions the rules were read from (the code itself, not its docs):
                           _torch/models/modeling_dflash.py @009d8fa4, quantization/mode.py; restated in
                           tests/export/test_trtllm_rules.py (its code needs CUDA and NVIDIA's index)
     TensorRT Edge-LLM     the PyPI wheel (tensorrt_edgellm-0.11.0-cp311); its exporter (tensorrt-edgellm-export) runs
-      0.11.0              on CPU (export/hf/edgellm.py)
+      0.11.0              on CPU in a venv of its own (.ci/edgellm-venv) and tests/export/test_edgellm_exports.py runs
+                          it on our exports (export/hf/edgellm.py)
 """
 
 from __future__ import annotations
