@@ -1,20 +1,23 @@
-"""TensorRT Edge-LLM 0.11.0's own exporter reads what `export hf --for edgellm` writes for an EAGLE-3 drafter, and
-the ONNX it writes holds our drafter (export/hf/edgellm.py has the rules, read from the same wheel).
+"""TensorRT Edge-LLM 0.11.0's own exporter reads what `export hf --for edgellm` writes for an EAGLE-3 drafter (each
+scheme it deploys) and a float DFlash one, and the ONNX it writes holds our drafter (export/hf/edgellm.py has the
+rules, read from the same wheel).
 
 In the Edge-LLM side interpreter (.ci/edgellm-venv, SPECPRESS_EDGELLM_PYTHON; tests/export/side.py),
-`tensorrt-edgellm-export EXPORT OUT` runs on each scheme's export (CPU, about 10 s each), and the script reads
-OUT/llm/model.onnx back with onnx 1.19: for every Gemm it evaluates the weight input's chain (DequantizeLinear,
-trt::DequantizeLinear with block_size, TRT_MXFP8DequantizeLinear, Cast) from the initializers, and collects the
-activation side's scales (QuantizeLinear / TRT_FP4DynamicQuantize scales, the pre_quant_scale Mul). For the int4
-plugin (trt_edgellm::Int4GroupwiseGemmPluginV2) it checks the packed weight equals Edge-LLM's own cuteDSL repack
+`tensorrt-edgellm-export EXPORT OUT` runs on each scheme's export (CPU, about 10 s each; the DFlash draft with
+`TARGET OUT --dflash-draft --dflash-draft-dir EXPORT`), and the script reads the ONNX back with onnx 1.19: for
+every Gemm it evaluates the weight input's chain (DequantizeLinear, trt::DequantizeLinear with block_size,
+TRT_MXFP8DequantizeLinear, Cast) from the initializers, and collects the activation side's scales (QuantizeLinear
+/ TRT_FP4DynamicQuantize scales, the pre_quant_scale Mul). For the int4 plugin
+(trt_edgellm::Int4GroupwiseGemmPluginV2) it checks the packed weight equals Edge-LLM's own cuteDSL repack
 (checkpoint/repacking.py repack_to_cutedsl_fragment) of our int4 codes, and returns its scales.
 
 Checked against specpress: every Linear's weight equals our dequantized weight in float16, with the scales Edge-LLM
 holds in float16 rounded so (FP8's weight_scale, AWQ's weight_scale: the export's note says so); every activation
 scale equals ours (float16-rounded where Edge-LLM holds it so: FP8's input_scale, the pre_quant_scales; NVFP4's
 and INT8's float32 input_scale bit for bit); llm/config.json records our taps; d2t.safetensors maps the draft
-vocabulary to our target ids; the graph's inputs and outputs (names, dtypes, ranks) equal the checked-in contract
-of 0.11 (edgellm_0.11_eagle3_io.json), so a release that changes it fails here.
+vocabulary to our target ids (DFlash: dflash_config our taps, block size, mask token; its lm_head our target's);
+the graph's inputs and outputs (names, dtypes, ranks) equal the checked-in contract of 0.11
+(edgellm_0.11_eagle3_io.json, edgellm_0.11_dflash_io.json), so a release that changes it fails here.
 """
 
 from __future__ import annotations
@@ -37,12 +40,13 @@ from specpress.models.quantized import primitives as P
 from specpress.models.quantized.fp8 import Fp8Linear
 from specpress.models.quantized.modules import quantized_modules
 
-GOLDEN = Path(__file__).with_name("edgellm_0.11_eagle3_io.json")
+GOLDEN = {f: Path(__file__).with_name(f"edgellm_0.11_{f}_io.json") for f in ("eagle3", "dflash")}
 # cell -> the scheme cell of engines_common (None: float); int4-awq with 4 KV heads, so every Linear it quantizes is
 # 64-aligned (Int4GroupwiseGemmPluginV2; a 2-head drafter is refused: test_engine_routes.py)
 PROVEN = {"float": None, "fp8": "fp8-tensor-static", "nvfp4": "nvfp4-static", "mxfp8": "mxfp8-dynamic",
           "int8-sq": "int8-smoothquant", "int8-w8a8": "int8-static", "int4-awq": "int4-awq", "int4-rtn": "int4"}
 WIDE_KV = {"int4-awq": {"num_key_value_heads": 4}, "int4-rtn": {"num_key_value_heads": 4}}
+DFLASH = ("dflash",)  # float only (facets/dflash.py): its base's lm_head, our layers and taps
 
 SIDE = r"""
 import json, subprocess, sys
@@ -68,11 +72,15 @@ def io(values):
 
 for cell, src in payload["exports"].items():
     dst = Path(payload["tmp"]) / f"onnx-{cell}"
-    r = subprocess.run([str(exe), src, str(dst)], capture_output=True, text=True)
+    if cell in payload["dflash"]:  # a DFlash draft is exported beside its base, into dflash_draft/
+        args, sub = [payload["target"], str(dst), "--dflash-draft", "--dflash-draft-dir", src], "dflash_draft"
+    else:
+        args, sub = [src, str(dst)], "llm"
+    r = subprocess.run([str(exe), *args], capture_output=True, text=True)
     if r.returncode:
         out[cell] = {"error": (r.stdout[-2000:] + r.stderr[-4000:])}
         continue
-    m = onnx.load(str(dst / "llm" / "model.onnx"))
+    m = onnx.load(str(dst / sub / "model.onnx"))
     g = m.graph
     inits = {t.name: t for t in g.initializer}
     made = {o: n for n in g.node for o in n.output}
@@ -147,9 +155,10 @@ for cell, src in payload["exports"].items():
             linears[key] = {"op": n.op_type, "repacked_equal": bool(np.array_equal(packed, array(key))),
                             "weight_scale": torch.from_numpy(array(n.input[2]).copy()),
                             "group_size": attrs(n)["group_size"], "act": act(n.input[0], {})}
+    d2t = dst / sub / "d2t.safetensors"
     out[cell] = {"inputs": io(g.input), "outputs": io(g.output), "linears": linears,
-                 "config": json.loads((dst / "llm" / "config.json").read_text()),
-                 "d2t": load_file(str(dst / "llm" / "d2t.safetensors"))["d2t"]}
+                 "config": json.loads((dst / sub / "config.json").read_text()),
+                 "d2t": load_file(str(d2t))["d2t"] if d2t.exists() else None}
 torch.save(out, sys.argv[2])
 """
 
@@ -175,8 +184,8 @@ def read(tmp_path_factory):
     target = wide_target()
     tdir = saved_target(target, tmp)
     drafters, exports, int4 = {}, {}, {}
-    for cell, scheme in PROVEN.items():
-        d = drafter("eagle3", target, **WIDE_KV.get(cell, {}))
+    for cell, scheme in {**PROVEN, **dict.fromkeys(DFLASH)}.items():
+        d = drafter("dflash" if cell in DFLASH else "eagle3", target, **WIDE_KV.get(cell, {}))
         if scheme is not None:
             quantize(d, CELLS[scheme](), calibration=lambda m: run(m, target))
         src = save_drafter(d, tmp / f"src-{cell}")
@@ -184,29 +193,33 @@ def read(tmp_path_factory):
         drafters[cell] = d
         if cell.startswith("int4"):
             int4[cell] = {onnx_name(n): m.codes().to(torch.int16) for n, m in quantized_modules(d).items()}
-    got = run_side(SIDE, {"exports": exports, "tmp": str(tmp), "int4_codes": int4}, tmp / "side", env=EDGELLM_ENV)
-    return drafters, got
+    payload = {"exports": exports, "tmp": str(tmp), "int4_codes": int4, "dflash": DFLASH, "target": str(tdir)}
+    got = run_side(SIDE, payload, tmp / "side", env=EDGELLM_ENV)
+    return drafters, got, target
 
 
 @pytest.mark.edgellm
-@pytest.mark.parametrize("cell", list(PROVEN))
+@pytest.mark.parametrize("cell", [*PROVEN, *DFLASH])
 def test_edgellm_exports_it_and_the_graph_contract_is_0_11s(cell, read):
-    _, got = read
+    _, got, _ = read
     assert "error" not in got[cell], f"tensorrt-edgellm-export failed on the {cell} export:\n{got[cell]['error']}"
-    golden = json.loads(GOLDEN.read_text())
+    path = GOLDEN["dflash" if cell in DFLASH else "eagle3"]
+    golden = json.loads(path.read_text())
     assert got[cell]["inputs"] == golden["inputs"] and got[cell]["outputs"] == golden["outputs"], (
-        f"Edge-LLM's EAGLE-3 draft graph changed its inputs / outputs (names, dtypes, ranks) from {GOLDEN.name}: "
-        f"re-read its contract before updating the golden")
+        f"Edge-LLM's draft graph changed its inputs / outputs (names, dtypes, ranks) from {path.name}: re-read its "
+        f"contract before updating the golden")
 
 
 @pytest.mark.edgellm
-@pytest.mark.parametrize("cell", list(PROVEN))
+@pytest.mark.parametrize("cell", [*PROVEN, *DFLASH])
 def test_every_weight_is_ours_and_every_activation_scale(cell, read):
-    drafters, got = read
+    drafters, got, target = read
     d, res = drafters[cell], got[cell]
     assert "error" not in res, res.get("error")
     q = quantized_modules(d)
     linears = {n: m for n, m in d.named_modules() if isinstance(m, torch.nn.Linear) or n in q}
+    if cell in DFLASH:  # DFlash drafts through its target's lm_head, which Edge-LLM takes from the base
+        linears["lm_head"] = target.lm_head
     assert set(res["linears"]) == {onnx_name(n) for n in linears}, "a Linear is missing from the graph"
     bad = []
     for name, mod in linears.items():
@@ -248,13 +261,21 @@ def test_every_weight_is_ours_and_every_activation_scale(cell, read):
 @pytest.mark.edgellm
 @pytest.mark.parametrize("cell", ["float", "nvfp4"])
 def test_config_records_our_taps_and_d2t_maps_our_draft_vocabulary(cell, read):
-    drafters, got = read
+    drafters, got, _ = read
     d, res = drafters[cell], got[cell]
     assert res["config"]["eagle3_config"]["target_layer_ids"] == list(d.taps) == [2, 4, 5]
     assert res["config"]["draft_vocab_size"] == d.config.draft_vocab_size
     ids = d.t2d.nonzero().flatten()  # the target ids of the draft vocabulary, in order
     d2t = res["d2t"]
     assert d2t.dtype == torch.int32 and torch.equal(torch.arange(d2t.numel()) + d2t.long(), ids)
+
+
+@pytest.mark.edgellm
+def test_dflash_config_records_our_taps_block_and_mask(read):
+    drafters, got, _ = read
+    d, cfg = drafters["dflash"], got["dflash"]["config"]["dflash_config"]
+    assert cfg["version"] == 1 and cfg["target_layer_ids"] == list(d.config.target_layer_ids)
+    assert (cfg["block_size"], cfg["mask_token_id"]) == (d.config.block_size, d.config.mask_token_id)
 
 
 # ------------------------------------------------------------------------------------------------- refusals (CPU)
@@ -275,6 +296,16 @@ def test_a_float_linear_in_the_draft_layer_is_refused(tmp_path):
     quantize(d, replace(CELLS["nvfp4-static"](), exclude=("midlayer.mlp.down_proj",)), calibration=lambda m: run(m, t))
     src = save_drafter(d, tmp_path / "src")
     with pytest.raises(RequestError, match="no module name.*midlayer.mlp.down_proj are float"):
+        export_hf(src, tmp_path / "out", engine="edgellm")
+
+
+def test_a_quantized_dflash_drafter_is_refused(tmp_path):
+    """Only the float DFlash route is proven (above); a quantized one is refused, naming the fix."""
+    t = wide_target()
+    d = drafter("dflash", t)
+    quantize(d, CELLS["nvfp4-static"](), calibration=lambda m: run(m, t))
+    src = save_drafter(d, tmp_path / "src")
+    with pytest.raises(RequestError, match="Edge-LLM 0.11.0 exports a DFlash draft beside its base.*in float only"):
         export_hf(src, tmp_path / "out", engine="edgellm")
 
 

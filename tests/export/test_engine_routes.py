@@ -105,7 +105,7 @@ def test_each_engine_loads_or_refuses_each_scheme(cell, setting, tmp_path):
 # family -> (vllm, sglang, trtllm, edgellm) for a float drafter: the layout written, or the rule
 FAMILIES = {
     "eagle3": ("speculators eagle3", "public eagle3", "public eagle3", "public eagle3"),
-    "dflash": ("speculators dflash", "public dflash", "public dflash", "does not write or prove yet"),
+    "dflash": ("speculators dflash", "public dflash", "public dflash", "public dflash"),
     "eagle": ("public eagle", "public eagle", "registers EAGLE-3 draft models only",
               "recognises an EAGLE draft only as EAGLE-3"),
     "lm": ("hf llama", "hf llama", "hf llama", "has no draft-model mode"),

@@ -1,4 +1,4 @@
-"""TensorRT Edge-LLM 0.11.0's rules for an EAGLE-3 drafter checkpoint, read from the PyPI wheel's exporter
+"""TensorRT Edge-LLM 0.11.0's rules for EAGLE-3 and DFlash drafter checkpoints, read from the PyPI wheel's exporter
 (tensorrt_edgellm-0.11.0; files under tensorrt_edgellm/). `tensorrt-edgellm-export CKPT OUT` turns the checkpoint
 into OUT/llm/model.onnx with trt_edgellm::AttentionPlugin; it runs without CUDA, and
 tests/export/test_edgellm_exports.py runs it on the exports written here (.ci/edgellm-venv builds its venv).
@@ -21,6 +21,11 @@ tests/export/test_edgellm_exports.py runs it on the exports written here (.ci/ed
   weight_scale and pre_quant_scale (_cast_modelopt_awq_prepacked) and SmoothQuant's pre_quant_scale
   (INT8SQLinear multiplies its float16 input by it and requires float16 after: written in float16 here).
   Codes, block scales, and NVFP4 / INT8 float32 scales are exported as written.
+- DFlash (float; facets/dflash.py): the z-lab layout SGLang reads. `--dflash-draft --dflash-draft-dir` exports it
+  beside its base (lm_head from the base); dflash.py resolve_dflash_contract reads dflash_config's
+  target_layer_ids, block_size and mask_token_id (a V1 draft: no DFlash2DraftModel architecture), and the base
+  export concatenates those layers' outputs (tensorrt_edgellm/models/default/modeling_default.py
+  target_hidden_by_layer), the features specpress's DFlash reads.
 """
 
 from __future__ import annotations
@@ -55,6 +60,8 @@ def taps_of(job: Job) -> tuple[int, ...] | None:
 
 
 def _taps(job: Job) -> str | None:
+    if not job.facet.residual_taps:  # DFlash: the base reads the draft's dflash_config.target_layer_ids
+        return None
     if job.num_target_layers is None:
         return (f"{V}'s base export feeds an EAGLE-3 draft hidden_states [2, L//2, L-3] of its target; this drafter "
                 f"records no target depth L to check its taps against: re-save it attached to its target")
@@ -125,6 +132,8 @@ def _own_head(job: Job) -> str | None:
 
 
 def _config(job: Job, cfg: dict[str, Any]) -> dict[str, Any]:
+    if not job.facet.residual_taps:  # DFlash: dflash_config.target_layer_ids, which dflash.py reads
+        return cfg
     return {**cfg, "target_layer_ids": list(taps_of(job) or ())}  # config.py reads it from the top level only
 
 
@@ -146,6 +155,10 @@ def _notes(job: Job) -> list[str]:
 
 def _serve(job: Job) -> str:
     base = job.verifier or "TARGET"
+    if job.traits.session == "block":  # DFlash: the draft is exported beside its base (its lm_head is the base's)
+        return (f"tensorrt-edgellm-export {base} {job.out}-onnx --dflash-draft --dflash-draft-dir {job.out} && "
+                f"tensorrt-edgellm-export {base} base-onnx --dflash-base --dflash-draft-dir {job.out}  (then "
+                f"tensorrt-edgellm-build on the device)")
     return (f"tensorrt-edgellm-export {job.out} {job.out}-onnx && tensorrt-edgellm-export {base} base-onnx "
             f"--eagle-base --eagle-draft-dir {job.out}  (then tensorrt-edgellm-build on the device)")
 

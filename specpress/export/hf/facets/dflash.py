@@ -1,5 +1,5 @@
 """How the serving engines serve a dflash drafter (models/dflash.py): speculators for vLLM, the z-lab DFlash
-layout for SGLang and TensorRT-LLM, both of which serve its layers in float only."""
+layout for SGLang, TensorRT-LLM and TensorRT Edge-LLM, all in float only (Edge-LLM: as far as specpress proves)."""
 
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ register_serving(ServingFacet(
                                "loading (_torch/models/modeling_dflash.py _build_fused_kv_buffers), which a quantized "
                                "Linear has no float weight for: export the full-precision drafter (quantize "
                                "--dequantize), or use --for vllm"),
-    },
-    no_route={
-        EDGELLM: ("TensorRT Edge-LLM 0.11.0 exports a DFlash draft beside its base (tensorrt-edgellm-export BASE OUT "
-                  "--dflash-draft --dflash-draft-dir DRAFT), a route specpress's --for edgellm does not write or "
-                  "prove yet: it writes eagle3 drafters (that exporter has read --for sglang's z-lab layout)"),
+        EDGELLM: Route("public", "dflash",
+                       no_quant="exports a DFlash draft beside its base (tensorrt-edgellm-export BASE OUT "
+                                "--dflash-draft --dflash-draft-dir DRAFT); specpress proves that route in float only "
+                                "(tests/export/test_edgellm_exports.py), not its quantized DFlash drafts: export the "
+                                "full-precision drafter (quantize --dequantize), or use --for vllm"),
     },
 ))
