@@ -52,14 +52,15 @@ from specpress.export.hf.engines import ENGINES, help_text
 @click.option("--force", is_flag=True, help="Replace --out if it exists.")
 def hf(drafter: str, out: str, engine: str | None, fmt: str | None, target: str | None, verifier: str | None,
        policy: str | None, materialize_head: bool, force: bool) -> None:
-    """Export a drafter as vLLM, SGLang or TensorRT-LLM loads it (--for), or in a serving layout (--format): the
-    same codes and scales specpress measured, re-laid out. Give --for, --format, or both.
+    """Export a drafter as vLLM, SGLang, TensorRT-LLM or Edge-LLM's exporter reads it (--for), or in a serving layout
+    (--format): the same codes and scales specpress measured, re-laid out. Give --for, --format, or both.
 
     \b
     Examples:
       specpress export hf --drafter drafters/eagle3-int4 --out served/eagle3-int4 --for vllm \\
           --target ~/models/L31-8B
       specpress export hf --drafter drafters/eagle3-fp8 --out served/eagle3-fp8 --for trtllm --target ~/models/L31-8B
+      specpress export hf --drafter drafters/eagle3-nvfp4 --out served/eagle3-edge --for edgellm
       specpress export hf --drafter drafters/eagle3-int4 --out served/eagle3-int4 --format speculators \\
           --target ~/.cache/specpress/zoo/small
     """

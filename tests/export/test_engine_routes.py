@@ -29,28 +29,40 @@ PER_TOKEN_INT8 = "no per-token int8 activations"
 BNB = "has no encoding for a"
 LOW_S = "SGLang 0.5.23's compressed-tensors weight-only scheme takes 4- and 8-bit weights"
 INT3_V = "the two layouts disagree for 3 bits"
+# TensorRT Edge-LLM 0.11.0 (export/hf/edgellm.py; its own exporter runs on the exports: test_edgellm_exports.py)
+E_NVFP4_A16 = "cannot export quant_algo W4A16_NVFP4"
+E_W8A16 = "cannot export quant_algo W8A16"
+E_PC_PT = "cannot export quant_algo FP8_PER_CHANNEL_PER_TOKEN"
+E_ALIGN = "which needs out and in features divisible by 64"  # k/v_proj [32, 128] here; 64-wide ones load
 # refused by the engine's own rule (RequestError); the others by the serving format's encoding (ConfigError)
-ENGINE_RULES = {PRE_V, PRE_S, NO_MX, SQ, LOW_S, INT3_V, "no W4A16_NVFP4 QuantAlgo", "no MXFP8 QuantAlgo"}
-# cell -> (vllm, sglang (fc kept in float), trtllm): loads, or the rule it is refused with
+ENGINE_RULES = {PRE_V, PRE_S, NO_MX, SQ, LOW_S, INT3_V, "no W4A16_NVFP4 QuantAlgo", "no MXFP8 QuantAlgo",
+                E_NVFP4_A16, E_W8A16, E_PC_PT, E_ALIGN}
+# cell -> (vllm, sglang (fc kept in float), trtllm, edgellm): loads, or the rule it is refused with
 EXPECTED = {
-    "int8/rtn/none": (W, W, W), "int8/gptq/none": (W, W, W),
-    "int8/rtn/dynamic": (W, W, PER_TOKEN_INT8), "int8/gptq/dynamic": (W, W, PER_TOKEN_INT8),
-    "int8/rtn/static": (W, W, SQ), "int8/gptq/static": (W, W, SQ),
-    "int8/smoothquant/dynamic": (PRE_V, PRE_S, PER_TOKEN_INT8), "int8/smoothquant/static": (PRE_V, PRE_S, SQ),
-    "int8/bnb/none": (BNB, BNB, BNB),
-    "int4/rtn/none": (W, W, W), "int4/gptq/none": (W, W, W), "int4/awq/none": (PRE_V, PRE_S, W),
-    "nf4/bnb/none": (BNB, BNB, BNB), "fp4/bnb/none": (BNB, BNB, BNB),
-    "fp8/rtn/none/channel": (W, W, W), "fp8/rtn/dynamic/channel": (W, W, W),
-    "fp8/rtn/static/channel": (W, W, "no per-channel fp8 with a static input_scale"),
-    "fp8/rtn/none/tensor": (W, W, W), "fp8/rtn/dynamic/tensor": (W, W, W), "fp8/rtn/static/tensor": (W, W, W),
-    "nvfp4/rtn/none": (W, W, "no W4A16_NVFP4 QuantAlgo"), "nvfp4/rtn/static": (W, W, W),
-    "mxfp4/rtn/none": (W, NO_MX, "names no MXFP4 quant_algo"), "mxfp4/rtn/dynamic": (W, NO_MX, "names no MXFP4"),
-    "mxfp8/rtn/none": (W, NO_MX, "would be served with MX activations"),
-    "mxfp8/rtn/dynamic": (W, NO_MX, "no MXFP8 QuantAlgo"),
-    **{f"{s}/{m}/none": (W, LOW_S, BNB) for s in ("int2", "ternary") for m in ("rtn", "gptq")},
-    "int3/rtn/none": (INT3_V, LOW_S, BNB), "int3/gptq/none": (INT3_V, LOW_S, BNB),
+    "int8/rtn/none": (W, W, W, E_W8A16), "int8/gptq/none": (W, W, W, E_W8A16),
+    "int8/rtn/dynamic": (W, W, PER_TOKEN_INT8, PER_TOKEN_INT8),
+    "int8/gptq/dynamic": (W, W, PER_TOKEN_INT8, PER_TOKEN_INT8),
+    "int8/rtn/static": (W, W, SQ, W), "int8/gptq/static": (W, W, SQ, W),
+    "int8/smoothquant/dynamic": (PRE_V, PRE_S, PER_TOKEN_INT8, PER_TOKEN_INT8),
+    "int8/smoothquant/static": (PRE_V, PRE_S, SQ, W),
+    "int8/bnb/none": (BNB, BNB, BNB, BNB),
+    "int4/rtn/none": (W, W, W, E_ALIGN), "int4/gptq/none": (W, W, W, E_ALIGN),
+    "int4/awq/none": (PRE_V, PRE_S, W, E_ALIGN),
+    "nf4/bnb/none": (BNB, BNB, BNB, BNB), "fp4/bnb/none": (BNB, BNB, BNB, BNB),
+    "fp8/rtn/none/channel": (W, W, W, E_PC_PT), "fp8/rtn/dynamic/channel": (W, W, W, E_PC_PT),
+    "fp8/rtn/static/channel": (W, W, "no per-channel fp8 with a static input_scale",
+                               "no per-channel fp8 with a static input_scale"),
+    "fp8/rtn/none/tensor": (W, W, W, E_PC_PT), "fp8/rtn/dynamic/tensor": (W, W, W, E_PC_PT),
+    "fp8/rtn/static/tensor": (W, W, W, W),
+    "nvfp4/rtn/none": (W, W, "no W4A16_NVFP4 QuantAlgo", E_NVFP4_A16), "nvfp4/rtn/static": (W, W, W, W),
+    "mxfp4/rtn/none": (W, NO_MX, "names no MXFP4 quant_algo", "names no MXFP4 quant_algo"),
+    "mxfp4/rtn/dynamic": (W, NO_MX, "names no MXFP4", "names no MXFP4"),
+    "mxfp8/rtn/none": (W, NO_MX, "would be served with MX activations", "would be served with MX activations"),
+    "mxfp8/rtn/dynamic": (W, NO_MX, "no MXFP8 QuantAlgo", W),
+    **{f"{s}/{m}/none": (W, LOW_S, BNB, BNB) for s in ("int2", "ternary") for m in ("rtn", "gptq")},
+    "int3/rtn/none": (INT3_V, LOW_S, BNB, BNB), "int3/gptq/none": (INT3_V, LOW_S, BNB, BNB),
 }
-ENGINE_ORDER = ("vllm", "sglang", "trtllm")
+ENGINE_ORDER = ("vllm", "sglang", "trtllm", "edgellm")
 
 
 def test_every_registry_cell_has_an_outcome_per_engine():
@@ -90,13 +102,14 @@ def test_each_engine_loads_or_refuses_each_scheme(cell, setting, tmp_path):
             assert not out.exists(), f"{engine}: a refused export left {out}"
 
 
-# family -> (vllm, sglang, trtllm) for a float drafter: the layout written, or the rule
+# family -> (vllm, sglang, trtllm, edgellm) for a float drafter: the layout written, or the rule
 FAMILIES = {
-    "eagle3": ("speculators eagle3", "public eagle3", "public eagle3"),
-    "dflash": ("speculators dflash", "public dflash", "public dflash"),
-    "eagle": ("public eagle", "public eagle", "registers EAGLE-3 draft models only"),
-    "lm": ("hf llama", "hf llama", "hf llama"),
-    "mtp": ("MTP routes load the MTP layers of the target's own architecture",) * 3,
+    "eagle3": ("speculators eagle3", "public eagle3", "public eagle3", "public eagle3"),
+    "dflash": ("speculators dflash", "public dflash", "public dflash", "public dflash"),
+    "eagle": ("public eagle", "public eagle", "registers EAGLE-3 draft models only",
+              "recognises an EAGLE draft only as EAGLE-3"),
+    "lm": ("hf llama", "hf llama", "hf llama", "has no draft-model mode"),
+    "mtp": ("MTP routes load the MTP layers of the target's own architecture",) * 4,
 }
 
 

@@ -290,7 +290,7 @@ def test_help_and_notes_do_not_promise_sglang_a_quantized_modelopt_route(target,
     r = CliRunner().invoke(hf, ["--help"])
     text = " ".join(r.output.split())
     assert r.exit_code == 0 and "vLLM / SGLang / TensorRT-LLM" not in text
-    assert "--for [vllm|sglang|trtllm]" in text and "SGLang 0.5.23" in text and "vLLM 0.34.0" in text
+    assert "--for [vllm|sglang|trtllm|edgellm]" in text and "SGLang 0.5.23" in text and "vLLM 0.34.0" in text
     s = export_hf(drafter_dir("eagle3", target, tmp_path, "fp8"), tmp_path / "mo", "modelopt")
     assert any(n.startswith("not for SGLang") for n in s.notes)
     assert not any("SGLang also" in n or "/ SGLang" in n for n in s.notes)

@@ -6,9 +6,9 @@ out or renamed, never recomputed, so the export is what specpress measured.
     --format speculators  eagle3 / dflash in the speculators layout (speculators.py); lm as a plain HF Llama dir;
                           quantized Linears as compressed-tensors
     --format modelopt     the family's public layout + hf_quant_config.json (modelopt.py)
-    --for ENGINE          what that engine loads for the family (engines.py: vLLM, SGLang, TensorRT-LLM): its
+    --for ENGINE          what that engine loads for the family (engines.py: vLLM, SGLang, TensorRT-LLM, Edge-LLM): its
                           layout and quantized-Linear format, config fields and float-Linear names in its own
-                          terms, refused first by its rules (rules.py; vllm.py, sglang.py, trtllm.py)
+                          terms, refused first by its rules (rules.py; vllm.py, sglang.py, trtllm.py, edgellm.py)
 
 Each quantized Linear is written by its scheme's encoding in the format (a facet registered per scheme,
 models/formats/encodings.py; ct_encodings.py, modelopt_encodings.py), which also holds the format's rule
@@ -191,8 +191,8 @@ def check_flags(fmt: str | None, engine_name: str | None) -> None:
     """The command-line errors, whatever the drafter (UsageError, exit 2): neither --for nor --format, or a
     --format that --for's engine writes for no family."""
     if fmt is None and engine_name is None:
-        raise UsageError("export hf needs --for ENGINE (vllm, sglang, trtllm) or --format LAYOUT (speculators, "
-                         "modelopt)")
+        raise UsageError("export hf needs --for ENGINE (vllm, sglang, trtllm, edgellm) or --format LAYOUT ("
+                         "speculators, modelopt)")
     if fmt is not None and engine_name is not None:
         eng = engine(engine_name)
         if fmt not in {_format_of(eng, lay) for lay in eng.layouts.values()}:
@@ -211,7 +211,7 @@ def export_hf(drafter: str | Path, out: str | Path, fmt: str | None = None, *, e
               verifier: str | None = None, policy: str | None = None, force: bool = False,
               materialize_head: bool = False) -> ExportSummary:
     """Write `drafter` to `out` in serving format `fmt` (speculators | modelopt), or as `engine` (vllm | sglang |
-    trtllm) loads it (its layout, its quantized-Linear format, refused by its rules); return the summary.
+    trtllm | edgellm) loads it (its layout, its quantized-Linear format, refused by its rules); return the summary.
     materialize_head: write a low-rank or shared head as a dense lm_head where the engines load no other."""
     from specpress.models import serving_io
     from specpress.models.drafter_io import active_quantize_step, read_drafter_config

@@ -2,7 +2,7 @@
 
     engine("vllm").layouts["eagle3"]      -> "speculators"  (the checkpoint layout that engine reads for the family)
     engine("vllm").quant                  -> "compressed-tensors" (how quantized Linears are written for it)
-    engine("vllm").rules()                -> its Rules (vllm.py / sglang.py / trtllm.py: refusals, notes, the
+    engine("vllm").rules()                -> its Rules (vllm.py, sglang.py, trtllm.py, edgellm.py: refusals, notes, the
                                              serve command), imported only when an export runs
 
 This module imports no torch: `specpress export hf --help` reads the versions from it. What an engine does with
@@ -21,6 +21,9 @@ Versions the rules were read from (the code itself, not its docs):
                           _torch/modules/linear.py @ed53795b, _torch/models/modeling_utils.py,
                           _torch/models/modeling_dflash.py @009d8fa4, quantization/mode.py; restated in
                           tests/export/test_trtllm_rules.py (its code needs CUDA and NVIDIA's index)
+    TensorRT Edge-LLM     the PyPI wheel (tensorrt_edgellm-0.11.0-cp311); its exporter (tensorrt-edgellm-export) runs
+      0.11.0              on CPU in a venv of its own (.ci/edgellm-venv) and tests/export/test_edgellm_exports.py runs
+                          it on our exports (export/hf/edgellm.py)
 """
 
 from __future__ import annotations
@@ -32,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from specpress.export.hf.facets import Route
 
-VLLM, SGLANG, TRTLLM = "vllm", "sglang", "trtllm"
-ENGINE_NAMES = (VLLM, SGLANG, TRTLLM)
+VLLM, SGLANG, TRTLLM, EDGELLM = "vllm", "sglang", "trtllm", "edgellm"
+ENGINE_NAMES = (VLLM, SGLANG, TRTLLM, EDGELLM)
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,7 @@ ENGINES: dict[str, Engine] = {
     SGLANG: Engine(SGLANG, "SGLang", "0.5.23", "compressed-tensors", "specpress.export.hf.sglang"),
     TRTLLM: Engine(TRTLLM, "TensorRT-LLM", "main (2026 sources, PyTorch backend)", "modelopt",
                    "specpress.export.hf.trtllm"),
+    EDGELLM: Engine(EDGELLM, "TensorRT Edge-LLM", "0.11.0", "modelopt", "specpress.export.hf.edgellm"),
 }
 
 

@@ -19,8 +19,8 @@ from typing import Any
 def hf_export(drafter: str | Path, out: str | Path, fmt: str | None = None, *, engine: str | None = None,
               target: str | None = None, legacy_verifier: str | None = None, policy: str | None = None,
               force: bool = False, materialize_head: bool = False) -> Any:
-    """Check the flags, claim `out`, write `drafter` as `engine` (vllm | sglang | trtllm) loads it or in layout `fmt`
-    (speculators | modelopt); the ExportSummary. target: the model id or local directory the server loads;
+    """Check the flags, claim `out`, write `drafter` as `engine` (vllm | sglang | trtllm | edgellm) loads it or in
+    layout `fmt` (speculators | modelopt); the ExportSummary. target: the model id or local directory the server loads;
     legacy_verifier: --verifier, the old spelling of target (UsageError with both). force: replace `out`."""
     from specpress.artifacts import claim_output
     from specpress.errors import UsageError, deprecated

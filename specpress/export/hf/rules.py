@@ -1,9 +1,9 @@
 """What an engine's rules see of one export (`Job`), what they answer (`Rules`), and the checks engines share.
 
-Each engine file (vllm.py, sglang.py, trtllm.py) builds one `Rules` from its loading code as read (versions in
-engines.py). `export_hf(..., engine=...)` asks `refuse` before it writes anything: a message names the engine's
-rule (version, file) and the fix, so no file is written that the engine would fail to load, or load into
-something else, later on a GPU.
+Each engine file (vllm.py, sglang.py, trtllm.py, edgellm.py) builds one `Rules` from its loading code as read
+(versions in engines.py). `export_hf(..., engine=...)` asks `refuse` before it writes anything: a message names
+the engine's rule (version, file) and the fix, so no file is written that the engine would fail to load, or load
+into something else, later on a GPU.
 """
 
 from __future__ import annotations
@@ -158,6 +158,21 @@ def last_layer_tap(label: str, where: str) -> Callable[[Job], str | None]:
                 f"takes after the final norm; {label} captures a layer's residual stream before any norm ({where}), so "
                 f"it would feed this drafter another feature. Re-distill it with taps below {n}")
     return check
+
+
+def modelopt_algo(job: Job) -> str | None:
+    """The ModelOpt quant_algo this job is written as, or None (float, or refused by the ModelOpt encoding's own
+    rule when the export writes it)."""
+    from specpress.errors import ConfigError
+    from specpress.models.formats.encodings import MODELOPT, encoding
+
+    if job.qcfg is None:
+        return None
+    try:
+        enc = encoding(MODELOPT, job.qcfg)
+    except ConfigError:
+        return None
+    return str(enc.spec(job.qcfg)["quant_algo"])
 
 
 def speculative_target(job: Job) -> str:

@@ -38,6 +38,7 @@ from specpress.export.hf.rules import (
     fused_scales_differ,
     last_layer_tap,
     mixed_fused,
+    modelopt_algo,
     quantized_named,
     unquantized_only,
 )
@@ -47,18 +48,7 @@ V = "TensorRT-LLM (main, PyTorch backend)"
 LOADS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "NVFP4", "W4A16_AWQ", "W8A16")
 
 
-def _algo(job: Job) -> str | None:
-    """The quant_algo this job is written as, or None (float, or refused by the ModelOpt encoding's own rule)."""
-    from specpress.errors import ConfigError
-    from specpress.models.formats.encodings import MODELOPT, encoding
-
-    if job.qcfg is None:
-        return None
-    try:
-        enc = encoding(MODELOPT, job.qcfg)
-    except ConfigError:
-        return None
-    return str(enc.spec(job.qcfg)["quant_algo"])
+_algo = modelopt_algo  # the quant_algo this job is written as (None: float, or the encoding refuses it)
 
 
 def _scheme(job: Job) -> str | None:

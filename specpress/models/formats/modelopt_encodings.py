@@ -221,7 +221,10 @@ def _int_decode(tensors: Mapping[str, Tensor], c: Any, shape: tuple[int, int], w
     algo = _int_algo(c)
     out = _read_input_scale(tensors, c, where, algo)
     if c.has_pre_quant_scale:
-        out["pre_quant_scale"] = _get(tensors, "pre_quant_scale", torch.float32, (k,), where, algo)
+        # ModelOpt writes it in the model's dtype; specpress in float32, or float16 for Edge-LLM (export/hf/edgellm.py)
+        pqs = tensors.get("pre_quant_scale")
+        dt = pqs.dtype if pqs is not None and pqs.dtype in (torch.float16, torch.bfloat16) else torch.float32
+        out["pre_quant_scale"] = _get(tensors, "pre_quant_scale", dt, (k,), where, algo).float()
     if c.bits == 4:
         w = _get(tensors, "weight", torch.uint8, (n // 2, k), where, algo)
         ng = P.num_groups(k, c.group_size)

@@ -1,9 +1,9 @@
 """How the serving engines serve a dflash drafter (models/dflash.py): speculators for vLLM, the z-lab DFlash
-layout for SGLang and TensorRT-LLM, both of which serve its layers in float only."""
+layout for SGLang, TensorRT-LLM and TensorRT Edge-LLM, all in float only (Edge-LLM: as far as specpress proves)."""
 
 from __future__ import annotations
 
-from specpress.export.hf.engines import SGLANG, TRTLLM, VLLM
+from specpress.export.hf.engines import EDGELLM, SGLANG, TRTLLM, VLLM
 from specpress.export.hf.facets import Route, ServingFacet, register_serving
 
 register_serving(ServingFacet(
@@ -20,5 +20,10 @@ register_serving(ServingFacet(
                                "loading (_torch/models/modeling_dflash.py _build_fused_kv_buffers), which a quantized "
                                "Linear has no float weight for: export the full-precision drafter (quantize "
                                "--dequantize), or use --for vllm"),
+        EDGELLM: Route("public", "dflash",
+                       no_quant="exports a DFlash draft beside its base (tensorrt-edgellm-export BASE OUT "
+                                "--dflash-draft --dflash-draft-dir DRAFT); specpress proves that route in float only "
+                                "(tests/export/test_edgellm_exports.py), not its quantized DFlash drafts: export the "
+                                "full-precision drafter (quantize --dequantize), or use --for vllm"),
     },
 ))

@@ -3,7 +3,7 @@ route in TensorRT-LLM's PyTorch backend."""
 
 from __future__ import annotations
 
-from specpress.export.hf.engines import SGLANG, TRTLLM, VLLM
+from specpress.export.hf.engines import EDGELLM, SGLANG, TRTLLM, VLLM
 from specpress.export.hf.facets import Route, ServingFacet, register_serving
 
 register_serving(ServingFacet(
@@ -17,5 +17,8 @@ register_serving(ServingFacet(
         TRTLLM: "TensorRT-LLM's PyTorch backend registers EAGLE-3 draft models only (_torch/models/"
                 "modeling_speculative.py: Eagle3ForCausalLM; an Eagle decoding config runs the EAGLE-3 path), so an "
                 "EAGLE-1 drafter has no route: distill an eagle3 drafter",
+        EDGELLM: "TensorRT Edge-LLM 0.11.0 recognises an EAGLE draft only as EAGLE-3 (config.py: an architecture "
+                 "containing Eagle3, or ttt_length; model.py Eagle3DraftModel), so an EAGLE-1 drafter has no route: "
+                 "distill an eagle3 drafter",
     },
 ))

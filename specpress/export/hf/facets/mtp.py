@@ -3,7 +3,7 @@ layers of the target's own architecture."""
 
 from __future__ import annotations
 
-from specpress.export.hf.engines import SGLANG, TRTLLM, VLLM
+from specpress.export.hf.engines import EDGELLM, SGLANG, TRTLLM, VLLM
 from specpress.export.hf.facets import ServingFacet, register_serving
 
 _MTP = ("{label}'s MTP routes load the MTP layers of the target's own architecture ({where}); specpress's mtp "
@@ -21,5 +21,7 @@ register_serving(ServingFacet(
                                                         "mimo_mtp.py, glm4_moe_nextn.py: each its target's block"),
         TRTLLM: _MTP.format(label="TensorRT-LLM", where="_torch/models/modeling_deepseekv3.py and its kin load the "
                                                        "nextn layers from the target checkpoint"),
+        EDGELLM: _MTP.format(label="TensorRT Edge-LLM 0.11.0", where="model.py: MTP base only for Qwen3.5 and "
+                                                                    "Nemotron-H checkpoints"),
     },
 ))
