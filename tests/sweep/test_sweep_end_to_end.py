@@ -334,3 +334,53 @@ def test_a_quantize_step_recovers_with_recover_steps(tmp_path):
     a = st.load_file(str(art / "model.safetensors"))
     b = st.load_file(str(tmp_path / "out" / "points" / "int2-g8-sl16-r3-rb2" / "drafter" / "model.safetensors"))
     assert not reused and a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _ok_line(lines: list[str], point: str) -> int:
+    return next(i for i, ln in enumerate(lines) if json.loads(ln)["point"] == point and '"status": "ok"' in ln)
+
+
+@pytest.mark.parametrize("edit, words", [
+    ({"tau": 99.0}, "tau must be between 1 and 4 (policy chain:3: at most 3 drafted tokens accepted a round"),
+    ({"bytes": -5}, "bytes must be a positive integer"),
+    ({"tau": 1.5}, "retention"),  # in range, but no longer tau / base tau
+    ({"retention": 0.5}, "retention 0.5 is not tau / base tau"),
+    ({"status": "great"}, "status must be 'ok' or 'failed'"),
+    ({"per_prompt_tau": [0.0]}, "per_prompt_tau[0] must be between 1 and 4"),
+])
+def test_resume_refuses_a_result_edited_by_hand(done, tmp_path, monkeypatch, edit, words):
+    """Issue 57, item 3: a results.jsonl line changed by hand (tau 99.0, bytes -5) was accepted and shown."""
+    import specpress.sweep.run as run
+
+    _, recipe, out, _ = done
+    mine = tmp_path / "out"
+    shutil.copytree(out, mine)
+    lines = (mine / "results.jsonl").read_text().splitlines()
+    i = _ok_line(lines, "int8")
+    lines[i] = json.dumps({**json.loads(lines[i]), **edit})
+    (mine / "results.jsonl").write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(run, "bench_speculative", lambda *a, **k: pytest.fail("measured before refusing"))
+    res = sweep(recipe, "--out", mine, "--resume")
+    assert isinstance(res.exception, RequestError), (res.output, res.exception)
+    msg = str(res.exception)
+    assert f"{mine / 'results.jsonl'}:{i + 1}: " in msg and words in msg and "remove that line" in msg, msg
+
+
+def test_resume_drops_a_line_cut_short_and_says_so(done, tmp_path, monkeypatch):
+    """A kill mid-write leaves the last line without its newline: dropped with a note, its run measured again."""
+    import specpress.sweep.run as run
+
+    _, recipe, out, _ = done
+    mine = tmp_path / "out"
+    shutil.copytree(out, mine)
+    lines = (mine / "results.jsonl").read_text().splitlines()
+    i = _ok_line(lines, "int8")
+    (mine / "results.jsonl").write_text("".join(ln + "\n" for ln in lines[:i] + lines[i + 1:]) + lines[i][:40])
+    calls = []
+    real = run.bench_speculative
+    monkeypatch.setattr(run, "bench_speculative", lambda *a, **k: calls.append(k["config"]["point"]) or real(*a, **k))
+    res = sweep(recipe, "--out", mine, "--resume")
+    assert res.exit_code == 0, (res.output, res.exception)
+    flat = "".join(res.output.split())  # the console wraps long lines
+    assert f"note:{mine / 'results.jsonl'}:{len(lines)}wascutshort" in flat, res.output
+    assert calls == ["int8"] and by_point(mine)["int8"]["status"] == "ok"
