@@ -99,3 +99,34 @@ def test_a_recipe_with_a_calibration_that_cannot_apply_is_a_config_error():
         config_for("int4", act_calibration="mse")
     assert config_for("fp8", activations="static", act_calibration="max").act_calibration == "max"
     assert config_for("int8", activations="static").act_mode == "static"  # the default calibration: nothing given
+
+
+def test_the_first_stderr_line_is_ours_not_bitsandbytes(setup, tmp_path):
+    """Issue 57, item 8: importing bitsandbytes (0.50, on an AVX512-BF16 CPU without the `kernels` package) logged
+    "Failed to load CPU gemm_4bit_forward from kernels-community ... trust_remote_code" above our output. Fresh
+    processes, as a user's shell runs them (the import happens inside the command): an nf4 quantize, then a bench
+    of its drafter that fails on a prompt past the context, whose first stderr line must be our error."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("bitsandbytes")
+    root, tdir, _, drafter = setup
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+
+    def specpress(*args):
+        return subprocess.run([sys.executable, "-m", "specpress.cli", *map(str, args)], capture_output=True,
+                              text=True, env=env, timeout=300)
+
+    q = tmp_path / "nf4"
+    proc = specpress("quantize", "--drafter", drafter, "--out", q, "--scheme", "nf4", "--group-size", "32",
+                     "--exclude", "fc,midlayer.mlp.down_proj,midlayer.self_attn.o_proj")
+    assert proc.returncode == 0, proc.stderr
+    assert "gemm_4bit_forward" not in proc.stderr + proc.stdout and "trust_remote_code" not in proc.stderr
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"input_ids": [1] * 120}) + "\n")
+    proc = specpress("bench", "--target", tdir, "--drafter", q, "--prompts", long, "--max-new-tokens", "6")
+    assert proc.returncode == 1, proc.stderr
+    first = next(ln for ln in proc.stderr.splitlines() if ln.strip())
+    assert first.startswith("error: prompt 1 has 120 tokens"), proc.stderr
