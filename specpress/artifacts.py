@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Literal, Mapping
 
-from specpress.errors import RequestError, UsageError, WriteError
+from specpress.errors import Interrupted, RequestError, UsageError, WriteError
 from specpress.readback import ARTIFACTS, MARKERS, artifact_format, artifact_kind  # noqa: F401 - MARKERS: checked in tests
 
 Kind = Literal["dir", "file"]
@@ -389,9 +389,26 @@ def claim_output(out: Path | str, *, force: bool = False, inputs: Mapping[str, A
                 print(f"note: {note}", file=sys.stderr)
             try:
                 yield claim
+            except KeyboardInterrupt:  # a command that keeps more says so itself (an Interrupted of its own)
+                raise interrupted_claim(claim, in_place) from None
             finally:
                 if part is not None and part.is_dir() and not part.is_symlink() and not any(part.iterdir()):
                     part.rmdir()  # an empty partial holds nothing to resume: it must not ask for --resume
+
+
+def interrupted_claim(claim: OutputClaim, in_place: bool = False) -> Interrupted:
+    """What a Ctrl-C inside a claim left, for a command that says nothing more itself: its partial (to resume),
+    what an in-place output keeps, or that nothing was written to the output (and what was there stands)."""
+    out, part = claim.out, claim.partial
+    if part is not None and part.exists() and (part.is_file() or any(part.iterdir())):
+        return Interrupted(f"interrupted: the work so far is kept in {part}; to continue, run the same command "
+                           f"again with --resume")
+    if in_place:
+        return Interrupted(f"interrupted: what was finished is kept in {out}; to continue, run the same command "
+                           f"again with --resume")
+    stands = f"; the {out} that was there is untouched" if out.exists() else ""
+    return Interrupted(f"interrupted: nothing was written to {out} (it is written only when the command "
+                       f"finishes){stands}; run the same command again to start over")
 
 
 _CLAIMED: list[Path] = []  # the outputs (and cache entries) claimed in this process, while they are held

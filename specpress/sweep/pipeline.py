@@ -92,13 +92,21 @@ def run_sweep(req: SweepRequest, out: str | Path, *, resume: bool = False, force
     with claim_output(out, force=force, inputs=inputs, in_place=True):
         s = Sweep(r, out, console, resume=resume, force=force)
         s.open()
-        if req.find_smallest:
-            if (jobs or 1) > 1 or spec.kind != "local":
-                s.log("--find-smallest evaluates one point at a time (each choice depends on the last), in this "
-                      "process; --jobs and --executor ignored")
-            s.find_smallest(req.loss)
-        else:
-            s.run_all(jobs=jobs, executor=spec)
+        try:
+            if req.find_smallest:
+                if (jobs or 1) > 1 or spec.kind != "local":
+                    s.log("--find-smallest evaluates one point at a time (each choice depends on the last), in this "
+                          "process; --jobs and --executor ignored")
+                s.find_smallest(req.loss)
+            else:
+                s.run_all(jobs=jobs, executor=spec)
+        except KeyboardInterrupt:
+            from specpress.errors import Interrupted
+            from specpress.sweep.results import RESULTS, latest, read_results
+
+            done = sum(rec.get("status") == "ok" for rec in latest(read_results(out)).values())
+            raise Interrupted(f"interrupted: {done} finished run(s) kept in {out / RESULTS} (the run in progress is "
+                              f"lost); to continue, run the same command again with --resume") from None
         records = s.finalize()
     failed = failure_summary(records)
     if failed and (req.tolerate_failures or r.tolerate_failures):

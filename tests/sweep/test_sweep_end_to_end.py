@@ -384,3 +384,24 @@ def test_resume_drops_a_line_cut_short_and_says_so(done, tmp_path, monkeypatch):
     flat = "".join(res.output.split())  # the console wraps long lines
     assert f"note:{mine / 'results.jsonl'}:{len(lines)}wascutshort" in flat, res.output
     assert calls == ["int8"] and by_point(mine)["int8"]["status"] == "ok"
+
+
+def test_ctrl_c_says_how_many_runs_are_kept_and_how_to_go_on(done, tmp_path, monkeypatch):
+    """Issue 57, item 5: a Ctrl-C mid-sweep says what results.jsonl keeps and that --resume continues."""
+    import specpress.sweep.run as run
+    from specpress.errors import Interrupted
+
+    _, recipe, out, _ = done
+    mine = tmp_path / "out"
+    shutil.copytree(out, mine)
+    lines = (mine / "results.jsonl").read_text().splitlines()
+    (mine / "results.jsonl").write_text("".join(ln + "\n" for ln in lines if '"point": "int8"' not in ln))
+
+    def ctrl_c(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run, "bench_speculative", ctrl_c)
+    res = sweep(recipe, "--out", mine, "--resume")
+    assert isinstance(res.exception, Interrupted) and res.exception.exit_code == 130, (res.output, res.exception)
+    assert str(res.exception) == (f"interrupted: 3 finished run(s) kept in {mine / 'results.jsonl'} (the run in "
+                                  f"progress is lost); to continue, run the same command again with --resume")
