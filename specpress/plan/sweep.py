@@ -4,6 +4,7 @@ steps (each step planned as its command is), then acc@k and a bench per policy x
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,14 @@ def _distilled(recipe: Any, target_dir: Path) -> tuple[DrafterFacts, Plan]:
     return DrafterFacts(cfg.family, student, n, 4 * n, 4 * n), plan_distill(params)
 
 
+def bench_work(recipe: Any) -> tuple[int, int]:
+    """(bench runs of each point, the target tokens they decode): each prompt decoded plainly and speculatively
+    per policy x temperature x backend, one target forward a token at most (a plain decode's, a verify's)."""
+    prompts = recipe.prompts.heldout_n or _lines(recipe.prompts.path)
+    runs = len(recipe.policies or (None,)) * len(recipe.temperatures) * len(recipe.backends)
+    return runs, prompts * recipe.max_new_tokens * runs * 2
+
+
 def plan_sweep(arg: str | Path) -> list[Plan]:
     """A plan per point of the recipe `arg` (a path or a bundled recipe's name); a drafter the recipe distills
     first comes first, as its own plan."""
@@ -67,10 +76,8 @@ def plan_sweep(arg: str | Path) -> list[Plan]:
     else:
         ddir = recipe.drafter.path
         d = drafter_facts(ddir)
-    prompts = recipe.prompts.heldout_n or _lines(recipe.prompts.path)
-    runs = len(recipe.policies or (None,)) * len(recipe.temperatures) * len(recipe.backends)
+    runs, bench_tokens = bench_work(recipe)
     onnx = any(get_backend(b).reads != "drafter" for b in recipe.backends)
-    bench_tokens = prompts * recipe.max_new_tokens * runs * 2  # each prompt decoded plainly and speculatively
     calib = _data(recipe.calibration)
     for point in recipe.points:
         phases: dict[str, dict[str, int]] = {}
@@ -104,6 +111,29 @@ def plan_sweep(arg: str | Path) -> list[Plan]:
         plans.append(Plan(f"sweep point {point.id}", base_bytes(onnx=onnx), phases, holds, work,
                           [f"target held in {t.dtype} (the recipe's dtype)"]))
     return plans
+
+
+def copy_bandwidth(nbytes: int = 64 << 20) -> float:
+    """Bytes per second this machine moves in a large tensor copy (read + write), measured now (~0.1 s)."""
+    src = torch.empty(nbytes // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # first touch: pages mapped
+    t0 = time.perf_counter()
+    for _ in range(3):
+        dst.copy_(src)
+    return 2 * nbytes * 3 / max(time.perf_counter() - t0, 1e-9)
+
+
+def sweep_estimate(recipe: Any) -> tuple[int, float, float]:
+    """(the target forwards the recipe's benches take, a lower bound on their seconds here, the bandwidth it
+    assumed), from the configs alone (`bench_work`, as plan_sweep counts them, on every target): decoding reads
+    the target's weights once per forward, so none is faster than the weight bytes at this machine's copy
+    bandwidth. Building the points (calibration, training) and the drafter's own forwards add to it."""
+    t = target_facts(_target_dir(recipe), recipe.dtype)
+    _, tokens = bench_work(recipe)
+    forwards = len(recipe.points) * len(recipe.targets) * (recipe.agreement_batches + tokens)
+    bw = copy_bandwidth()
+    return forwards, forwards * t.bytes / bw, bw
 
 
 def _lines(path: Path | None) -> int:

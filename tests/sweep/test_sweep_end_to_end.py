@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from drafters_common import V, lm_sweep_inputs
 
 from specpress.cli import cli
-from specpress.errors import ConfigError, DataError, RequestError
+from specpress.errors import ConfigError, DataError, RequestError, UsageError
 from specpress.stats import pareto_flags
 from specpress.sweep.driver import cores
 from specpress.sweep.recipe import load_recipe
@@ -405,3 +405,43 @@ def test_ctrl_c_says_how_many_runs_are_kept_and_how_to_go_on(done, tmp_path, mon
     assert isinstance(res.exception, Interrupted) and res.exception.exit_code == 130, (res.output, res.exception)
     assert str(res.exception) == (f"interrupted: 3 finished run(s) kept in {mine / 'results.jsonl'} (the run in "
                                   f"progress is lost); to continue, run the same command again with --resume")
+
+
+def test_a_grid_of_hundreds_of_runs_says_so_and_needs_allow_large(done, tmp_path, monkeypatch):
+    """Issue 57, item 7: a recipe expanding to hundreds of runs started without a word. Past 64 points the sweep
+    is refused (exit 2) with the count and a lower bound on the time, before anything is built; --allow-large
+    runs it, with the same words as a note. The recipes CI runs stay below the threshold."""
+    from specpress.sweep import driver
+
+    root, _, _, _ = done
+    big = {**RECIPE, "target": str(root / "target"), "drafter": str(root / "drafter"),
+           "prompts": str(root / "prompts.jsonl"), "calibration": str(root / "ids.jsonl"),
+           "agreement_data": str(root / "ids.jsonl"), "policies": ["chain:3", "chain:2"],
+           "grid": [{"prune": {"ffn": list(range(1, 40))}},
+                    {"chain": [{"prune": {"ffn": list(range(1, 40))}}, {"quantize": {"scheme": "int8"}}]}]}
+    recipe = tmp_path / "big.yaml"
+    recipe.write_text(yaml.safe_dump(big))
+    assert len(load_recipe(recipe).points) == 79
+    monkeypatch.setattr(driver.Sweep, "open", lambda self: pytest.fail("opened the sweep before refusing"))
+    res = sweep(recipe, "--out", tmp_path / "o")
+    assert isinstance(res.exception, UsageError) and res.exception.exit_code == 2, (res.output, res.exception)
+    msg = str(res.exception)
+    assert "the recipe expands to 79 points x 2 run(s) = 158 benched runs (" in msg, msg
+    assert "target forwards by plan: at least " in msg and "needs --allow-large" in msg, msg
+    assert not (tmp_path / "o").exists()
+
+    class Opened(Exception):
+        pass
+
+    def opened(self):
+        raise Opened
+
+    monkeypatch.setattr(driver.Sweep, "open", opened)
+    res = sweep(recipe, "--out", tmp_path / "o", "--allow-large")
+    assert isinstance(res.exception, Opened), (res.output, res.exception)
+    assert "note: the recipe expands to 79 points x 2 run(s)" in res.output and "(--allow-large)" in res.output
+    from specpress.sweep.pipeline import LARGE_GRID
+
+    assert LARGE_GRID < 79
+    for f in sorted((Path(__file__).parents[2] / "recipes").glob("*.yaml")):
+        assert len(load_recipe(f).points) <= LARGE_GRID, f  # what the repo ships runs without the flag
