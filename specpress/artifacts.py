@@ -8,11 +8,12 @@ replaces only what specpress wrote (`artifact_kind`: a drafter, an export, a zoo
 an artifact of the kind the command writes (`writes`: a drafter over a drafter, never over a zoo target), or
 an empty directory; any other existing directory is refused, --force or not, and left untouched. A
 directory output that is a symbolic link is refused up front (its lock, its temp dir and the rename that
-replaces it would act on the link, not on what it points to): the message names the link's target. A single file (bench --json,
-regenerate --out) is refused when it is or lies inside an input, like a directory. `check_output` runs
-these checks alone (an output written at the end of the command); `claim_output` runs them, then
-holds a lock (`.<name>.lock` beside the output, with the holder's pid) for the whole run, so a second
-writer of the same output fails at once naming the first.
+replaces it would act on the link, not on what it points to): the message names the link's target. A
+single file (bench --json, regenerate --out) is refused when it is or lies inside an input, like a
+directory. A Ctrl-C inside a claim says what was kept (`interrupted_claim`) unless the command says more.
+`check_output` runs these checks alone (an output written at the end of the command); `claim_output` runs
+them, then holds a lock (`.<name>.lock` beside the output, with the holder's pid) for the whole run, so a
+second writer of the same output fails at once naming the first.
 
 `atomic_dir` writes an artifact directory: a temp dir beside the target, then a rename; a failure
 leaves the old artifact untouched. `write_file` / `write_json` / `save_torch` write one file the same way
@@ -43,7 +44,8 @@ from pathlib import Path
 from typing import Any, Iterator, Literal, Mapping
 
 from specpress.errors import Interrupted, RequestError, UsageError, WriteError
-from specpress.readback import ARTIFACTS, MARKERS, artifact_format, artifact_kind  # noqa: F401 - MARKERS: checked in tests
+from specpress.readback import (ARTIFACTS, MARKERS, artifact_format,  # noqa: F401 - MARKERS: checked in tests
+                                artifact_kind)
 
 Kind = Literal["dir", "file"]
 

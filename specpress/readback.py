@@ -13,8 +13,8 @@ code, a file that is not a checkpoint and one that holds the wrong objects are r
 the fix, never with torch's advice to load it with weights_only=False (specpress never unpickles code).
 
 `artifact_kind` (`artifact_format`: as a key of ARTIFACTS) says what specpress wrote at a directory, from the
-marker file each writer leaves (what `--force` may replace, when the command writes that kind). The checks on an export's files (inside the artifact, sizes and sha256 as recorded,
-format and version) are `specpress.manifest.verify_files` / `member` / `open_export`, which read through
+marker file each writer leaves (what `--force` may replace, when the command writes that kind). The checks
+on an export's files (inside the artifact, sizes and sha256 as recorded, format and version) are `specpress.manifest.verify_files` / `member` / `open_export`, which read through
 `read_json` too.
 """
 

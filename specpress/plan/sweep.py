@@ -4,7 +4,6 @@ steps (each step planned as its command is), then acc@k and a bench per policy x
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from specpress.errors import RequestError
 from specpress.plan import ORT_SESSIONS, DrafterFacts, Plan, base_bytes, drafter_facts, kv_bytes, target_facts
 from specpress.plan.commands import plan_distill, plan_prune, plan_quantize
 from specpress.runtime.backends import get_backend
+from specpress.sweep.size import bench_work
 
 
 def _target_dir(recipe: Any) -> Path:
@@ -49,14 +49,6 @@ def _distilled(recipe: Any, target_dir: Path) -> tuple[DrafterFacts, Plan]:
         student = build_drafter(student_config(cfg, t.cfg), target)
     n = sum(p.numel() for p in student.parameters())
     return DrafterFacts(cfg.family, student, n, 4 * n, 4 * n), plan_distill(params)
-
-
-def bench_work(recipe: Any) -> tuple[int, int]:
-    """(bench runs of each point, the target tokens they decode): each prompt decoded plainly and speculatively
-    per policy x temperature x backend, one target forward a token at most (a plain decode's, a verify's)."""
-    prompts = recipe.prompts.heldout_n or _lines(recipe.prompts.path)
-    runs = len(recipe.policies or (None,)) * len(recipe.temperatures) * len(recipe.backends)
-    return runs, prompts * recipe.max_new_tokens * runs * 2
 
 
 def plan_sweep(arg: str | Path) -> list[Plan]:
@@ -111,35 +103,3 @@ def plan_sweep(arg: str | Path) -> list[Plan]:
         plans.append(Plan(f"sweep point {point.id}", base_bytes(onnx=onnx), phases, holds, work,
                           [f"target held in {t.dtype} (the recipe's dtype)"]))
     return plans
-
-
-def copy_bandwidth(nbytes: int = 64 << 20) -> float:
-    """Bytes per second this machine moves in a large tensor copy (read + write), measured now (~0.1 s)."""
-    src = torch.empty(nbytes // 4)
-    dst = torch.empty_like(src)
-    dst.copy_(src)  # first touch: pages mapped
-    t0 = time.perf_counter()
-    for _ in range(3):
-        dst.copy_(src)
-    return 2 * nbytes * 3 / max(time.perf_counter() - t0, 1e-9)
-
-
-def sweep_estimate(recipe: Any) -> tuple[int, float, float]:
-    """(the target forwards the recipe's benches take, a lower bound on their seconds here, the bandwidth it
-    assumed), from the configs alone (`bench_work`, as plan_sweep counts them, on every target): decoding reads
-    the target's weights once per forward, so none is faster than the weight bytes at this machine's copy
-    bandwidth. Building the points (calibration, training) and the drafter's own forwards add to it."""
-    t = target_facts(_target_dir(recipe), recipe.dtype)
-    _, tokens = bench_work(recipe)
-    forwards = len(recipe.points) * len(recipe.targets) * (recipe.agreement_batches + tokens)
-    bw = copy_bandwidth()
-    return forwards, forwards * t.bytes / bw, bw
-
-
-def _lines(path: Path | None) -> int:
-    if path is None:
-        return 0
-    try:
-        return sum(1 for line in Path(path).expanduser().read_text().splitlines() if line.strip())
-    except OSError:
-        return 0

@@ -23,9 +23,6 @@ from specpress.sweep.executors import ExecutorSpec
 from specpress.sweep.recipe import Recipe
 
 
-LARGE_GRID = 64  # points (the base included) past which a sweep needs --allow-large; bundled recipes have <= 29
-
-
 @dataclass(frozen=True)
 class SweepRequest:
     """One sweep, checked (sweep_request): what run_sweep takes."""
@@ -53,7 +50,7 @@ def sweep_request(recipe: str | Path, *, executor: str | None = None, address: s
 
     executor: "local" or "ray" (None: the recipe's executor:, else local); address: the Ray cluster to join;
     max_tau_loss: "3%" or "0.03", only with find_smallest (default 3%). allow_large: run a grid of more than
-    LARGE_GRID points (`check_grid`). Raises UsageError naming the option.
+    LARGE_GRID points (sweep/size.py). Raises UsageError naming the option.
     """
     from specpress.errors import UsageError
     from specpress.sweep.driver import parse_loss
@@ -74,39 +71,10 @@ def sweep_request(recipe: str | Path, *, executor: str | None = None, address: s
     if spec.kind == "ray":
         require_ray()  # before any work: without Ray, say how to install it
     if not find_smallest:  # a search measures a few of the points, not every one
+        from specpress.sweep.size import check_grid
+
         check_grid(r, recipe, allow_large)
     return SweepRequest(r, spec, find_smallest, loss, jobs, tolerate_failures)
-
-
-def fmt_seconds(s: float) -> str:
-    return f"{s:.1f} s" if s < 10 else f"{s:.0f} s" if s < 90 else f"{s / 60:.0f} min" if s < 5400 else f"{s / 3600:.1f} h"
-
-
-def check_grid(r: Recipe, arg: str | Path, allow_large: bool) -> None:
-    """A grid of more than LARGE_GRID points is a UsageError without --allow-large, saying how many points and
-    runs it expands to and how long they take at least (plan.sweep.sweep_estimate); with it, the same words as
-    a note on stderr before the sweep starts."""
-    import sys
-
-    from specpress.errors import SpecpressError, UsageError
-
-    n = len(r.points)
-    if n <= LARGE_GRID:
-        return
-    runs = len(r.policies or (None,)) * len(r.temperatures) * len(r.backends) * len(r.targets)
-    what = f"the recipe expands to {n} points x {runs} run(s) = {n * runs:,} benched runs"
-    try:
-        from specpress.plan.sweep import sweep_estimate
-
-        forwards, seconds, bw = sweep_estimate(r)
-        what += (f" ({forwards:,} target forwards by plan: at least {fmt_seconds(seconds)} here, each reading the "
-                 f"target's weights at this machine's {bw / 1e9:.1f} GB/s; building the points takes longer)")
-    except SpecpressError as exc:  # a zoo target not built yet, a target not there: the count alone (open says more)
-        what += f" (no time estimate: {exc})"
-    if not allow_large:
-        raise UsageError(f"{what}; more than {LARGE_GRID} points needs --allow-large: check the grid first "
-                         f"(`specpress plan {arg}` details each point), then pass --allow-large to run it")
-    print(f"note: {what} (--allow-large)", file=sys.stderr)
 
 
 def run_sweep(req: SweepRequest, out: str | Path, *, resume: bool = False, force: bool = False,

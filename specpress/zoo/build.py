@@ -219,7 +219,8 @@ def build_zoo(out: Path | None = None, *, size: str = "small", minutes: float | 
         raise UsageError(f"--minutes must be positive, got {minutes}")
     out = Path(default_zoo_dir(size) if out is None else out).expanduser().absolute()
     _check_out(out, force)
-    with claim_output(out, force=True, partial=True, resume=True, writes="specpress-zoo"):  # locked; its partial is _prepare_partial's
+    # locked; its partial is _prepare_partial's
+    with claim_output(out, force=True, partial=True, resume=True, writes="specpress-zoo"):
         try:
             return _build(out, preset, minutes, seed, progress, resume, steps, max_files, stdlib)
         except KeyboardInterrupt:
