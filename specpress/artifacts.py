@@ -4,12 +4,16 @@
 or training anything: the output must not be, contain or lie inside an input (refused even with
 --force: a --force there would destroy the input); an existing output needs --force; its directory
 must be writable; a `<out>.partial` left by an interrupted run needs --resume or --force. --force
-replaces only what specpress wrote (`artifact_kind`: a drafter, an export, a zoo target, a sweep) or an
-empty directory; any other existing directory is refused, --force or not. A single file (bench --json,
-regenerate --out) is refused when it is or lies inside an input, like a directory. `check_output` runs
-these checks alone (an output written at the end of the command); `claim_output` runs them, then
-holds a lock (`.<name>.lock` beside the output, with the holder's pid) for the whole run, so a second
-writer of the same output fails at once naming the first.
+replaces only what specpress wrote (`artifact_kind`: a drafter, an export, a zoo target, a sweep), and only
+an artifact of the kind the command writes (`writes`: a drafter over a drafter, never over a zoo target), or
+an empty directory; any other existing directory is refused, --force or not, and left untouched. A
+directory output that is a symbolic link is refused up front (its lock, its temp dir and the rename that
+replaces it would act on the link, not on what it points to): the message names the link's target. A
+single file (bench --json, regenerate --out) is refused when it is or lies inside an input, like a
+directory. A Ctrl-C inside a claim says what was kept (`interrupted_claim`) unless the command says more.
+`check_output` runs these checks alone (an output written at the end of the command); `claim_output` runs
+them, then holds a lock (`.<name>.lock` beside the output, with the holder's pid) for the whole run, so a
+second writer of the same output fails at once naming the first.
 
 `atomic_dir` writes an artifact directory: a temp dir beside the target, then a rename; a failure
 leaves the old artifact untouched. `write_file` / `write_json` / `save_torch` write one file the same way
@@ -39,8 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Literal, Mapping
 
-from specpress.errors import RequestError, UsageError, WriteError
-from specpress.readback import MARKERS, artifact_kind  # noqa: F401 - MARKERS: the writers' tags, checked in tests
+from specpress.errors import Interrupted, RequestError, UsageError, WriteError
+from specpress.readback import (ARTIFACTS, MARKERS, artifact_format,  # noqa: F401 - MARKERS: checked in tests
+                                artifact_kind)
 
 Kind = Literal["dir", "file"]
 
@@ -243,23 +248,33 @@ def dir_listing(path: Path, shown: int = 3) -> str:
     return ", ".join(names[:shown]) + more
 
 
-def check_replaceable(out: Path | str, flag: str = "--out") -> None:
-    """An existing directory may be replaced only when specpress wrote it or it is empty; refuse anything else
-    (--force or not), naming a few of its entries."""
+def check_replaceable(out: Path | str, flag: str = "--out", writes: str | None = None) -> None:
+    """An existing directory may be replaced only when it is empty or specpress wrote it, and (`writes`: the
+    ARTIFACTS key of what the command writes) only by an artifact of its own kind; refuse anything else
+    (--force or not), naming a few of its entries or what it is."""
     out = Path(out).expanduser()
-    if not out.is_dir() or artifact_kind(out) is not None or not any(out.iterdir()):
+    if not out.is_dir():
+        return
+    found = artifact_format(out)
+    if found is not None:
+        if writes is not None and found != writes:
+            raise RequestError(f"{flag} {out} is {ARTIFACTS[found]}, not {ARTIFACTS[writes]}: it was left untouched "
+                               f"(--force replaces only an artifact of the kind this command writes); choose another "
+                               f"{flag}, or remove it by hand first")
+        return
+    if not any(out.iterdir()):
         return
     raise RequestError(f"{flag} {out} is a directory specpress did not write (it holds {dir_listing(out)}); --force "
                        f"replaces only a specpress artifact (drafter, export, zoo target, sweep) or an empty "
                        f"directory: remove it by hand or choose another {flag}")
 
 
-def check_new(out: Path | str, force: bool, flag: str = "--out") -> None:
+def check_new(out: Path | str, force: bool, flag: str = "--out", writes: str | None = None) -> None:
     """The one existence check: an existing output is replaced only when the user says --force, and only
-    when specpress wrote it (a directory: `check_replaceable`)."""
+    when specpress wrote it as the kind `writes` (a directory: `check_replaceable`)."""
     out = Path(out).expanduser()
     if out.exists():
-        check_replaceable(out, flag)
+        check_replaceable(out, flag, writes)
         if not force:
             raise RequestError(f"{out} already exists; choose another {flag} or pass --force to replace it")
 
@@ -311,18 +326,31 @@ def check_writable(out: Path, flag: str = "--out") -> None:
                            f"location") from None
 
 
+def check_symlink(out: Path, flag: str = "--out") -> None:
+    """Refuse a directory output that is a symbolic link (dangling or not), saying where it points."""
+    if out.is_symlink():
+        target = Path(os.path.realpath(out))
+        there = "what it points to" if target.exists() else "where it points (nothing is there yet)"
+        raise RequestError(f"{flag} {out} is a symbolic link to {target}; specpress does not write an output through "
+                           f"a link (it would replace the link, not {there}): pass {flag} {target} (with --force to "
+                           f"replace what is there), or remove the link")
+
+
 def check_output(out: Path | str, *, force: bool = False, inputs: Mapping[str, Any] | None = None,
-                 kind: Kind = "dir", flag: str = "--out", in_place: bool = False) -> Path:
-    """Every check on an output, in order, before any work: not an input (nor inside or around one), the
-    kind it will be, new or replaceable with --force (unless `in_place`: the command updates an existing
-    output and checks it itself, as a sweep does), writable. Returns the expanded path."""
+                 kind: Kind = "dir", flag: str = "--out", in_place: bool = False, writes: str | None = None) -> Path:
+    """Every check on an output, in order, before any work: not an input (nor inside or around one), not a
+    symbolic link (a directory), the kind it will be, new or replaceable with --force by an artifact of kind
+    `writes` (unless `in_place`: the command updates an existing output and checks it itself, as a sweep
+    does), writable. Returns the expanded path."""
     out = Path(out).expanduser()
     check_inputs(out, inputs or {}, flag)
+    if kind == "dir":
+        check_symlink(out, flag)
     if out.exists() and (out.is_dir() != (kind == "dir")):
         raise RequestError(f"{flag} {out} exists and is {'a directory' if out.is_dir() else 'a file'}; "
                            f"a {kind} is written there; choose another {flag}")
     if not in_place:
-        check_new(out, force, flag)
+        check_new(out, force, flag, writes)
     check_writable(out / ".probe" if in_place and kind == "dir" else out, flag)
     return out
 
@@ -331,23 +359,26 @@ def check_output(out: Path | str, *, force: bool = False, inputs: Mapping[str, A
 def claim_output(out: Path | str, *, force: bool = False, inputs: Mapping[str, Any] | None = None,
                  kind: Kind = "dir", partial: bool = False, resume: bool = False,
                  flag: str = "--out", companions: tuple[Path, ...] = (),
-                 in_place: bool = False) -> Iterator[OutputClaim]:
+                 in_place: bool = False, writes: str | None = None) -> Iterator[OutputClaim]:
     """Check `out` as the module docstring says, then hold its lock while the caller works.
 
+    writes: what the command writes there, a key of ARTIFACTS ("drafter", "specpress-onnx", …): required for
+    a directory not updated in place, so that --force replaces only an artifact of that kind.
     partial: the command keeps `<out>.partial` for --resume; resume: the user asked to continue one.
     companions: files the command writes beside `out` (regenerate's card), checked like it (not an input).
     in_place: the command updates an existing directory and checks what is in it itself (sweep).
     """
+    assert kind == "file" or in_place or writes in ARTIFACTS, f"claim_output({out}): writes={writes!r}"
     with ExitStack() as stack:
         for c in (Path(out).expanduser(), *companions):
             stack.enter_context(claimed(c))
             check_inputs(Path(c), inputs or {}, flag)
-        out = check_output(out, force=force, inputs=inputs, kind=kind, flag=flag, in_place=in_place)
+        out = check_output(out, force=force, inputs=inputs, kind=kind, flag=flag, in_place=in_place, writes=writes)
         claim = OutputClaim(out, partial_path(out) if partial else None)
         with hold_lock(out):
             claim.notes += clean_leftovers(out)
             if claim.notes and not in_place:
-                check_new(out, force, flag)  # a restored previous artifact is an existing output like any other
+                check_new(out, force, flag, writes)  # a restored previous artifact is an existing output like any other
             part = claim.partial
             if part is not None and part.exists() and not resume:
                 if not force:
@@ -360,9 +391,26 @@ def claim_output(out: Path | str, *, force: bool = False, inputs: Mapping[str, A
                 print(f"note: {note}", file=sys.stderr)
             try:
                 yield claim
+            except KeyboardInterrupt:  # a command that keeps more says so itself (an Interrupted of its own)
+                raise interrupted_claim(claim, in_place) from None
             finally:
                 if part is not None and part.is_dir() and not part.is_symlink() and not any(part.iterdir()):
                     part.rmdir()  # an empty partial holds nothing to resume: it must not ask for --resume
+
+
+def interrupted_claim(claim: OutputClaim, in_place: bool = False) -> Interrupted:
+    """What a Ctrl-C inside a claim left, for a command that says nothing more itself: its partial (to resume),
+    what an in-place output keeps, or that nothing was written to the output (and what was there stands)."""
+    out, part = claim.out, claim.partial
+    if part is not None and part.exists() and (part.is_file() or any(part.iterdir())):
+        return Interrupted(f"interrupted: the work so far is kept in {part}; to continue, run the same command "
+                           f"again with --resume")
+    if in_place:
+        return Interrupted(f"interrupted: what was finished is kept in {out}; to continue, run the same command "
+                           f"again with --resume")
+    stands = f"; the {out} that was there is untouched" if out.exists() else ""
+    return Interrupted(f"interrupted: nothing was written to {out} (it is written only when the command "
+                       f"finishes){stands}; run the same command again to start over")
 
 
 _CLAIMED: list[Path] = []  # the outputs (and cache entries) claimed in this process, while they are held
@@ -412,8 +460,11 @@ def scratch_dir(prefix: str) -> Iterator[Path]:
 
 @contextmanager
 def atomic_dir(out: Path | str, *, force: bool = False) -> Iterator[Path]:
-    """Yield a fresh temp dir; on success it replaces `out`, on error it is removed."""
+    """Yield a fresh temp dir; on success it replaces `out`, on error it is removed. An existing `out` is
+    replaced only by an artifact of its own kind (what the writer left in the temp dir): a caller that did
+    not claim `out` for that kind is refused here, before the rename, with `out` untouched."""
     out = Path(out).expanduser()
+    check_symlink(out)
     check_new(out, force)
     if out.exists() and not out.is_dir():
         raise RequestError(f"{out} exists and is not a directory")
@@ -429,6 +480,12 @@ def atomic_dir(out: Path | str, *, force: bool = False) -> Iterator[Path]:
         try:
             yield tmp
             make_readable(tmp)  # mkdtemp and some writers (safetensors) make owner-only files
+            found, made = (artifact_format(out), artifact_format(tmp)) if out.exists() else (None, None)
+            if found is not None and found != made:  # an empty `out` (found None) takes anything
+                raise RequestError(f"{out} is {ARTIFACTS[found]}, not "
+                                   f"{ARTIFACTS[made] if made else 'a directory specpress marks as its own'}: it was "
+                                   f"left untouched (--force replaces only an artifact of the kind written); choose "
+                                   f"another output, or remove it by hand first")
             if out.exists():
                 old = out.with_name(f".{out.name}.old-{os.getpid()}")
                 out.rename(old)

@@ -91,12 +91,10 @@ def main(argv: list[str] | None = None) -> None:
         cli.main(args=args, prog_name="specpress", standalone_mode=False)
     except SpecpressError as exc:
         fail(str(exc), exc.exit_code, command_path(args))
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        sys.exit(130)
-    except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
-        sys.exit(130)
+    except (click.exceptions.Abort, KeyboardInterrupt):  # Click turns a Ctrl-C in a command into Abort
+        # a command that writes an output says what it kept (artifacts.claim_output, or its own Interrupted);
+        # one that reaches here claimed nothing, so nothing was written
+        fail("interrupted: nothing was written; run the same command again to start over", 130, command_path(args))
     except click.UsageError as exc:  # Click's parse errors: an unknown option, a bad value, a missing one
         fail(exc.format_message(), 2, exc.ctx.command_path if exc.ctx else command_path(args))
     except click.ClickException as exc:

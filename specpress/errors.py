@@ -8,6 +8,8 @@ error (inputs, the machine, a failed run), 130 when interrupted.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class SpecpressError(Exception):
@@ -38,6 +40,18 @@ class UsageError(RequestError):
     that contradict each other, an option that needs another. Exit code 2, as Click's own parse errors."""
 
     exit_code = 2
+
+
+@contextmanager
+def command_line() -> Iterator[None]:
+    """The one rule for exit codes of option values: a ConfigError raised while checking what the command line
+    says (a scheme x method that does not exist, --group-size 7 for int4, --act-calibration fixed:nan,
+    --target-quant int5), before any input is read, is a UsageError (exit 2). The same checks on a recipe's
+    fields stay ConfigErrors (exit 1): there the file is wrong, not the command line."""
+    try:
+        yield
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
 
 
 class Interrupted(SpecpressError):

@@ -12,9 +12,9 @@ The error class and the fix are the caller's: a config is a CheckpointError, a p
 code, a file that is not a checkpoint and one that holds the wrong objects are refused in one line with
 the fix, never with torch's advice to load it with weights_only=False (specpress never unpickles code).
 
-`artifact_kind` says what specpress wrote at a directory, from the marker file each writer leaves (what
-`--force` may replace). The checks on an export's files (inside the artifact, sizes and sha256 as recorded,
-format and version) are `specpress.manifest.verify_files` / `member` / `open_export`, which read through
+`artifact_kind` (`artifact_format`: as a key of ARTIFACTS) says what specpress wrote at a directory, from the
+marker file each writer leaves (what `--force` may replace, when the command writes that kind). The checks
+on an export's files (inside the artifact, sizes and sha256 as recorded, format and version) are `specpress.manifest.verify_files` / `member` / `open_export`, which read through
 `read_json` too.
 """
 
@@ -238,19 +238,40 @@ def _read_marker(path: Path) -> Any:
         return None
 
 
-def artifact_kind(path: Path | str) -> str | None:
-    """What specpress wrote at directory `path` ('a drafter', 'an ONNX export', …), or None when it does not
-    recognise it: a config.json with a `specpress` block (drafters, export hf), an export manifest with
-    specpress's format, a zoo target's zoo.json, or a sweep's recipe.json. `--force` replaces only these."""
+# What each kind of artifact is, in words, by `artifact_format`'s key (and the command that writes it).
+ARTIFACTS: dict[str, str] = {
+    "drafter": "a drafter (distill, prune, quantize, export hf)",
+    "specpress-onnx": "an ONNX export (export onnx)",
+    "specpress-tensorrt-engines": "a TensorRT engine export (export trt)",
+    "specpress-onnx-target": "a target's ONNX export (export target)",
+    "specpress-zoo": "a zoo target (zoo build)",
+    "sweep": "a sweep's outputs (sweep)",
+}
+
+
+def artifact_format(path: Path | str) -> str | None:
+    """The kind of artifact specpress wrote at directory `path`, as a key of ARTIFACTS, or None when it does
+    not recognise it: a config.json with a `specpress` block (drafters, export hf), an export manifest with
+    specpress's format, a zoo target's zoo.json, or a sweep's recipe.json."""
     path = Path(path)
     cfg = _read_marker(path / "config.json")
     if isinstance(cfg, dict) and isinstance(cfg.get("specpress"), dict) and "format_version" in cfg["specpress"]:
-        return "a specpress drafter"
+        return "drafter"
     for name, formats in MARKERS.items():
         raw = _read_marker(path / name)
         if isinstance(raw, dict) and raw.get("format") in formats:
-            return f"a specpress {raw['format']} directory"
+            return str(raw["format"])
     recipe = _read_marker(path / "recipe.json")
     if isinstance(recipe, dict) and {"hash", "recipe"} <= recipe.keys():
-        return "a specpress sweep"
+        return "sweep"
     return None
+
+
+def artifact_kind(path: Path | str) -> str | None:
+    """What specpress wrote at directory `path` ('a specpress drafter', 'a specpress specpress-onnx
+    directory', …), or None when it does not recognise it (`artifact_format`). `--force` replaces only these,
+    and only one of the kind the command writes."""
+    fmt = artifact_format(path)
+    if fmt is None:
+        return None
+    return {"drafter": "a specpress drafter", "sweep": "a specpress sweep"}.get(fmt, f"a specpress {fmt} directory")

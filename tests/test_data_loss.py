@@ -159,6 +159,78 @@ def test_force_still_replaces_an_artifact_or_an_empty_dir(setup, tmp_path):
     assert json.loads((empty / "config.json").read_text())["specpress"]["steps"][-1]["scheme"] == "int4"
 
 
+def _zoo_target(root: Path, tdir: Path) -> Path:
+    """A directory marked as `zoo build` marks its target (zoo.json), holding the tiny target: an input of
+    every other command."""
+    import shutil
+
+    zoo = root / "zoo"
+    shutil.copytree(tdir, zoo)
+    (zoo / "zoo.json").write_text(json.dumps({"format": "specpress-zoo", "steps": 1}))
+    return zoo
+
+
+@pytest.mark.parametrize("cmd, victim, words", [
+    ("quantize", "zoo", "is a zoo target (zoo build), not a drafter"),
+    ("distill", "onnx", "is an ONNX export (export onnx), not a drafter"),
+    ("onnx", "drafter", "is a drafter (distill, prune, quantize, export hf), not an ONNX export"),
+    ("target", "zoo", "is a zoo target (zoo build), not a target's ONNX export"),
+    ("trt", "drafter", "is a drafter (distill, prune, quantize, export hf), not a TensorRT engine export"),
+])
+def test_force_replaces_only_an_artifact_of_the_kind_the_command_writes(setup, tmp_path, no_loading, cmd, victim,
+                                                                        words):
+    """Issue 57, item 1: `quantize --out ZOO --force` replaced a zoo target with a drafter and exited 0."""
+    import shutil
+
+    _, tdir, data, drafter, onnx = setup
+    out = {"zoo": lambda: _zoo_target(tmp_path, tdir), "onnx": lambda: shutil.copytree(onnx, tmp_path / "onnx"),
+           "drafter": lambda: shutil.copytree(drafter, tmp_path / "e3")}[victim]()
+    args = {"quantize": ["quantize", "--drafter", drafter, "--scheme", "int8", "--out", out],
+            "distill": ["distill", "--target", tdir, "--family", "eagle3", "--data", data, "--out", out, "--steps", "1"]
+            }.get(cmd) or export_args(cmd, tdir, drafter, onnx, out)
+    before = snapshot(tmp_path)
+    for force in ([], ["--force"]):
+        res = invoke(*args, *force)
+        assert isinstance(res.exception, RequestError) and res.exception.exit_code == 1, (res.output, res.exception)
+        msg = str(res.exception)
+        assert f"--out {out} {words}" in msg and "left untouched" in msg, msg
+    assert snapshot(tmp_path) == before
+
+
+def test_a_writer_called_without_a_claim_keeps_the_kind_too(setup, tmp_path):
+    """The library's writers (atomic_dir) refuse the same replacement, before the rename: the zoo target stands."""
+    from drafters_common import make, random_eos_target
+
+    from specpress.models.drafter_io import save_drafter
+
+    _, tdir, _, _, _ = setup
+    zoo = _zoo_target(tmp_path, tdir)
+    before = snapshot(zoo)
+    with pytest.raises(RequestError, match="is a zoo target .*, not a drafter .*: it was left untouched"):
+        save_drafter(make("eagle3", random_eos_target()), zoo, force=True)
+    assert snapshot(zoo) == before and sorted(p.name for p in tmp_path.iterdir()) == ["zoo"]
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_force_onto_a_symlinked_out_is_refused_before_any_work(setup, tmp_path, no_loading, dangling):
+    """Issue 57, item 2: `--out LINK --force` (LINK -> an earlier quantize output) ended, after the work, in
+    `OSError: Cannot call rmtree on a symbolic link`. Refused up front, naming where the link points."""
+    import shutil
+
+    _, _, _, drafter, _ = setup
+    real = tmp_path / "q-v1"
+    if not dangling:
+        shutil.copytree(drafter, real)
+    link = tmp_path / "latest"
+    link.symlink_to(real)
+    before = snapshot(tmp_path)
+    res = invoke("quantize", "--drafter", drafter, "--scheme", "int8", "--out", link, "--force")
+    assert isinstance(res.exception, RequestError) and res.exception.exit_code == 1, (res.output, res.exception)
+    msg = str(res.exception)
+    assert f"--out {link} is a symbolic link to {real}" in msg and f"pass --out {real}" in msg, msg
+    assert link.is_symlink() and snapshot(tmp_path) == before
+
+
 def test_every_writer_is_recognised():
     """artifact_kind knows each format tag the writers put in their manifests (kept as literals there)."""
     from specpress.manifest import FORMAT, TARGET_FORMAT

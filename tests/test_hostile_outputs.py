@@ -183,6 +183,48 @@ def test_regenerate_ctrl_c_says_what_was_saved(setup, tmp_path, monkeypatch):
     assert res.exit_code == 0 and "starting from the beginning" in res.output, (res.output, res.exception)
 
 
+def test_ctrl_c_in_gptq_and_bench_says_what_was_kept_not_aborted(setup, tmp_path, monkeypatch):
+    """Issue 57, item 5: Ctrl-C in quantize --method gptq or bench printed 'aborted' and nothing else. A command
+    with nothing to resume says that nothing was written to its output, that what was there stands, and how to
+    go on; exit 130 (cli.main, as a shell runs it)."""
+    import shutil
+
+    from cli_common import run_main
+
+    import specpress.compress.quantize.gptq as gptq
+
+    root, tdir, data, drafter = setup
+
+    def ctrl_c(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gptq, "collect_hessians", ctrl_c)
+    out = tmp_path / "q"
+    shutil.copytree(drafter, out)  # an earlier quantize output, replaced with --force
+    before = (out / "model.safetensors").read_bytes()
+    res = run_main("quantize", "--drafter", drafter, "--out", out, "--scheme", "int8", "--method", "gptq", "--target",
+                   tdir, "--data", data, "--seq-len", "16", "--batch", "2", "--calib-batches", "1", "--force")
+    assert res.exit_code == 130, (res.exit_code, res.stderr)
+    last = res.stderr.strip().splitlines()[-1]
+    assert last == (f"error: interrupted: nothing was written to {out} (it is written only when the command "
+                    f"finishes); the {out} that was there is untouched; run the same command again to start over"), \
+        res.stderr
+    assert "aborted" not in res.stderr and (out / "model.safetensors").read_bytes() == before
+
+    import specpress.decode.bench_pipeline as bench_pipeline
+
+    monkeypatch.setattr(bench_pipeline, "run_bench", ctrl_c)
+    prompts = root / "p-ctrl-c.jsonl"
+    prompts.write_text('{"input_ids": [1, 2]}\n')
+    bench = ["bench", "--target", tdir, "--prompts", prompts, "--max-new-tokens", "2"]
+    res = run_main(*bench, "--json", tmp_path / "m.json")
+    assert res.exit_code == 130 and f"error: interrupted: nothing was written to {tmp_path / 'm.json'}" in res.stderr
+    res = run_main(*bench)  # no output claimed: nothing written, said as such
+    assert res.exit_code == 130, res.stderr
+    assert res.stderr.strip().splitlines()[-1] == ("error: interrupted: nothing was written; run the same command "
+                                                   "again to start over"), res.stderr
+
+
 def test_outputs_are_readable_like_any_other_file(setup, tmp_path):
     root, tdir, data, drafter = setup
     out = tmp_path / "q"

@@ -47,9 +47,10 @@ from specpress.models.quantized.names import METHOD_WORDS, SCHEME_WORDS, schemes
                    "bits per parameter of the allocated Linears), keeping the candidates where the drafter's draft "
                    "distribution moves least (--sensitivity). Pays when a uniform scheme is too big or loses too much "
                    "tau at the size you need.")
-@click.option("--candidates", metavar="WORD[:gN][:METHOD],...", default="int8,int4", show_default=True,
+@click.option("--candidates", metavar="WORD[:gN][:METHOD],...",
               help="With --budget: the schemes a Linear may get, any --scheme word with an optional group size and "
-                   "calibration-free method (int8,int4:g64,int4:g128,nf4,fp8), and float (kept unquantized).")
+                   "calibration-free method (int8,int4:g64,int4:g128,nf4,fp8), and float (kept unquantized)  "
+                   "[default: int8,int4]")
 @click.option("--sensitivity", type=click.Choice(["kl", "weight"]),
               help="With --budget: how each (Linear, candidate) is scored. kl: the mean KL of the draft distribution "
                    "to the float drafter's when that Linear alone is quantized, teacher-forced on --calib-batches "
@@ -110,7 +111,7 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
              symmetric: bool | None, activations: str | None, act_calibration: str | None, kv_cache: str | None,
              calib_inputs: str,
              include: str | None, exclude: str | None, target_dir: Path | None,
-             data_path: Path | None, budget_text: str | None, candidates: str, sensitivity: str | None,
+             data_path: Path | None, budget_text: str | None, candidates: str | None, sensitivity: str | None,
              dequantize_out: bool, dtype: str, legacy_float_dtype: str | None, force: bool,
              calib_batches: int | None,
              batch: int, seq_len: int,
@@ -192,7 +193,7 @@ def quantize(drafter_dir: Path, out: Path, scheme: str, method: str | None, grou
     recovery = req.recovery
     with claim_output(out, force=force, inputs={"--drafter": drafter_dir, "--target": target_dir,
                                                 "--data": data_path}, partial=recovery is not None,
-                      resume=resume) as claim:
+                      resume=resume, writes="drafter") as claim:
         if target_dir is not None:
             check_seq_len(target_dir, seq_len, batch if recovery is None else max(batch, recover_batch),
                           training=recovery is not None)

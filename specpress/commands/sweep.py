@@ -32,10 +32,15 @@ import click
 @click.option("--tolerate-failures", is_flag=True,
               help="Exit 0 even when some points fail (they are recorded either way); the recipe key "
                    "`tolerate_failures: true` says the same.")
+@click.option("--allow-large", is_flag=True,
+              help="Run a grid of more than 64 points (refused without it, with the point count and a lower bound "
+                   "on the time they take, so that a recipe expanding to hundreds of points does not start "
+                   "unnoticed).")
 @click.option("--max-tau-loss", default=None,
               help="With --find-smallest: the tau loss allowed, as 3% or 0.03 (retention >= 1 - loss)  [default: 3%]")
 def sweep(recipe: str, out: Path, resume: bool, force: bool, jobs: int | None, executor: str | None,
-          address: str | None, find_smallest: bool, tolerate_failures: bool, max_tau_loss: str | None) -> None:
+          address: str | None, find_smallest: bool, tolerate_failures: bool, max_tau_loss: str | None,
+          allow_large: bool) -> None:
     """Run a recipe: compress the base drafter every way its grid says and measure each on the same prompts.
 
     RECIPE is a YAML file (recipes/*.yaml) or the name of a bundled one (quickstart). Each grid point's
@@ -84,5 +89,6 @@ def sweep(recipe: str, out: Path, resume: bool, force: bool, jobs: int | None, e
     from specpress.sweep.pipeline import run_sweep, sweep_request
 
     req = sweep_request(recipe, executor=executor, address=address, find_smallest=find_smallest,
-                        max_tau_loss=max_tau_loss, jobs=jobs, tolerate_failures=tolerate_failures)
+                        max_tau_loss=max_tau_loss, jobs=jobs, tolerate_failures=tolerate_failures,
+                        allow_large=allow_large)
     run_sweep(req, out, resume=resume, force=force)

@@ -112,7 +112,7 @@ class _Trainer:
         self.force = force
         self.out = Path(out).expanduser() if out is not None else None
         if self.out is not None:
-            check_new(self.out, force)
+            check_new(self.out, force, writes="drafter")
         self.checkpoint_dir = partial_dir(self.out) if self.out is not None else \
             None if checkpoint_dir is None else Path(checkpoint_dir).expanduser()
         self.setup(resume, cache_dir)
@@ -338,7 +338,7 @@ def distill_from_dirs(target_dir: str | Path, config: DistillConfig, data_path: 
     from specpress.models.drafter_io import load_drafter
     from specpress.models.target import load_target
 
-    check_new(out, force)  # before any loading or tokenizing
+    check_new(out, force, writes="drafter")  # before any loading or tokenizing
     target = load_target(target_dir, dtype=target_dtype)
     cal = load_calibration(target, target_dir, data_path, config.seq_len, config.batch, config.seed)
     sampler, heldout = cal.sampler(), cal.heldout()

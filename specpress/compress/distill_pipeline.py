@@ -78,7 +78,7 @@ def distill_pipeline(request: DistillRequest, target_dir: str | Path, data_path:
     config = request.config
     inputs = {"--target": target_dir, "--data": data_path, "--from": from_dir, "--init": init_dir,
               "--cache-teacher": cache_dir}
-    with claim_output(out, force=force, inputs=inputs, partial=True, resume=resume) as claim, ExitStack() as stack:
+    with claim_output(out, force=force, inputs=inputs, partial=True, resume=resume, writes="drafter") as claim, ExitStack() as stack:
         if cache_dir is not None:  # the teacher's cache is written too: claimed like an output
             for leftover in stack.enter_context(claim_cache(cache_dir)):
                 print(f"note: {leftover}", file=sys.stderr)

@@ -64,7 +64,7 @@ def prune_from_dirs(drafter_dir: str | Path, out: str | Path, config: PruneConfi
                            "given as --data; --data is not one (a .jsonl of {\"prompt\": ...} or {\"input_ids\": "
                            "[...]} lines): drop --continuation-tokens or give a prompts file")
     inputs = {"--drafter": drafter_dir, "--target": target_dir, "--data": data_path}
-    with claim_output(out, force=force, inputs=inputs):
+    with claim_output(out, force=force, inputs=inputs, writes="drafter"):
         with torch.device("meta"):  # every shape / flag error first, from config.json alone
             shape = build_drafter(read_drafter_config(drafter_dir)[1])
             counts = check_request(shape, config, has_target=target_dir is not None, has_calib=data_path is not None)

@@ -35,7 +35,8 @@ def onnx_export(drafter_dir: str | Path, target_dir: str | Path, out: str | Path
     from specpress.export.onnx import export_from_dirs
     from specpress.models.drafter_io import check_drafter_config
 
-    with claim_output(out, force=options.force, inputs={"--drafter": drafter_dir, "--target": target_dir}):
+    with claim_output(out, force=options.force, inputs={"--drafter": drafter_dir, "--target": target_dir},
+                      writes="specpress-onnx"):
         check_drafter_config(drafter_dir)  # before the target is built
         return export_from_dirs(drafter_dir, target_dir, out, options, progress=progress, warn=warn,
                                 target_dtype=target_dtype, bar=bar)
@@ -75,7 +76,7 @@ def target_export(target_dir: str | Path, out: str | Path, options: Any, *,
     from specpress.models.io import tensor_index
 
     dtype = options.dtype
-    with claim_output(out, force=options.force, inputs={"--target": target_dir}):
+    with claim_output(out, force=options.force, inputs={"--target": target_dir}, writes="specpress-onnx-target"):
         params = sum(math.prod(t.shape) for t in tensor_index(target_dir).values())  # from the headers alone
         check_space(out, params * (2 if dtype == "fp16" else 4), f"the target's {params:,} parameters at {dtype}")
         return export_target_from_dir(target_dir, out, options, progress=progress)

@@ -13,6 +13,7 @@ from specpress.errors import RequestError
 from specpress.plan import ORT_SESSIONS, DrafterFacts, Plan, base_bytes, drafter_facts, kv_bytes, target_facts
 from specpress.plan.commands import plan_distill, plan_prune, plan_quantize
 from specpress.runtime.backends import get_backend
+from specpress.sweep.size import bench_work
 
 
 def _target_dir(recipe: Any) -> Path:
@@ -67,10 +68,8 @@ def plan_sweep(arg: str | Path) -> list[Plan]:
     else:
         ddir = recipe.drafter.path
         d = drafter_facts(ddir)
-    prompts = recipe.prompts.heldout_n or _lines(recipe.prompts.path)
-    runs = len(recipe.policies or (None,)) * len(recipe.temperatures) * len(recipe.backends)
+    runs, bench_tokens = bench_work(recipe)
     onnx = any(get_backend(b).reads != "drafter" for b in recipe.backends)
-    bench_tokens = prompts * recipe.max_new_tokens * runs * 2  # each prompt decoded plainly and speculatively
     calib = _data(recipe.calibration)
     for point in recipe.points:
         phases: dict[str, dict[str, int]] = {}
@@ -104,12 +103,3 @@ def plan_sweep(arg: str | Path) -> list[Plan]:
         plans.append(Plan(f"sweep point {point.id}", base_bytes(onnx=onnx), phases, holds, work,
                           [f"target held in {t.dtype} (the recipe's dtype)"]))
     return plans
-
-
-def _lines(path: Path | None) -> int:
-    if path is None:
-        return 0
-    try:
-        return sum(1 for line in Path(path).expanduser().read_text().splitlines() if line.strip())
-    except OSError:
-        return 0

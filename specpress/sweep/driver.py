@@ -49,7 +49,11 @@ class Sweep:
     def open(self) -> None:
         from specpress.sweep.context import dir_digest, open_context, resolve_drafter, resolve_target
 
+        torn = R.torn_line(self.out) if self.resume and not self.force else None
         R.guard_out(self.out, self.recipe, resume=self.resume, force=self.force)
+        if torn is not None:
+            self.log(f"note: {self.out / R.RESULTS}:{torn} was cut short (a write interrupted by a kill); dropped, "
+                     f"its run is measured again")
         for s in self.recipe.skipped:
             self.log(f"skipped (no such combination): {s}", style="dim")
         target_dir = resolve_target(self.recipe, self.log)

@@ -45,11 +45,12 @@ class SweepReport:
 
 def sweep_request(recipe: str | Path, *, executor: str | None = None, address: str | None = None,
                   find_smallest: bool = False, max_tau_loss: str | None = None, jobs: int | None = None,
-                  tolerate_failures: bool = False) -> SweepRequest:
+                  tolerate_failures: bool = False, allow_large: bool = False) -> SweepRequest:
     """Check one combination of sweep's options and load the recipe (a YAML path or a bundled name).
 
     executor: "local" or "ray" (None: the recipe's executor:, else local); address: the Ray cluster to join;
-    max_tau_loss: "3%" or "0.03", only with find_smallest (default 3%). Raises UsageError naming the option.
+    max_tau_loss: "3%" or "0.03", only with find_smallest (default 3%). allow_large: run a grid of more than
+    LARGE_GRID points (sweep/size.py). Raises UsageError naming the option.
     """
     from specpress.errors import UsageError
     from specpress.sweep.driver import parse_loss
@@ -69,6 +70,10 @@ def sweep_request(recipe: str | Path, *, executor: str | None = None, address: s
         spec = replace(spec, address=address)
     if spec.kind == "ray":
         require_ray()  # before any work: without Ray, say how to install it
+    if not find_smallest:  # a search measures a few of the points, not every one
+        from specpress.sweep.size import check_grid
+
+        check_grid(r, recipe, allow_large)
     return SweepRequest(r, spec, find_smallest, loss, jobs, tolerate_failures)
 
 
@@ -92,13 +97,21 @@ def run_sweep(req: SweepRequest, out: str | Path, *, resume: bool = False, force
     with claim_output(out, force=force, inputs=inputs, in_place=True):
         s = Sweep(r, out, console, resume=resume, force=force)
         s.open()
-        if req.find_smallest:
-            if (jobs or 1) > 1 or spec.kind != "local":
-                s.log("--find-smallest evaluates one point at a time (each choice depends on the last), in this "
-                      "process; --jobs and --executor ignored")
-            s.find_smallest(req.loss)
-        else:
-            s.run_all(jobs=jobs, executor=spec)
+        try:
+            if req.find_smallest:
+                if (jobs or 1) > 1 or spec.kind != "local":
+                    s.log("--find-smallest evaluates one point at a time (each choice depends on the last), in this "
+                          "process; --jobs and --executor ignored")
+                s.find_smallest(req.loss)
+            else:
+                s.run_all(jobs=jobs, executor=spec)
+        except KeyboardInterrupt:
+            from specpress.errors import Interrupted
+            from specpress.sweep.results import RESULTS, latest, read_results
+
+            done = sum(rec.get("status") == "ok" for rec in latest(read_results(out)).values())
+            raise Interrupted(f"interrupted: {done} finished run(s) kept in {out / RESULTS} (the run in progress is "
+                              f"lost); to continue, run the same command again with --resume") from None
         records = s.finalize()
     failed = failure_summary(records)
     if failed and (req.tolerate_failures or r.tolerate_failures):

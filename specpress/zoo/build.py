@@ -22,7 +22,7 @@ import torch
 from tokenizers import Tokenizer
 
 from specpress.artifacts import claim_output, write_file, write_json
-from specpress.errors import CheckpointError, RequestError, UsageError
+from specpress.errors import CheckpointError, Interrupted, RequestError, UsageError
 from specpress.readback import read_json
 from specpress.zoo.card import ZOO_FORMAT, ZOO_VERSION, model_card, zoo_json
 from specpress.zoo.real import REAL_TARGETS, build_real
@@ -227,8 +227,31 @@ def build_zoo(out: Path | None = None, *, size: str = "small", minutes: float | 
         raise UsageError(f"--minutes must be positive, got {minutes}")
     out = Path(default_zoo_dir(size) if out is None else out).expanduser().absolute()
     _check_out(out, force)
-    with claim_output(out, force=True, partial=True, resume=True):  # locked; its partial is _prepare_partial's
-        return _build(out, preset, minutes, seed, progress, resume, steps, max_files, stdlib)
+    # locked; its partial is _prepare_partial's
+    with claim_output(out, force=True, partial=True, resume=True, writes="specpress-zoo"):
+        try:
+            return _build(out, preset, minutes, seed, progress, resume, steps, max_files, stdlib)
+        except KeyboardInterrupt:
+            planned = preset.train_config(seed=seed, steps=steps, max_seconds=None).steps
+            raise _interrupted(out.with_name(out.name + ".partial"), planned) from None
+
+
+def _interrupted(partial: Path, planned: int) -> Interrupted:
+    """The Ctrl-C message of a build: the training step its checkpoint holds (saved on the way out), what else
+    `partial` keeps, and how to go on (a build resumes by default)."""
+    from specpress.zoo.train import load_state
+
+    again = "to continue, run the same command again (a build resumes from its checkpoint; --no-resume starts over)"
+    if (partial / STATE_FILE).is_file():
+        try:
+            step = f"training step {load_state(partial / STATE_FILE)['step']} of {planned}"
+        except CheckpointError:
+            step = "an unreadable training checkpoint"
+        return Interrupted(f"interrupted: {step} saved in {partial}; {again}")
+    if (partial / "tokenizer.json").is_file():
+        return Interrupted(f"interrupted before the first training step was saved: the corpus tokenizer is kept in "
+                           f"{partial}; {again}")
+    return Interrupted("interrupted before anything was saved; run the command again to start")
 
 
 def _bf16(preset: ZooPreset, dtype: str) -> bool:

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from specpress.checkpoint import Periodic, read_state, warmup_cosine
 from specpress.checkpoint import save_state as atomic_save
 from specpress.errors import CheckpointError, DataError, UsageError
+from specpress.interrupts import held_interrupts
 from specpress.optim import OPTIMIZERS, Optimizer, build_optimizer
 
 STATE_FILE = "train_state.pt"
@@ -198,38 +199,47 @@ def _train(model: nn.Module, batches: TokenBatches, cfg: TrainConfig, *, state_d
     recent: list[float] = []
     every = Periodic(cfg.checkpoint_every_s)
     stopped_by = "steps"
-    while step < cfg.steps:
-        if cfg.max_seconds is not None and seconds >= cfg.max_seconds:
-            stopped_by = "minutes"
-            break
-        t0 = time.monotonic()
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        batch = batches.batch(step)
-        try:
-            loss = _forward_backward(forward, batch, cfg.bf16)
-        except Exception as exc:  # torch.compile raises many types; only the first compiled step falls back
-            if not (compiled and step == resumed_from):
-                raise
-            warnings.warn(f"torch.compile failed ({type(exc).__name__}: {exc}); training eagerly instead",
-                          RuntimeWarning, stacklevel=2)
-            opt.zero_grad(set_to_none=True)
-            forward, compiled = model, False
-            loss = _forward_backward(forward, batch, cfg.bf16)
-        if cfg.grad_clip > 0:
-            nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        step += 1
-        n_tok = batch.shape[0] * (batch.shape[1] - 1)
-        tokens_seen += n_tok
-        dt = time.monotonic() - t0
-        seconds += dt
-        recent = (recent + [loss])[-20:]
-        if state_path is not None and every.due():
+    consistent = True  # the model and optimizer hold whole steps: a checkpoint now is a true one
+    try:
+        while step < cfg.steps:
+            if cfg.max_seconds is not None and seconds >= cfg.max_seconds:
+                stopped_by = "minutes"
+                break
+            t0 = time.monotonic()
+            with held_interrupts():  # Ctrl-C mid-step waits for the step to be booked
+                consistent = False
+                for group in opt.param_groups:
+                    group["lr"] = lr_at(step, cfg)
+                batch = batches.batch(step)
+                try:
+                    loss = _forward_backward(forward, batch, cfg.bf16)
+                except Exception as exc:  # torch.compile raises many types; only the first compiled step falls back
+                    if not (compiled and step == resumed_from):
+                        raise
+                    warnings.warn(f"torch.compile failed ({type(exc).__name__}: {exc}); training eagerly instead",
+                                  RuntimeWarning, stacklevel=2)
+                    opt.zero_grad(set_to_none=True)
+                    forward, compiled = model, False
+                    loss = _forward_backward(forward, batch, cfg.bf16)
+                if cfg.grad_clip > 0:
+                    nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                step += 1
+                n_tok = batch.shape[0] * (batch.shape[1] - 1)
+                tokens_seen += n_tok
+                dt = time.monotonic() - t0
+                seconds += dt
+                consistent = True
+            recent = (recent + [loss])[-20:]
+            if state_path is not None and every.due():
+                save_state(state_path, model, opt, step=step, tokens_seen=tokens_seen, seconds=seconds, key=key)
+            if on_step is not None:
+                on_step(step, loss, n_tok / max(dt, 1e-9))
+    except KeyboardInterrupt:
+        if state_path is not None and consistent and step > resumed_from:
             save_state(state_path, model, opt, step=step, tokens_seen=tokens_seen, seconds=seconds, key=key)
-        if on_step is not None:
-            on_step(step, loss, n_tok / max(dt, 1e-9))
+        raise  # the next build resumes at this step (zoo/build.py says so)
     if state_path is not None and step > resumed_from:
         save_state(state_path, model, opt, step=step, tokens_seen=tokens_seen, seconds=seconds, key=key)
     model.eval()

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from drafters_common import V, lm_sweep_inputs
 
 from specpress.cli import cli
-from specpress.errors import ConfigError, DataError, RequestError
+from specpress.errors import ConfigError, DataError, RequestError, UsageError
 from specpress.stats import pareto_flags
 from specpress.sweep.driver import cores
 from specpress.sweep.recipe import load_recipe
@@ -334,3 +334,114 @@ def test_a_quantize_step_recovers_with_recover_steps(tmp_path):
     a = st.load_file(str(art / "model.safetensors"))
     b = st.load_file(str(tmp_path / "out" / "points" / "int2-g8-sl16-r3-rb2" / "drafter" / "model.safetensors"))
     assert not reused and a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _ok_line(lines: list[str], point: str) -> int:
+    return next(i for i, ln in enumerate(lines) if json.loads(ln)["point"] == point and '"status": "ok"' in ln)
+
+
+@pytest.mark.parametrize("edit, words", [
+    ({"tau": 99.0}, "tau must be between 1 and 4 (policy chain:3: at most 3 drafted tokens accepted a round"),
+    ({"bytes": -5}, "bytes must be a positive integer"),
+    ({"tau": 1.5}, "retention"),  # in range, but no longer tau / base tau
+    ({"retention": 0.5}, "retention 0.5 is not tau / base tau"),
+    ({"status": "great"}, "status must be 'ok' or 'failed'"),
+    ({"per_prompt_tau": [0.0]}, "per_prompt_tau[0] must be between 1 and 4"),
+])
+def test_resume_refuses_a_result_edited_by_hand(done, tmp_path, monkeypatch, edit, words):
+    """Issue 57, item 3: a results.jsonl line changed by hand (tau 99.0, bytes -5) was accepted and shown."""
+    import specpress.sweep.run as run
+
+    _, recipe, out, _ = done
+    mine = tmp_path / "out"
+    shutil.copytree(out, mine)
+    lines = (mine / "results.jsonl").read_text().splitlines()
+    i = _ok_line(lines, "int8")
+    lines[i] = json.dumps({**json.loads(lines[i]), **edit})
+    (mine / "results.jsonl").write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(run, "bench_speculative", lambda *a, **k: pytest.fail("measured before refusing"))
+    res = sweep(recipe, "--out", mine, "--resume")
+    assert isinstance(res.exception, RequestError), (res.output, res.exception)
+    msg = str(res.exception)
+    assert f"{mine / 'results.jsonl'}:{i + 1}: " in msg and words in msg and "remove that line" in msg, msg
+
+
+def test_resume_drops_a_line_cut_short_and_says_so(done, tmp_path, monkeypatch):
+    """A kill mid-write leaves the last line without its newline: dropped with a note, its run measured again."""
+    import specpress.sweep.run as run
+
+    _, recipe, out, _ = done
+    mine = tmp_path / "out"
+    shutil.copytree(out, mine)
+    lines = (mine / "results.jsonl").read_text().splitlines()
+    i = _ok_line(lines, "int8")
+    (mine / "results.jsonl").write_text("".join(ln + "\n" for ln in lines[:i] + lines[i + 1:]) + lines[i][:40])
+    calls = []
+    real = run.bench_speculative
+    monkeypatch.setattr(run, "bench_speculative", lambda *a, **k: calls.append(k["config"]["point"]) or real(*a, **k))
+    res = sweep(recipe, "--out", mine, "--resume")
+    assert res.exit_code == 0, (res.output, res.exception)
+    flat = "".join(res.output.split())  # the console wraps long lines
+    assert f"note:{mine / 'results.jsonl'}:{len(lines)}wascutshort" in flat, res.output
+    assert calls == ["int8"] and by_point(mine)["int8"]["status"] == "ok"
+
+
+def test_ctrl_c_says_how_many_runs_are_kept_and_how_to_go_on(done, tmp_path, monkeypatch):
+    """Issue 57, item 5: a Ctrl-C mid-sweep says what results.jsonl keeps and that --resume continues."""
+    import specpress.sweep.run as run
+    from specpress.errors import Interrupted
+
+    _, recipe, out, _ = done
+    mine = tmp_path / "out"
+    shutil.copytree(out, mine)
+    lines = (mine / "results.jsonl").read_text().splitlines()
+    (mine / "results.jsonl").write_text("".join(ln + "\n" for ln in lines if '"point": "int8"' not in ln))
+
+    def ctrl_c(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run, "bench_speculative", ctrl_c)
+    res = sweep(recipe, "--out", mine, "--resume")
+    assert isinstance(res.exception, Interrupted) and res.exception.exit_code == 130, (res.output, res.exception)
+    assert str(res.exception) == (f"interrupted: 3 finished run(s) kept in {mine / 'results.jsonl'} (the run in "
+                                  f"progress is lost); to continue, run the same command again with --resume")
+
+
+def test_a_grid_of_hundreds_of_runs_says_so_and_needs_allow_large(done, tmp_path, monkeypatch):
+    """Issue 57, item 7: a recipe expanding to hundreds of runs started without a word. Past 64 points the sweep
+    is refused (exit 2) with the count and a lower bound on the time, before anything is built; --allow-large
+    runs it, with the same words as a note. The recipes CI runs stay below the threshold."""
+    from specpress.sweep import driver
+
+    root, _, _, _ = done
+    big = {**RECIPE, "target": str(root / "target"), "drafter": str(root / "drafter"),
+           "prompts": str(root / "prompts.jsonl"), "calibration": str(root / "ids.jsonl"),
+           "agreement_data": str(root / "ids.jsonl"), "policies": ["chain:3", "chain:2"],
+           "grid": [{"prune": {"ffn": list(range(1, 40))}},
+                    {"chain": [{"prune": {"ffn": list(range(1, 40))}}, {"quantize": {"scheme": "int8"}}]}]}
+    recipe = tmp_path / "big.yaml"
+    recipe.write_text(yaml.safe_dump(big))
+    assert len(load_recipe(recipe).points) == 79
+    monkeypatch.setattr(driver.Sweep, "open", lambda self: pytest.fail("opened the sweep before refusing"))
+    res = sweep(recipe, "--out", tmp_path / "o")
+    assert isinstance(res.exception, UsageError) and res.exception.exit_code == 2, (res.output, res.exception)
+    msg = str(res.exception)
+    assert "the recipe expands to 79 points x 2 run(s) = 158 benched runs (" in msg, msg
+    assert "target forwards: at least " in msg and "needs --allow-large" in msg, msg
+    assert not (tmp_path / "o").exists()
+
+    class Opened(Exception):
+        pass
+
+    def opened(self):
+        raise Opened
+
+    monkeypatch.setattr(driver.Sweep, "open", opened)
+    res = sweep(recipe, "--out", tmp_path / "o", "--allow-large")
+    assert isinstance(res.exception, Opened), (res.output, res.exception)
+    assert "note: the recipe expands to 79 points x 2 run(s)" in res.output and "(--allow-large)" in res.output
+    from specpress.sweep.size import LARGE_GRID
+
+    assert LARGE_GRID < 79
+    for f in sorted((Path(__file__).parents[2] / "recipes").glob("*.yaml")):
+        assert len(load_recipe(f).points) <= LARGE_GRID, f  # what the repo ships runs without the flag

@@ -298,6 +298,34 @@ def test_an_interrupted_build_resumes_to_the_same_weights(mini_zoo: tuple[Path, 
     assert report.val_loss == mini_zoo[1].val_loss
 
 
+def test_ctrl_c_saves_the_step_and_says_how_to_go_on(mini_zoo: tuple[Path, zb.ZooReport], mini_stdlib: Path,
+                                                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 57, item 5: Ctrl-C in zoo build said 'aborted' and nothing else, and kept only the last periodic
+    checkpoint. Now the step reached is saved on the way out and the message says where and how to go on."""
+    from specpress.errors import Interrupted
+    from specpress.zoo.train import load_state
+
+    real_train = zb.train
+
+    def ctrl_c_at_3(model, batches, cfg, **kw):  # type: ignore[no-untyped-def]
+        def stop(step: int, loss: float, tps: float) -> None:
+            if step == 3:
+                raise KeyboardInterrupt
+        return real_train(model, batches, cfg, state_dir=kw["state_dir"], key=kw["key"], on_step=stop)
+
+    out = tmp_path / "zoo"
+    monkeypatch.setattr(zb, "train", ctrl_c_at_3)  # the preset checkpoints every few minutes: none periodic here
+    with pytest.raises(Interrupted) as exc:
+        _build(out, mini_stdlib)
+    partial = tmp_path / "zoo.partial"
+    assert str(exc.value) == (f"interrupted: training step 3 of 6 saved in {partial}; to continue, run the same "
+                              f"command again (a build resumes from its checkpoint; --no-resume starts over)")
+    assert load_state(partial / STATE_FILE)["step"] == 3 and not out.exists()
+    monkeypatch.setattr(zb, "train", real_train)
+    report = _build(out, mini_stdlib)
+    assert report.resumed_from == 3 and report.val_loss == mini_zoo[1].val_loss
+
+
 def test_build_refuses_a_foreign_dir_and_replaces_a_zoo_with_force(mini_stdlib: Path, tmp_path: Path) -> None:
     foreign = tmp_path / "foreign"
     foreign.mkdir()

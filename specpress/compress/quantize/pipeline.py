@@ -101,7 +101,7 @@ def quantize_from_dirs(drafter_dir: str | Path, config: QuantizeConfig, out: str
         what = f"--method {config.method}" if config.needs_calibration else "--activations static"
         raise UsageError(f"{what} calibrates on the activations entering each Linear: pass --target DIR and --data "
                          f"PATH")
-    check_new(out, force)
+    check_new(out, force, writes="drafter")
     source = inspect_artifact(drafter_dir)
     stored = resolve_float_dtype(float_dtype, DTYPES.get(str(source["dtype"]), torch.float32))
     target = cal = sampler = compressed = None

@@ -15,7 +15,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from specpress.errors import UsageError
+from specpress.errors import UsageError, command_line
+
+
+DEFAULT_CANDIDATES = "int8,int4"  # --budget without --candidates
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,7 @@ def quantize_request(scheme: str | None = None, method: str | None = None, *, gr
                      symmetric: bool | None = None, activations: str | None = None,
                      act_calibration: str | None = None, kv_cache: str | None = None,
                      include: str | Iterable[str] | None = None, exclude: str | Iterable[str] | None = None,
-                     budget: str | None = None, candidates: str = "int8,int4", sensitivity: str | None = None,
+                     budget: str | None = None, candidates: str | None = None, sensitivity: str | None = None,
                      dtype: str = "auto", legacy_float_dtype: str | None = None, recover_steps: int = 0,
                      recover_lr: float = 1e-4, recover_scales: str = "learned", recover_batch: int = 8,
                      seq_len: int = 128, seed: int = 0, target_quant: str | None = None,
@@ -55,8 +58,9 @@ def quantize_request(scheme: str | None = None, method: str | None = None, *, gr
     """Check one combination of quantize's options and build what it asks for (defaults are the CLI's).
 
     Exactly one of `scheme` (one format for every Linear) and `budget` (a size: a scheme per Linear from
-    `candidates`); method / group size / symmetry / activations / KV cache only with `scheme`, `sensitivity`
-    only with `budget`; `recover_steps` > 0 only with `scheme`; `resume` only with `recover_steps`.
+    `candidates`, DEFAULT_CANDIDATES when None); method / group size / symmetry / activations / KV cache only
+    with `scheme`, `sensitivity` and `candidates` only with `budget`; `recover_steps` > 0 only with `scheme`;
+    `resume` only with `recover_steps`.
     include / exclude: module names, comma-separated or a sequence. legacy_float_dtype: the deprecated
     --float-dtype spelling of `dtype` (warns, then replaces it). Raises UsageError naming the options to change.
     """
@@ -82,15 +86,20 @@ def quantize_request(scheme: str | None = None, method: str | None = None, *, gr
         if recover_steps:
             raise UsageError("--recover-steps trains one scheme's codes; --budget writes a scheme per Linear, whose "
                              "recovery is not supported: drop one")
-        parsed_budget, cands = parse_budget(budget), parse_candidates(candidates)
+        parsed_budget, cands = parse_budget(budget), parse_candidates(candidates or DEFAULT_CANDIDATES)
         scheme = "int8"  # only selects the Linears (--include / --exclude); the allocation picks their schemes
     elif scheme is None:
         raise UsageError("give --scheme WORD (one format for every Linear) or --budget SIZE (one per Linear)")
     elif sensitivity is not None:
         raise UsageError("--sensitivity scores the candidates of --budget; give --budget SIZE or drop it")
-    config = config_for(scheme, method, group_size=group_size, symmetric=symmetric, include=module_names(include),
-                        exclude=module_names(exclude), activations=activations, act_calibration=act_calibration,
-                        kv_cache=kv_cache)
+    elif candidates is not None:
+        raise UsageError(f"--candidates lists the schemes --budget picks from; without --budget every Linear gets "
+                         f"--scheme {scheme} and --candidates {candidates} would be ignored: give --budget SIZE or "
+                         f"drop --candidates")
+    with command_line():  # a combination no scheme defines: the command line is wrong (exit 2)
+        config = config_for(scheme, method, group_size=group_size, symmetric=symmetric,
+                            include=module_names(include), exclude=module_names(exclude), activations=activations,
+                            act_calibration=act_calibration, kv_cache=kv_cache)
     tq = parse_spec(target_quant, target_quant_data, data_default="--data")
     recovery = RecoverConfig(steps=recover_steps, lr=recover_lr, scales=recover_scales, batch=recover_batch,
                              seq_len=seq_len, seed=seed) if recover_steps else None

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specpress.errors import ConfigError, UsageError
+from specpress.errors import ConfigError, UsageError, command_line
 from specpress.models.quantized import names as N
 from specpress.models.quantized.configs import QuantizeConfig
 
@@ -205,7 +205,8 @@ def parse_spec(spec: str | None, data: str | None, data_default: str | None = No
         if data is not None:
             raise UsageError("--target-quant-data calibrates a --target-quant; pass --target-quant too")
         return None
-    tq = parse_target_quant(spec)
+    with command_line():  # --target-quant's value, wrong on its own: exit 2 (in a recipe it stays a ConfigError)
+        tq = parse_target_quant(spec)
     if data is not None and tq.needs_data():
         from specpress.compress.data import check_data
 

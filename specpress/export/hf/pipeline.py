@@ -34,6 +34,6 @@ def hf_export(drafter: str | Path, out: str | Path, fmt: str | None = None, *, e
         deprecated("--verifier", "use --target")
         target = legacy_verifier
     local = target if target is not None and Path(target).expanduser().exists() else None  # not a model id
-    with claim_output(out, force=force, inputs={"--drafter": drafter, "--target": local}):
+    with claim_output(out, force=force, inputs={"--drafter": drafter, "--target": local}, writes="drafter"):
         return export_hf(drafter, out, fmt, engine=engine, verifier=target, policy=policy, force=force,
                          materialize_head=materialize_head)

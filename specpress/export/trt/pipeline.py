@@ -69,7 +69,7 @@ def engines_from_onnx(onnx_dir: str | Path | None, out: str | Path, *, probe: bo
         raise UsageError("give exactly one of --onnx DIR (an `export onnx` output) or --probe")
     src = None if onnx_dir is None else Path(onnx_dir)
     out = Path(out)
-    with claim_output(out, force=force, inputs={"--onnx": src}), scratch_dir("specpress-trt-probe-") as scratch:
+    with claim_output(out, force=force, inputs={"--onnx": src}, writes="specpress-tensorrt-engines"), scratch_dir("specpress-trt-probe-") as scratch:
         if probe:
             from specpress.export.trt.probe import save_probe
 

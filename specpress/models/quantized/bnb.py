@@ -15,6 +15,9 @@ else bitsandbytes.matmul_4bit; bnb int8 dequantizes per forward.
 from __future__ import annotations
 
 import json
+import logging
+import sys
+import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping
 
@@ -31,13 +34,40 @@ from specpress.models.quantized.scheme import Scheme, Words, register_scheme
 BNB_BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)  # what bitsandbytes' quantize_4bit accepts
 
 
+IMPORT_NOTES: list[str] = []  # what bitsandbytes logged or warned while it was imported (kept, not printed)
+IMPORT_LOGGERS = ("bitsandbytes", "kernels", "huggingface_hub")  # bitsandbytes' import fetches a hub kernel
+
+
+class _Keep(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        IMPORT_NOTES.append(f"{record.name}: {record.getMessage()}")
+
+
 def import_bnb() -> Any:
-    """bitsandbytes, or a RequestError that says how to get it."""
+    """bitsandbytes, or a RequestError that says how to get it. What its import logs or warns goes to
+    IMPORT_NOTES, not to stderr, so that the user's first stderr line is specpress's: on an AVX512-BF16 CPU
+    without the `kernels` package (or without network) bitsandbytes 0.50 logs "Failed to load CPU
+    gemm_4bit_forward from kernels-community ... trust_remote_code" (offline, `kernels` logs "Skipping
+    publisher trust check") - a kernel specpress does not use (bnb_cpu.py runs bitsandbytes' own gemv_4bit)."""
+    if "bitsandbytes" in sys.modules:
+        return sys.modules["bitsandbytes"]
+    keep, loggers = _Keep(), [logging.getLogger(name) for name in IMPORT_LOGGERS]
+    propagate = [lg.propagate for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(keep)
+        lg.propagate = False  # neither the root's handlers nor logging's last resort print it
     try:
-        import bitsandbytes
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import bitsandbytes
     except ImportError as exc:
         raise RequestError(f"the nf4 / fp4 / bnb int8 schemes need bitsandbytes ({exc}); "
                            f"pip install bitsandbytes (0.50+ runs on CPU)") from None
+    finally:
+        for lg, was in zip(loggers, propagate):
+            lg.removeHandler(keep)
+            lg.propagate = was
+    IMPORT_NOTES.extend(f"{w.category.__name__}: {w.message}" for w in caught)
     return bitsandbytes
 
 

@@ -15,7 +15,7 @@ pair the table gives to another file is an error, as is registering anything twi
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
 from specpress.errors import ConfigError
@@ -161,10 +161,27 @@ def config_for(word: str, method: str | None = None, *, group_size: int | None =
                kv_cache: str | None = None) -> Any:
     """The config the CLI's --scheme / --method / --group-size / --(a)symmetric / --activations /
     --act-calibration / --kv-cache words name (None: the scheme's default); a combination that does not
-    exist is a ConfigError saying what does."""
+    exist is a ConfigError saying what does, and so is an --act-calibration that finds nothing: only static
+    input scales are calibrated, so with weight-only or run-time (dynamic) activations it would be recorded
+    and ignored."""
     s, m = for_words(word, method)
-    return s.make_config(word, m, Words(method, group_size, symmetric, tuple(include), tuple(exclude), activations,
-                                        act_calibration, kv_cache))
+    words = Words(method, group_size, symmetric, tuple(include), tuple(exclude), activations, act_calibration,
+                  kv_cache)
+    config = s.make_config(word, m, words)
+    if act_calibration is not None and config.act_mode != "static":
+        why = (f"--scheme {word} --method {m} is weight-only" if config.act_mode == "none" else
+               f"--activations {config.act_mode} scales the activations at run time" if activations is not None else
+               f"--scheme {word} scales its activations at run time by default (--activations {config.act_mode})")
+        fix = "drop --act-calibration"
+        if activations is None:
+            try:
+                s.make_config(word, m, replace(words, activations="static"))
+                fix += ", or add --activations static to calibrate static input scales"
+            except ConfigError:
+                pass
+        raise ConfigError(f"--act-calibration {act_calibration} finds static input scales, but {why}: nothing "
+                          f"would be calibrated; {fix}")
+    return config
 
 
 def scheme_of(config: Any) -> Scheme:
