@@ -180,7 +180,7 @@ def convert_gguf(path: Path, out: Path | None = None, *, force: bool = False, ca
         return out
     from specpress.artifacts import claim_output
 
-    with claim_output(out, force=True if out == gguf_cache_dir(info) else force):
+    with claim_output(out, force=True if out == gguf_cache_dir(info) else force, writes="specpress-zoo"):
         say(f"converting {info.path.name} ({info.architecture}; {info.weights_note}) to an HF directory at {out} "
             f"(once; cached by the file's sha256)")
         _convert(info, out, card)
