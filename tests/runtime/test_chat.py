@@ -10,8 +10,8 @@ import torch
 
 from specpress.errors import DataError
 from specpress.runtime.chat import read_questions, render_chat
-from tests.cli_common import run_main
-from tests.zoo.gguf_common import write_tiny_gguf
+from cli_common import run_main
+from gguf_common import write_tiny_gguf
 
 pytest.importorskip("gguf")
 pytest.importorskip("transformers")

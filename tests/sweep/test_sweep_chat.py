@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from specpress.cli import cli
 from specpress.sweep.results import read_results
-from tests.zoo.gguf_common import write_tiny_gguf
+from gguf_common import write_tiny_gguf
 
 pytest.importorskip("gguf")
 

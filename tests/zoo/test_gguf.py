@@ -12,9 +12,9 @@ import torch
 from specpress.errors import CheckpointError, RequestError
 from specpress.models.target import load_target
 from specpress.zoo.gguf import convert_gguf, read_gguf_info
-from tests.cli_common import run_main
-from tests.models.test_target import TREE_PARENTS, assert_tree_verify
-from tests.zoo.gguf_common import CHATML, write_tiny_gguf
+from cli_common import run_main
+from target_common import TREE_PARENTS, assert_tree_verify
+from gguf_common import CHATML, write_tiny_gguf
 
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.models.test_target import TREE_PARENTS, assert_tree_verify
+from target_common import TREE_PARENTS, assert_tree_verify
 
 pytestmark = pytest.mark.slow
 QUESTIONS = Path(__file__).resolve().parents[3] / "shared" / "data" / "mt_bench" / "question.jsonl"
