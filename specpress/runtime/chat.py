@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from specpress.errors import DataError
+from specpress.readback import parse_json, read_json_object, regular_file
 
 MAX_TEMPLATE_CHARS = 1 << 16       # the largest chat templates in use are ~10 KB
 MAX_RENDER_CHARS = 1 << 22         # 4 MiB of prompt text: far past any context this tool decodes
@@ -47,8 +48,6 @@ class Question:
 def load_chat_template(model_dir: str | Path) -> str:
     """The chat template of a model directory: chat_template.jinja, else tokenizer_config.json's chat_template
     (a string, or a list of {name, template} of which "default" is taken)."""
-    from specpress.readback import read_json_object
-
     d = Path(model_dir).expanduser()
     f = d / "chat_template.jinja"
     if f.is_file():
@@ -156,8 +155,6 @@ def render_chat(template: str, messages: Sequence[Mapping[str, str]], *, add_gen
 
 def template_specials(model_dir: str | Path) -> dict[str, str]:
     """bos_token / eos_token as tokenizer_config.json names them (templates may use them)."""
-    from specpress.readback import read_json_object
-
     f = Path(model_dir).expanduser() / "tokenizer_config.json"
     if not f.is_file():
         return {}
@@ -174,8 +171,6 @@ def template_specials(model_dir: str | Path) -> dict[str, str]:
 
 def read_questions(path: str | Path) -> list[Question]:
     """The questions of a FastChat / Spec-Bench question file; every bad line is one DataError naming it."""
-    from specpress.readback import regular_file
-
     path = Path(path).expanduser()
     size = regular_file(path, DataError, "give a .jsonl question file (FastChat's question.jsonl format)")
     if size > MAX_QUESTIONS_BYTES:
@@ -242,8 +237,6 @@ def chat_prompt_ids(template: str, tokenizer: Any, messages: Sequence[Mapping[st
 
 def read_user_prompts(path: str | Path) -> list[str]:
     """User turns to answer: JSON lines of {"prompt": "…"}, or a question file's lines (every turn of "turns")."""
-    from specpress.readback import parse_json, regular_file
-
     path = Path(path).expanduser()
     size = regular_file(path, DataError, 'give a .jsonl file of {"prompt": "…"} lines or a question file')
     if size > MAX_QUESTIONS_BYTES:

@@ -14,7 +14,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from specpress.artifacts import claim_output, write_file
 from specpress.errors import DataError, UsageError
+from specpress.models.target import load_target
+from specpress.models.tokenizer import load_tokenizer
+from specpress.runtime.backends.torch.runner import TorchTarget
+from specpress.runtime.plain import decode_plain
+from specpress.ticker import count_bar
 from specpress.runtime.chat import (Question, chat_prompt_ids, conversation, load_chat_template, read_questions,
                                     template_specials)
 
@@ -38,9 +44,6 @@ class ChatPromptRequest:
 
 def write_chat_prompts(target_dir: Path, questions_file: Path, out: Path, req: ChatPromptRequest) -> list[dict]:
     """Write the chat prompts of `questions_file` to `out` (claimed first); returns the lines written."""
-    from specpress.artifacts import claim_output, write_file
-    from specpress.models.tokenizer import load_tokenizer
-
     questions = read_questions(questions_file)[: req.n]
     template = load_chat_template(target_dir)
     special = template_specials(target_dir)
@@ -62,11 +65,6 @@ def _line(q: Question, turn: int, ids: list[int]) -> dict:
 
 def _all_turns(target_dir: Path, questions: list[Question], qfile: Path, template: str, special: dict,
                tok: object, req: ChatPromptRequest, firsts: list[dict]) -> list[dict]:
-    from specpress.models.target import load_target
-    from specpress.runtime.backends.torch.runner import TorchTarget
-    from specpress.runtime.plain import decode_plain
-    from specpress.ticker import count_bar
-
     target = TorchTarget(load_target(target_dir))
     eos = set(target.config.eos_ids)
     lines: list[dict] = []

@@ -11,13 +11,20 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from specpress.compress.data import DataSource, token_stream
+from specpress.compress.data import DataSource, encode_stream, read_texts, token_stream
+from specpress.compress.regen import _partial
+from specpress.compress.self_instruct import self_instruct
+from specpress.models.drafter import target_fingerprint
+from specpress.runtime.chat import (chat_prompt_ids, conversation, load_chat_template, read_questions,
+                                    template_specials)
+from specpress.runtime.prompts import Prompt
 from specpress.errors import RequestError
 from specpress.sweep.recipe import Recipe
 from specpress.zoo.resolve import is_gguf_path, resolve_target_path
@@ -136,13 +143,6 @@ def _self_instructed(target: Any, target_dir: Path, tok: Any, cfg: Any, out: Pat
                      log: Callable[[str], None]) -> np.ndarray:
     """The token stream of the target's own chat conversations (written once into the cache, resumed after an
     interruption, reused afterwards)."""
-    import time
-
-    from specpress.compress.data import encode_stream, read_texts
-    from specpress.compress.regen import _partial
-    from specpress.compress.self_instruct import self_instruct
-    from specpress.runtime.chat import load_chat_template, template_specials
-
     if not out.is_file():
         log(f"writing {cfg.conversations} chat conversations with the target into {out} (once; later runs reuse it)")
         t0 = time.monotonic()
@@ -194,8 +194,6 @@ class SweepContext:
 
     def drafter_data_file(self) -> Path:
         """The chat conversations the recipe's base drafter was distilled on (`calibration: drafter-data`)."""
-        from specpress.models.drafter import target_fingerprint
-
         spec = self.recipe.drafter.distill
         regen = spec.regenerate if spec is not None else None
         if getattr(regen, "conversations", None) is None:
@@ -335,10 +333,6 @@ def open_context(recipe: Recipe, out: Path, target_dir: Path, base_dir: Path, ba
 
 def question_prompts(target_dir: Path, spec: Any, tok: Any) -> list[Any]:
     """The first turns of `spec.questions` in the target's chat template (as `prompts --questions` writes them)."""
-    from specpress.runtime.chat import chat_prompt_ids, conversation, load_chat_template, read_questions, \
-        template_specials
-    from specpress.runtime.prompts import Prompt
-
     if tok is None:
         raise RequestError(f"chat prompts need the target's tokenizer.json ({target_dir} has none)")
     template, special = load_chat_template(target_dir), template_specials(target_dir)

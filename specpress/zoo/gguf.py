@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specpress.artifacts import atomic_dir, claim_output, write_file, write_json
 from specpress.errors import CheckpointError, RequestError
+from specpress.readback import read_json
 
 GGUF_MAGIC = b"GGUF"
 # general.architecture -> the HF architecture the target code runs (models/target.py ARCHITECTURES)
@@ -153,8 +155,6 @@ def gguf_cache_dir(info: GGUFInfo) -> Path:
 
 def converted_from(out: Path) -> dict[str, Any] | None:
     """The `source` block of a converted directory's zoo.json (None when `out` is no finished conversion)."""
-    from specpress.readback import read_json
-
     f = Path(out) / "zoo.json"
     if not (f.is_file() and (out / "model.safetensors").is_file() and (out / "config.json").is_file()):
         return None
@@ -178,8 +178,6 @@ def convert_gguf(path: Path, out: Path | None = None, *, force: bool = False, ca
     src = converted_from(out)
     if src is not None and src.get("sha256") == info.sha256 and not force:
         return out
-    from specpress.artifacts import claim_output
-
     with claim_output(out, force=True if out == gguf_cache_dir(info) else force, writes="specpress-zoo"):
         say(f"converting {info.path.name} ({info.architecture}; {info.weights_note}) to an HF directory at {out} "
             f"(once; cached by the file's sha256)")
@@ -188,10 +186,9 @@ def convert_gguf(path: Path, out: Path | None = None, *, force: bool = False, ca
 
 
 def _convert(info: GGUFInfo, out: Path, card: str | None) -> None:
-    import torch
+    import torch  # heavy: only when a conversion runs
 
-    from specpress.artifacts import atomic_dir, write_file, write_json
-    from specpress.models.io import save_weights
+    from specpress.models.io import save_weights  # imports torch
 
     try:
         import transformers
