@@ -178,7 +178,8 @@ def convert_gguf(path: Path, out: Path | None = None, *, force: bool = False, ca
     src = converted_from(out)
     if src is not None and src.get("sha256") == info.sha256 and not force:
         return out
-    with claim_output(out, force=True if out == gguf_cache_dir(info) else force, writes="specpress-zoo"):
+    with claim_output(out, force=True if out == gguf_cache_dir(info) else force, writes="specpress-zoo",
+                      inputs={"the GGUF file": info.path}):
         say(f"converting {info.path.name} ({info.architecture}; {info.weights_note}) to an HF directory at {out} "
             f"(once; cached by the file's sha256)")
         _convert(info, out, card)
