@@ -56,10 +56,6 @@ class GGUFInfo:
         return ", ".join(f"{t} ({n} tensor{'s' if n > 1 else ''})" for t, n in
                          sorted(self.tensor_types.items(), key=lambda kv: -kv[1]))
 
-    @property
-    def quantized_types(self) -> list[str]:
-        return sorted(t for t in self.tensor_types if t not in ("F32", "F16", "BF16"))
-
 
 def is_gguf_path(value: str | Path) -> bool:
     return str(value).lower().endswith(".gguf")

@@ -85,7 +85,3 @@ def build_real(name: str, out: Path | None = None, *, force: bool = False,
     convert_gguf(path, out, force=True, card=real.intro, say=say, info=info)
     say(f"zoo target {name} written to {out}")
     return out
-
-
-def is_real(name: str) -> bool:
-    return name in REAL_TARGETS
